@@ -1,0 +1,5 @@
+//! Subcommands that act as clients or one-off runners (the server itself lives in the library).
+
+pub mod progress;
+pub mod run;
+pub mod transcribe;

@@ -1,0 +1,150 @@
+//! `gpuhost transcribe <file>`: through a server (`--server`), or locally with every worker in
+//! oneshot mode, stage after stage, with progress on stderr and the result on stdout.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use futures_util::StreamExt;
+use gpuhost::job::{self, start_job, PreparedJob};
+use gpuhost::pipeline::JobOptions;
+use gpuhost::protocol::ClientEvent;
+use gpuhost::render::{render, Format};
+
+use super::progress::Progress;
+
+#[derive(clap::Args)]
+pub struct TranscribeArgs {
+    /// Audio or video file.
+    file: PathBuf,
+    /// Base URL of a running gpuhost, e.g. http://127.0.0.1:9090
+    #[arg(long)]
+    server: Option<String>,
+    /// Bearer token for --server.
+    #[arg(long, env = "GPUHOST_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[arg(long, value_enum, default_value = "json")]
+    format: Format,
+    /// Comma-separated subset of the pipeline's stages.
+    #[arg(long)]
+    stages: Option<String>,
+    #[arg(long)]
+    language: Option<String>,
+    #[arg(long)]
+    num_speakers: Option<u32>,
+    #[arg(long)]
+    min_speakers: Option<u32>,
+    #[arg(long)]
+    max_speakers: Option<u32>,
+    /// Also show the workers' log lines.
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+pub async fn transcribe(config: gpuhost::Config, args: TranscribeArgs) -> anyhow::Result<ExitCode> {
+    let mut progress = Progress::new(args.verbose);
+    let last = match &args.server {
+        Some(server) => remote(server, &args, &mut progress).await?,
+        None => local(config, &args, &mut progress).await?,
+    };
+    match last {
+        ClientEvent::Result { result } => {
+            print!("{}", render(&result, args.format));
+            Ok(ExitCode::SUCCESS)
+        }
+        ClientEvent::Error { code, message } => bail!("{code}: {message}"),
+        _ => bail!("the job ended without a result"),
+    }
+}
+
+fn options(args: &TranscribeArgs) -> JobOptions {
+    JobOptions {
+        language: args.language.clone(),
+        num_speakers: args.num_speakers,
+        min_speakers: args.min_speakers,
+        max_speakers: args.max_speakers,
+    }
+}
+
+async fn local(
+    config: gpuhost::Config,
+    args: &TranscribeArgs,
+    progress: &mut Progress,
+) -> anyhow::Result<ClientEvent> {
+    let stages = job::select_stages(&config.pipeline.stages, args.stages.as_deref())
+        .map_err(anyhow::Error::msg)?;
+    let opts = options(args);
+    job::check_speakers(&opts).map_err(anyhow::Error::msg)?;
+    let app = gpuhost::App::start_oneshot(config);
+    let dir = job::job_dir()?;
+    let prepared = PreparedJob::from_upload(&app.config, dir, &args.file, opts, stages)
+        .await
+        .with_context(|| format!("reading {}", args.file.display()))?;
+    let mut events = start_job(Arc::clone(&app), prepared);
+    let mut last = None;
+    while let Some(event) = events.recv().await {
+        progress.show(&event);
+        last = Some(event);
+    }
+    app.supervisor.stop_all().await;
+    last.context("the job ended without a final event")
+}
+
+async fn remote(
+    server: &str,
+    args: &TranscribeArgs,
+    progress: &mut Progress,
+) -> anyhow::Result<ClientEvent> {
+    let mut url = reqwest::Url::parse(server)
+        .with_context(|| format!("--server {server} is not a URL"))?
+        .join("transcribe")?;
+    {
+        let mut q = url.query_pairs_mut();
+        let o = options(args);
+        for (k, v) in [
+            ("stages", args.stages.clone()),
+            ("language", o.language),
+            ("num_speakers", o.num_speakers.map(|n| n.to_string())),
+            ("min_speakers", o.min_speakers.map(|n| n.to_string())),
+            ("max_speakers", o.max_speakers.map(|n| n.to_string())),
+        ] {
+            if let Some(v) = v {
+                q.append_pair(k, &v);
+            }
+        }
+    }
+    let file = tokio::fs::File::open(&args.file)
+        .await
+        .with_context(|| format!("opening {}", args.file.display()))?;
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .body(reqwest::Body::from(file));
+    if let Some(token) = &args.token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.context("sending the request")?;
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
+            .unwrap_or(body);
+        bail!("server answered {status}: {message}");
+    }
+    let mut stream = response.bytes_stream();
+    let mut buf = Vec::new();
+    let mut last = None;
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk.context("reading the event stream")?);
+        while let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            let event: ClientEvent =
+                serde_json::from_slice(&line).context("the server sent a malformed event")?;
+            progress.show(&event);
+            last = Some(event);
+        }
+    }
+    last.context("the server closed the stream without a final event")
+}

@@ -1,0 +1,382 @@
+//! The one `Config` struct: parsed from TOML once at startup, then passed down by reference.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Everything gpuhost can be told. Unknown keys are rejected so a typo never silently
+/// falls back to a default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address the HTTP server binds to.
+    pub listen: SocketAddr,
+    /// Bearer token required on every endpoint except `/health`. `GPUHOST_TOKEN` overrides it.
+    pub token: Option<String>,
+    /// Folder holding one package per worker (`workers/<name>/`), relative to the config file.
+    pub workers_dir: PathBuf,
+    pub workers: BTreeMap<String, WorkerConfig>,
+    pub pipeline: PipelineConfig,
+    pub gpu: GpuConfig,
+    pub limits: LimitsConfig,
+    pub audio: AudioConfig,
+    /// Folder the config file was read from; relative paths resolve against it.
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Started at serve time and kept loaded between jobs.
+    Resident,
+    /// Spawned for one job and exits after it, freeing all its memory.
+    Oneshot,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Full argv. Default: `<workers_dir>/<name>/.venv/bin/python -m <module>`.
+    pub command: Vec<String>,
+    /// Python module for the default command. Default: `gpuhost_<name>`.
+    pub module: Option<String>,
+    /// Working directory. Default: `<workers_dir>/<name>` when it exists, else the base dir.
+    pub cwd: Option<PathBuf>,
+    pub env: BTreeMap<String, String>,
+    pub mode: Mode,
+    /// VRAM the worker holds while loaded (documentation and `/workers`; not enforced).
+    pub vram_mib: u64,
+    pub load_timeout_s: f64,
+    pub job_timeout_s: f64,
+    /// Time between SIGTERM and SIGKILL when stopping the worker.
+    pub stop_grace_s: f64,
+    /// Engine name handed to the worker (`GPUHOST_ENGINE`); the worker picks its default when unset.
+    pub engine: Option<String>,
+    /// Free-form options: given to the worker at start as JSON (`GPUHOST_OPTIONS`) and merged
+    /// into every job as top-level fields (the job's own fields win).
+    pub options: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Worker names run in order for `POST /transcribe`.
+    pub stages: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GpuConfig {
+    /// How many pipeline jobs may hold the GPU at once.
+    pub max_concurrent_jobs: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    pub max_upload_bytes: u64,
+    pub max_audio_seconds: f64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AudioConfig {
+    /// `ffmpeg` used for what symphonia cannot decode; looked up on PATH when relative.
+    /// Empty string disables the fallback.
+    pub ffmpeg: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let workers = ["diarizer", "asr", "aligner"]
+            .into_iter()
+            .map(|name| (name.to_string(), WorkerConfig::default()))
+            .collect();
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            token: None,
+            workers_dir: PathBuf::from("workers"),
+            workers,
+            pipeline: PipelineConfig::default(),
+            gpu: GpuConfig::default(),
+            limits: LimitsConfig::default(),
+            audio: AudioConfig::default(),
+            base_dir: PathBuf::from("."),
+        }
+    }
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            command: Vec::new(),
+            module: None,
+            cwd: None,
+            env: BTreeMap::new(),
+            mode: Mode::Resident,
+            vram_mib: 0,
+            load_timeout_s: 600.0,
+            job_timeout_s: 3600.0,
+            stop_grace_s: 5.0,
+            engine: None,
+            options: serde_json::Map::new(),
+        }
+    }
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            stages: vec!["diarizer".into(), "asr".into(), "aligner".into()],
+        }
+    }
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig {
+            max_concurrent_jobs: 1,
+        }
+    }
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_upload_bytes: 512 * 1024 * 1024,
+            max_audio_seconds: 4.0 * 3600.0,
+        }
+    }
+}
+
+impl Default for AudioConfig {
+    fn default() -> Self {
+        AudioConfig {
+            ffmpeg: "ffmpeg".into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// A worker's resolved launch description.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    pub name: String,
+    pub argv: Vec<String>,
+    pub cwd: PathBuf,
+    pub env: BTreeMap<String, String>,
+    pub mode: Mode,
+    pub vram_mib: u64,
+    pub load_timeout: Duration,
+    pub job_timeout: Duration,
+    pub stop_grace: Duration,
+    pub options: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Config {
+    /// Reads `path`; when `required` is false a missing file yields the defaults.
+    pub fn load(path: &Path, required: bool) -> Result<Config, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !required => {
+                return Config::default().finish(PathBuf::from("."));
+            }
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        let base = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Config::from_toml(&text, base).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses TOML text; relative paths resolve against `base_dir`.
+    pub fn from_toml(text: &str, base_dir: PathBuf) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<text>"),
+            message: e.to_string(),
+        })?;
+        config.finish(base_dir)
+    }
+
+    fn finish(mut self, base_dir: PathBuf) -> Result<Config, ConfigError> {
+        self.base_dir = base_dir;
+        if let Ok(token) = std::env::var("GPUHOST_TOKEN") {
+            self.token = Some(token);
+        }
+        self.token = self.token.take().filter(|t| !t.is_empty());
+        self.validate()?;
+        Ok(self)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for stage in &self.pipeline.stages {
+            if !self.workers.contains_key(stage) {
+                return Err(ConfigError::Invalid(format!(
+                    "pipeline stage `{stage}` names no worker; define [workers.{stage}] or remove it from [pipeline] stages"
+                )));
+            }
+        }
+        if self.gpu.max_concurrent_jobs == 0 {
+            return Err(ConfigError::Invalid(
+                "[gpu] max_concurrent_jobs must be at least 1".into(),
+            ));
+        }
+        for (name, w) in &self.workers {
+            for (key, value) in [
+                ("load_timeout_s", w.load_timeout_s),
+                ("job_timeout_s", w.job_timeout_s),
+                ("stop_grace_s", w.stop_grace_s),
+            ] {
+                if !(value.is_finite() && value > 0.0) {
+                    return Err(ConfigError::Invalid(format!(
+                        "[workers.{name}] {key} must be a positive number of seconds, got {value}"
+                    )));
+                }
+            }
+        }
+        if !self.listen.ip().is_loopback() && self.token.is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to listen on non-loopback address {} without a token: set `token` in the config or GPUHOST_TOKEN",
+                self.listen
+            )));
+        }
+        Ok(())
+    }
+
+    fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.base_dir.join(path)
+        }
+    }
+
+    /// The launch description for worker `name`, with defaults filled in.
+    pub fn worker_spec(&self, name: &str) -> Option<WorkerSpec> {
+        let w = self.workers.get(name)?;
+        let home = self.resolve(&self.workers_dir).join(name);
+        let argv = if w.command.is_empty() {
+            let module = w
+                .module
+                .clone()
+                .unwrap_or_else(|| format!("gpuhost_{name}"));
+            vec![
+                home.join(".venv/bin/python").display().to_string(),
+                "-m".into(),
+                module,
+            ]
+        } else {
+            w.command.clone()
+        };
+        let cwd = match &w.cwd {
+            Some(cwd) => self.resolve(cwd),
+            None if home.is_dir() => home,
+            None => self.base_dir.clone(),
+        };
+        let mut env = w.env.clone();
+        if let Some(engine) = &w.engine {
+            env.insert("GPUHOST_ENGINE".into(), engine.clone());
+        }
+        if !w.options.is_empty() {
+            env.insert(
+                "GPUHOST_OPTIONS".into(),
+                serde_json::Value::Object(w.options.clone()).to_string(),
+            );
+        }
+        Some(WorkerSpec {
+            name: name.to_string(),
+            argv,
+            cwd,
+            env,
+            mode: w.mode,
+            vram_mib: w.vram_mib,
+            load_timeout: Duration::from_secs_f64(w.load_timeout_s),
+            job_timeout: Duration::from_secs_f64(w.job_timeout_s),
+            stop_grace: Duration::from_secs_f64(w.stop_grace_s),
+            options: w.options.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::from_toml("listen = \"127.0.0.1:1\"\nlisen = 3\n", ".".into())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lisen"), "{err}");
+        let err = Config::from_toml(
+            "[workers.a]\ncommand=[\"x\"]\nmdoe = \"oneshot\"\n",
+            ".".into(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("mdoe"), "{err}");
+    }
+
+    #[test]
+    fn defaults_serve_the_speech_pipeline() {
+        let c = Config::default().finish(".".into()).unwrap();
+        assert_eq!(c.listen.port(), 9090);
+        assert_eq!(c.pipeline.stages, ["diarizer", "asr", "aligner"]);
+        let spec = c.worker_spec("asr").unwrap();
+        assert!(
+            spec.argv[0].ends_with("workers/asr/.venv/bin/python"),
+            "{:?}",
+            spec.argv
+        );
+        assert_eq!(
+            spec.argv[1..],
+            ["-m".to_string(), "gpuhost_asr".to_string()]
+        );
+    }
+
+    #[test]
+    fn non_loopback_needs_token() {
+        let err = Config::from_toml("listen = \"0.0.0.0:9090\"\n", ".".into()).unwrap_err();
+        assert!(err.to_string().contains("without a token"));
+        let ok = Config::from_toml(
+            "listen = \"0.0.0.0:9090\"\ntoken = \"s3cret\"\n",
+            ".".into(),
+        );
+        assert!(ok.is_ok());
+    }
+
+    #[test]
+    fn stage_must_name_a_worker() {
+        let err = Config::from_toml("[pipeline]\nstages = [\"nope\"]\n", ".".into()).unwrap_err();
+        assert!(err.to_string().contains("`nope`"), "{err}");
+    }
+}

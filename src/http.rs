@@ -1,0 +1,94 @@
+//! The HTTP surface: the router, the open `/health`, and the token-protected rest.
+
+mod auth;
+pub mod error;
+mod transcribe;
+mod upload;
+
+use axum::extract::State;
+use axum::middleware;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+pub use auth::token_matches;
+pub use error::ApiError;
+pub use transcribe::{ndjson_response, TranscribeQuery};
+
+use crate::worker::WorkerState;
+use crate::AppState;
+
+/// Builds the router over `state`.
+pub fn router(state: AppState) -> Router {
+    let protected = Router::new()
+        .route("/transcribe", post(transcribe::transcribe))
+        .route("/workers", get(workers))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
+    Router::new()
+        .route("/health", get(health))
+        .merge(protected)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        // Uploads are limited while streaming (limits.max_upload_bytes), not by axum's buffer cap.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}
+
+/// Open: liveness plus a summary that reveals no paths or command lines.
+async fn health(State(app): State<AppState>) -> Json<Value> {
+    let statuses = app.supervisor.statuses();
+    let ready = statuses
+        .iter()
+        .filter(|s| matches!(s.state, WorkerState::Ready | WorkerState::Busy))
+        .count();
+    let loading = statuses
+        .iter()
+        .filter(|s| s.state == WorkerState::Starting)
+        .count();
+    Json(json!({
+        "status": "ok",
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_s": crate::pipeline::round3(app.started.elapsed().as_secs_f64()),
+        "workers": { "total": statuses.len(), "ready": ready, "loading": loading },
+        "queue": { "running": app.queue.running(), "waiting": app.queue.waiting() },
+    }))
+}
+
+async fn workers(State(app): State<AppState>) -> Json<Value> {
+    let workers: Vec<Value> = app
+        .supervisor
+        .statuses()
+        .into_iter()
+        .map(|s| {
+            let mut v = serde_json::to_value(&s).unwrap_or_default();
+            v["uptime_s"] = json!(crate::pipeline::round3(s.uptime_s()));
+            v["state_for_s"] = json!(crate::pipeline::round3(
+                s.state_since.elapsed().as_secs_f64()
+            ));
+            v
+        })
+        .collect();
+    Json(json!({
+        "workers": workers,
+        "queue": { "running": app.queue.running(), "waiting": app.queue.waiting() },
+    }))
+}
+
+async fn not_found(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route for {}; see the README for the API", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
+}

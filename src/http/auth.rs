@@ -1,0 +1,54 @@
+//! Bearer-token check for every route except `/health`, in constant time; the token is never logged.
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+
+use super::error::ApiError;
+use crate::AppState;
+
+pub async fn require_token(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(expected) = app.config.token.as_deref() else {
+        return next.run(request).await;
+    };
+    if token_matches(request.headers(), expected) {
+        next.run(request).await
+    } else {
+        ApiError::unauthorized().into_response()
+    }
+}
+
+/// Accepts `Authorization: Bearer <token>`; for the dashboard also a `gpuhost_token` cookie.
+pub fn token_matches(headers: &axum::http::HeaderMap, expected: &str) -> bool {
+    let from_header = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    match from_header {
+        Some(given) => bool::from(given.as_bytes().ct_eq(expected.as_bytes())),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{HeaderMap, HeaderValue};
+
+    #[test]
+    fn bearer_only() {
+        let mut h = HeaderMap::new();
+        assert!(!token_matches(&h, "t0k"));
+        h.insert("authorization", HeaderValue::from_static("Bearer t0k"));
+        assert!(token_matches(&h, "t0k"));
+        h.insert("authorization", HeaderValue::from_static("Bearer t0"));
+        assert!(!token_matches(&h, "t0k"));
+        h.insert("authorization", HeaderValue::from_static("Basic t0k"));
+        assert!(!token_matches(&h, "t0k"));
+    }
+}

@@ -1,0 +1,77 @@
+//! `ApiError`: the one error type that becomes an HTTP response (status + JSON a person can act on).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::audio::AudioError;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn too_large(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    pub fn unauthorized() -> ApiError {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong token: send `Authorization: Bearer <token>` (the server's `token` / GPUHOST_TOKEN)",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(json!({ "error": self.code, "message": self.message }));
+        let mut response = (self.status, body).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                "www-authenticate",
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}
+
+impl From<AudioError> for ApiError {
+    fn from(e: AudioError) -> ApiError {
+        let message = e.to_string();
+        match e {
+            AudioError::Empty => ApiError::new(StatusCode::BAD_REQUEST, "empty_upload", message),
+            AudioError::Undecodable(_) => ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "undecodable_audio",
+                message,
+            ),
+            AudioError::TooLong { .. } => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "audio_too_long", message)
+            }
+            AudioError::Io(_) => ApiError::internal(message),
+        }
+    }
+}

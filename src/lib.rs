@@ -1,0 +1,159 @@
+//! gpuhost: time-share one GPU between many AI models. `app` builds the HTTP router over a
+//! state; `bind` + `Server::run` (or `run`) serve it until the shutdown future resolves.
+
+pub mod audio;
+pub mod config;
+pub mod http;
+pub mod job;
+pub mod pipeline;
+pub mod process;
+pub mod protocol;
+pub mod queue;
+pub mod render;
+pub mod stats;
+pub mod supervisor;
+pub mod worker;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use serde_json::Value;
+
+pub use config::Config;
+use job::PreparedJob;
+use pipeline::Pipeline;
+use queue::GpuQueue;
+use stats::JobStats;
+use supervisor::Supervisor;
+
+/// Shared state of a running host. Everything in it is cheap to read without the GPU lock.
+pub struct App {
+    pub config: Arc<Config>,
+    pub supervisor: Arc<Supervisor>,
+    pub pipeline: Pipeline,
+    pub queue: Arc<GpuQueue>,
+    pub stats: JobStats,
+    pub started: Instant,
+}
+
+pub type AppState = Arc<App>;
+
+impl App {
+    /// Starts the workers of `config` (resident ones begin loading at once).
+    pub fn start(config: Config) -> AppState {
+        App::start_with(config, false)
+    }
+
+    /// Like `start`, with every worker in oneshot mode (the local sequential pipeline).
+    pub fn start_oneshot(config: Config) -> AppState {
+        App::start_with(config, true)
+    }
+
+    fn start_with(config: Config, force_oneshot: bool) -> AppState {
+        let supervisor = Arc::new(Supervisor::start(&config, force_oneshot));
+        Arc::new(App {
+            queue: GpuQueue::new(config.gpu.max_concurrent_jobs),
+            pipeline: Pipeline::new(Arc::clone(&supervisor)),
+            supervisor,
+            config: Arc::new(config),
+            stats: JobStats::default(),
+            started: Instant::now(),
+        })
+    }
+
+    /// The final result of a job: the pipeline's output plus what the host knows of the audio.
+    pub fn finish_result(&self, mut result: Value, job: &PreparedJob) -> Value {
+        result["audio"] = serde_json::json!({
+            "decoder": job.info.decoder,
+            "source_rate": job.info.source_rate,
+            "source_channels": job.info.source_channels,
+        });
+        result
+    }
+}
+
+/// The router over `state`.
+pub fn app(state: AppState) -> Router {
+    http::router(state)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// A host bound to its port, workers starting.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    state: AppState,
+}
+
+/// Binds the listen address and starts the workers.
+pub async fn bind(config: Config) -> Result<Server, ServeError> {
+    let addr = config.listen;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let state = App::start(config);
+    Ok(Server { listener, state })
+}
+
+impl Server {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves, then stops every worker (jobs in flight end with an
+    /// `error` event) and returns once all of them are gone.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let Server { listener, state } = self;
+        tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "gpuhost listening");
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let supervisor = Arc::clone(&state.supervisor);
+        let stopper = tokio::spawn(async move {
+            shutdown.await;
+            tracing::info!("shutting down: stopping workers");
+            let _ = stop_tx.send(true);
+            supervisor.stop_all().await;
+        });
+        let mut graceful = stop_rx.clone();
+        let served = axum::serve(listener, app(Arc::clone(&state)))
+            .with_graceful_shutdown(async move {
+                let _ = graceful.wait_for(|stopping| *stopping).await;
+            })
+            .await;
+        // Whether serving ended by shutdown or by an error, no worker may outlive us.
+        if !*stop_rx.borrow() {
+            stopper.abort();
+        }
+        let _ = stopper.await;
+        state.supervisor.stop_all().await;
+        served.map_err(ServeError::Serve)
+    }
+}
+
+/// Binds and serves `config` until `shutdown` resolves.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    bind(config).await?.run(shutdown).await
+}

@@ -1,0 +1,92 @@
+//! The `gpuhost` command line: `serve`, `run`, `transcribe` (anyhow lives here and in `cli/` only).
+
+mod cli;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "gpuhost",
+    version,
+    about = "Time-share one GPU between many AI models"
+)]
+struct Args {
+    /// Config file (TOML). Without one, the built-in speech pipeline is served.
+    #[arg(long, global = true, env = "GPUHOST_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the HTTP API with the configured workers.
+    Serve,
+    /// Run one job on one worker in oneshot mode and print its result.
+    Run {
+        /// Worker name from the config.
+        worker: String,
+        /// Job JSON file (`-` for stdin).
+        #[arg(long)]
+        job: PathBuf,
+    },
+    /// Transcribe a file: through a server with --server, else locally, stage after stage.
+    Transcribe(cli::transcribe::TranscribeArgs),
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("GPUHOST_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("cannot start the tokio runtime");
+    match runtime.block_on(run(args)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gpuhost: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
+    let config = load_config(args.config.as_deref())?;
+    match args.command {
+        Command::Serve => {
+            let server = gpuhost::bind(config).await?;
+            eprintln!("gpuhost listening on http://{}", server.local_addr());
+            server.run(shutdown_signal()).await?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
+        Command::Run { worker, job } => cli::run::run(&config, &worker, &job).await,
+        Command::Transcribe(t) => cli::transcribe::transcribe(config, t).await,
+    }
+}
+
+fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<gpuhost::Config> {
+    match path {
+        Some(path) => gpuhost::Config::load(path, true).with_context(|| "loading the config"),
+        None => gpuhost::Config::load(std::path::Path::new("gpuhost.toml"), false)
+            .with_context(|| "loading ./gpuhost.toml"),
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("cannot install the SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,298 @@
+//! The only module that starts processes: every child gets its own process group, a
+//! parent-death signal, and is killed with its whole group when its owner drops it.
+//!
+//! Invariant: `spawn_*` must be called from an async task (a runtime worker thread), never from
+//! `spawn_blocking`: `PR_SET_PDEATHSIG` fires when the *thread* that forked exits, and blocking
+//! threads are retired after a few idle seconds.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+
+/// A child running in its own process group. Dropping it SIGKILLs the group; tokio reaps the
+/// child in the background.
+#[derive(Debug)]
+pub struct ProcessGroup {
+    child: Child,
+    pid: u32,
+    /// Set once `wait` has returned: the pid may be reused, so no more signals.
+    exited: Option<ExitStatus>,
+}
+
+/// The three channels of a worker.
+pub struct Pipes {
+    pub stdin: ChildStdin,
+    pub stdout: ChildStdout,
+    pub stderr: ChildStderr,
+}
+
+fn guarded_command(program: &OsStr, args: &[String], cwd: Option<&Path>) -> Command {
+    #[allow(clippy::disallowed_methods)] // this module is the one allowed spawner
+    let mut cmd = Command::new(program);
+    cmd.args(args).process_group(0).kill_on_drop(true);
+    if let Some(cwd) = cwd {
+        cmd.current_dir(cwd);
+    }
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent may have died before prctl took effect.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// Starts a worker with piped stdin/stdout/stderr.
+pub fn spawn_worker(
+    argv: &[String],
+    cwd: &Path,
+    env: &BTreeMap<String, String>,
+) -> io::Result<(ProcessGroup, Pipes)> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "worker command is empty"))?;
+    let mut cmd = guarded_command(OsStr::new(program), args, Some(cwd));
+    cmd.envs(env)
+        .env("PYTHONUNBUFFERED", "1")
+        .env("GPUHOST_PARENT_PID", std::process::id().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn()?;
+    let pipes = Pipes {
+        stdin: child.stdin.take().expect("stdin is piped"),
+        stdout: child.stdout.take().expect("stdout is piped"),
+        stderr: child.stderr.take().expect("stderr is piped"),
+    };
+    let pid = child.id().expect("a just-spawned child has a pid");
+    Ok((
+        ProcessGroup {
+            child,
+            pid,
+            exited: None,
+        },
+        pipes,
+    ))
+}
+
+/// What a short helper command printed.
+#[derive(Debug)]
+pub struct Captured {
+    pub status: ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot start {program}: {source}")]
+    Spawn { program: String, source: io::Error },
+    #[error("{program} did not finish within {timeout:?} and was killed")]
+    Timeout { program: String, timeout: Duration },
+    #[error("reading the output of {program} failed: {source}")]
+    Io { program: String, source: io::Error },
+}
+
+/// Runs a helper (`ffmpeg`, `nvidia-smi`) to completion, killing its group after `timeout`.
+pub async fn run_captured(
+    program: &Path,
+    args: &[String],
+    timeout: Duration,
+) -> Result<Captured, RunError> {
+    let name = program.display().to_string();
+    let mut cmd = guarded_command(program.as_os_str(), args, None);
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().map_err(|source| RunError::Spawn {
+        program: name.clone(),
+        source,
+    })?;
+    let pid = child.id();
+    match tokio::time::timeout(timeout, child.wait_with_output()).await {
+        Ok(Ok(out)) => Ok(Captured {
+            status: out.status,
+            stdout: out.stdout,
+            stderr: out.stderr,
+        }),
+        Ok(Err(source)) => Err(RunError::Io {
+            program: name,
+            source,
+        }),
+        Err(_) => {
+            // The future (and with it the Child, kill_on_drop) is gone; take the group too.
+            if let Some(pid) = pid {
+                kill_group(pid, libc::SIGKILL);
+            }
+            Err(RunError::Timeout {
+                program: name,
+                timeout,
+            })
+        }
+    }
+}
+
+fn kill_group(pid: u32, signal: libc::c_int) {
+    // SAFETY: plain syscall; a stale group id only yields ESRCH.
+    unsafe {
+        libc::killpg(pid as libc::pid_t, signal);
+    }
+}
+
+impl ProcessGroup {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Sends `signal` to the whole group (no-op once reaped).
+    pub fn signal(&self, signal: libc::c_int) {
+        if self.exited.is_none() {
+            kill_group(self.pid, signal);
+        }
+    }
+
+    /// Waits for the leader to exit. Cancel-safe.
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        if let Some(status) = self.exited {
+            return Ok(status);
+        }
+        let status = self.child.wait().await?;
+        self.exited = Some(status);
+        // Whatever the leader left behind in its group goes with it.
+        kill_group(self.pid, libc::SIGKILL);
+        Ok(status)
+    }
+
+    /// Waits up to `timeout` for the leader to exit by itself.
+    pub async fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        tokio::time::timeout(timeout, self.wait()).await.ok()?.ok()
+    }
+
+    /// SIGTERM to the group, up to `grace` to exit, then SIGKILL; returns once reaped.
+    pub async fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        if let Some(status) = self.exited {
+            return Some(status);
+        }
+        self.signal(libc::SIGTERM);
+        if let Some(status) = self.wait_timeout(grace).await {
+            return Some(status);
+        }
+        self.kill().await
+    }
+
+    /// SIGKILL to the group; returns once reaped.
+    pub async fn kill(&mut self) -> Option<ExitStatus> {
+        self.signal(libc::SIGKILL);
+        self.wait().await.ok()
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            // The Child's kill_on_drop kills the leader and tokio reaps it in the background;
+            // this takes down everything else in its group as well.
+            kill_group(self.pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Finds `program` on PATH (or checks it when it has a slash).
+pub fn find_program(program: &str) -> Option<PathBuf> {
+    if program.is_empty() {
+        return None;
+    }
+    let path = Path::new(program);
+    if program.contains('/') {
+        return is_executable(path).then(|| path.to_path_buf());
+    }
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(program))
+        .find(|candidate| is_executable(candidate))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Describes an exit status the way a person reads it.
+pub fn describe_exit(status: &ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        _ => "unknown exit".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn group_is_killed_on_drop() {
+        let argv = vec!["sh".into(), "-c".into(), "sleep 30 & echo $! ; wait".into()];
+        let (group, pipes) = spawn_worker(&argv, Path::new("."), &BTreeMap::new()).unwrap();
+        let mut out = tokio::io::BufReader::new(pipes.stdout);
+        let mut line = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
+            .await
+            .unwrap();
+        let grandchild: i32 = line.trim().parse().unwrap();
+        drop(group);
+        for _ in 0..100 {
+            // SAFETY: signal 0 only probes for existence.
+            if unsafe { libc::kill(grandchild, 0) } != 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("grandchild {grandchild} survived its group");
+    }
+
+    #[tokio::test]
+    async fn terminate_escalates_to_kill() {
+        let argv = vec!["sh".into(), "-c".into(), "trap '' TERM; sleep 30".into()];
+        let (mut group, _pipes) = spawn_worker(&argv, Path::new("."), &BTreeMap::new()).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let status = group.terminate(Duration::from_millis(200)).await.unwrap();
+        assert_eq!(describe_exit(&status), "killed by signal 9");
+    }
+
+    #[tokio::test]
+    async fn helper_timeout_kills() {
+        let err = run_captured(
+            Path::new("sleep"),
+            &["5".into()],
+            Duration::from_millis(100),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, RunError::Timeout { .. }));
+    }
+}

@@ -1,0 +1,235 @@
+//! Wire types of both protocols: host↔worker lines (see `protocol/PROTOCOL.md`) and the
+//! NDJSON events streamed to HTTP clients. One definition serves the host, the tests and the docs.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Protocol version this host speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Prefix of a structured event on a worker's stderr; every other stderr line is a plain log line.
+pub const EVENT_PREFIX: &str = "@gpuhost ";
+
+/// Metadata a worker may put after `ready` (all optional; a bare `ready` is protocol 0).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReadyInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// Anything else the worker wants shown in `/workers`.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, Value>,
+}
+
+/// Why a worker says a job failed (`error {json}` on stdout). The worker stays up.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobFailure {
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+}
+
+/// One line a worker wrote on stdout.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "signal", rename_all = "lowercase")]
+pub enum Signal {
+    Ready(ReadyInfo),
+    Done,
+    Error(JobFailure),
+    /// Not a signal: logged as a warning, never breaks a job.
+    Other {
+        line: String,
+    },
+}
+
+impl Signal {
+    pub fn parse(line: &str) -> Signal {
+        let trimmed = line.trim();
+        let (word, rest) = match trimmed.split_once(char::is_whitespace) {
+            Some((word, rest)) => (word, rest.trim()),
+            None => (trimmed, ""),
+        };
+        match word {
+            "ready" if rest.is_empty() => Signal::Ready(ReadyInfo::default()),
+            "ready" => match serde_json::from_str::<ReadyInfo>(rest) {
+                Ok(info) => Signal::Ready(info),
+                Err(_) => Signal::Other { line: line.into() },
+            },
+            "done" if rest.is_empty() => Signal::Done,
+            "error" => {
+                let failure =
+                    serde_json::from_str::<JobFailure>(rest).unwrap_or_else(|_| JobFailure {
+                        message: if rest.is_empty() {
+                            "worker reported an error".into()
+                        } else {
+                            rest.into()
+                        },
+                        kind: None,
+                    });
+                Signal::Error(failure)
+            }
+            _ => Signal::Other { line: line.into() },
+        }
+    }
+}
+
+/// One line a worker wrote on stderr.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "lowercase")]
+pub enum WorkerEvent {
+    /// Progress of the current job: `fraction` in 0..=1, optional message and partial result.
+    Progress {
+        #[serde(default)]
+        fraction: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        partial: Option<Value>,
+    },
+    /// A log line (plain stderr lines become this with no level).
+    Log {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        level: Option<String>,
+        message: String,
+    },
+}
+
+impl WorkerEvent {
+    pub fn parse(line: &str) -> WorkerEvent {
+        if let Some(json) = line.strip_prefix(EVENT_PREFIX) {
+            if let Ok(mut event) = serde_json::from_str::<WorkerEvent>(json) {
+                if let WorkerEvent::Progress {
+                    fraction: Some(f), ..
+                } = &mut event
+                {
+                    *f = if f.is_finite() {
+                        f.clamp(0.0, 1.0)
+                    } else {
+                        0.0
+                    };
+                }
+                return event;
+            }
+        }
+        WorkerEvent::Log {
+            level: None,
+            message: line.to_string(),
+        }
+    }
+}
+
+/// Whether a stage started or finished, in `stage` events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StageStatus {
+    Started,
+    Done,
+}
+
+/// One line of the NDJSON stream of `POST /transcribe`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ClientEvent {
+    /// Waiting for the GPU; `position` 1 is next in line. Sent again whenever it changes.
+    Queued { position: usize },
+    Stage {
+        stage: String,
+        status: StageStatus,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seconds: Option<f64>,
+    },
+    Log {
+        stage: String,
+        line: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        level: Option<String>,
+    },
+    Progress {
+        stage: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fraction: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        partial: Option<Value>,
+    },
+    /// The final event of a successful job.
+    Result { result: Value },
+    /// The final event of a failed job.
+    Error { code: String, message: String },
+}
+
+impl ClientEvent {
+    pub fn is_final(&self) -> bool {
+        matches!(self, ClientEvent::Result { .. } | ClientEvent::Error { .. })
+    }
+
+    /// The event as one NDJSON line, newline included.
+    pub fn to_line(&self) -> String {
+        let mut line = serde_json::to_string(self).expect("client events always serialize");
+        line.push('\n');
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_signals_of_the_original_protocol() {
+        assert_eq!(Signal::parse("ready"), Signal::Ready(ReadyInfo::default()));
+        assert_eq!(Signal::parse("done\r"), Signal::Done);
+        assert!(matches!(Signal::parse("100%|####|"), Signal::Other { .. }));
+        assert!(matches!(
+            Signal::parse("done and dusted"),
+            Signal::Other { .. }
+        ));
+    }
+
+    #[test]
+    fn ready_metadata_and_error() {
+        let Signal::Ready(info) =
+            Signal::parse(r#"ready {"protocol":1,"model":"tiny.en","device":"cpu","x":2}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(info.protocol, Some(1));
+        assert_eq!(info.model.as_deref(), Some("tiny.en"));
+        assert_eq!(info.extra["x"], 2);
+        let Signal::Error(e) =
+            Signal::parse(r#"error {"message":"bad audio","kind":"ValueError"}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(e.message, "bad audio");
+        let Signal::Error(e) = Signal::parse("error out of memory") else {
+            panic!()
+        };
+        assert_eq!(e.message, "out of memory");
+    }
+
+    #[test]
+    fn stderr_events() {
+        let e = WorkerEvent::parse(r#"@gpuhost {"event":"progress","fraction":1.7,"message":"x"}"#);
+        assert_eq!(
+            e,
+            WorkerEvent::Progress {
+                fraction: Some(1.0),
+                message: Some("x".into()),
+                partial: None
+            }
+        );
+        let e = WorkerEvent::parse("@gpuhost {broken");
+        assert!(matches!(e, WorkerEvent::Log { level: None, .. }));
+    }
+
+    #[test]
+    fn client_event_lines() {
+        let line = ClientEvent::Queued { position: 3 }.to_line();
+        assert_eq!(line, "{\"type\":\"queued\",\"position\":3}\n");
+    }
+}

@@ -1,0 +1,205 @@
+//! A supervised model worker: the handle the rest of the host uses, the control messages its
+//! actor takes, the status it publishes, and the errors a job can end with.
+
+mod actor;
+pub mod lines;
+mod session;
+
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime};
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::config::{Mode, WorkerSpec};
+use crate::protocol::{ReadyInfo, WorkerEvent};
+
+/// What the actor is doing. Published through `/workers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerState {
+    /// Process started, waiting for `ready`.
+    Starting,
+    /// Loaded and waiting for a job.
+    Ready,
+    /// Running a job.
+    Busy,
+    /// Not running: crashed or failed to load; restarts with backoff (resident) or on the next job.
+    Exited,
+    /// Oneshot worker between jobs: nothing running, nothing loaded.
+    Idle,
+    /// Shut down for good.
+    Stopped,
+}
+
+/// A snapshot of one worker, cheap to clone and never behind the GPU lock.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerStatus {
+    pub name: String,
+    pub mode: Mode,
+    pub state: WorkerState,
+    pub pid: Option<u32>,
+    /// What the worker said after `ready` (model, device, protocol).
+    pub loaded: Option<ReadyInfo>,
+    pub vram_mib: u64,
+    pub jobs_done: u64,
+    pub jobs_failed: u64,
+    pub restarts: u64,
+    pub last_error: Option<String>,
+    #[serde(skip)]
+    pub state_since: Instant,
+    #[serde(skip)]
+    pub process_started: Option<Instant>,
+    #[serde(skip)]
+    pub state_since_wall: SystemTime,
+}
+
+impl WorkerStatus {
+    fn new(spec: &WorkerSpec) -> WorkerStatus {
+        WorkerStatus {
+            name: spec.name.clone(),
+            mode: spec.mode,
+            state: match spec.mode {
+                Mode::Resident => WorkerState::Starting,
+                Mode::Oneshot => WorkerState::Idle,
+            },
+            pid: None,
+            loaded: None,
+            vram_mib: spec.vram_mib,
+            jobs_done: 0,
+            jobs_failed: 0,
+            restarts: 0,
+            last_error: None,
+            state_since: Instant::now(),
+            process_started: None,
+            state_since_wall: SystemTime::now(),
+        }
+    }
+
+    /// Seconds the current process has been up (0 when none runs).
+    pub fn uptime_s(&self) -> f64 {
+        self.process_started
+            .map(|t| t.elapsed().as_secs_f64())
+            .unwrap_or(0.0)
+    }
+}
+
+/// One job for one worker.
+#[derive(Debug)]
+pub struct JobRequest {
+    /// The job object; the host adds `_output_path` and `_protocol`.
+    pub job: serde_json::Map<String, Value>,
+    /// Where the worker must write its result.
+    pub output_path: PathBuf,
+    /// Progress and log events of this job (dropped when the receiver lags or is gone).
+    pub events: mpsc::Sender<WorkerEvent>,
+}
+
+/// Messages the worker actor takes.
+#[derive(Debug)]
+pub enum Control {
+    Run {
+        request: JobRequest,
+        reply: oneshot::Sender<Result<Value, JobError>>,
+    },
+    /// Stop the process (signal → grace → kill) and end the actor.
+    Stop { reply: oneshot::Sender<()> },
+}
+
+/// How a job ended when it did not produce a result.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum JobError {
+    #[error("worker `{worker}` could not start: {reason}")]
+    Unavailable { worker: String, reason: String },
+    #[error("worker `{worker}` crashed during the job ({exit}); it is restarting. Last stderr lines:\n{tail}")]
+    Crashed {
+        worker: String,
+        exit: String,
+        tail: String,
+    },
+    #[error("worker `{worker}` did not finish the job within {seconds:.0} s; it was killed and is restarting")]
+    Timeout { worker: String, seconds: f64 },
+    #[error("worker `{worker}` failed the job: {message}")]
+    Failed { worker: String, message: String },
+    #[error("worker `{worker}` said done but its result is unusable: {reason}")]
+    BadOutput { worker: String, reason: String },
+    #[error("worker `{worker}` is shutting down")]
+    ShuttingDown { worker: String },
+}
+
+impl JobError {
+    /// Machine-readable code for the NDJSON `error` event.
+    pub fn code(&self) -> &'static str {
+        match self {
+            JobError::Unavailable { .. } => "worker_unavailable",
+            JobError::Crashed { .. } => "worker_crashed",
+            JobError::Timeout { .. } => "worker_timeout",
+            JobError::Failed { .. } => "job_failed",
+            JobError::BadOutput { .. } => "bad_output",
+            JobError::ShuttingDown { .. } => "shutting_down",
+        }
+    }
+}
+
+/// The rest of the host talks to a worker only through this handle.
+#[derive(Debug, Clone)]
+pub struct WorkerHandle {
+    name: String,
+    control: mpsc::Sender<Control>,
+    status: watch::Receiver<WorkerStatus>,
+}
+
+impl WorkerHandle {
+    /// Starts the actor; a resident worker begins loading at once.
+    pub fn spawn(spec: WorkerSpec) -> (WorkerHandle, tokio::task::JoinHandle<()>) {
+        let (control, rx) = mpsc::channel(64);
+        let (status_tx, status) = watch::channel(WorkerStatus::new(&spec));
+        let name = spec.name.clone();
+        let task = tokio::spawn(actor::Actor::new(spec, rx, status_tx).run());
+        (
+            WorkerHandle {
+                name,
+                control,
+                status,
+            },
+            task,
+        )
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn status(&self) -> WorkerStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Waits until the worker reaches a state for which `pred` holds.
+    pub async fn wait_for_state(&self, pred: impl Fn(&WorkerStatus) -> bool) -> WorkerStatus {
+        let mut rx = self.status.clone();
+        let reached = rx.wait_for(|s| pred(s)).await.map(|s| s.clone());
+        reached.unwrap_or_else(|_| self.status.borrow().clone())
+    }
+
+    /// Runs one job; resolves when the worker is done with it, however it ended.
+    pub async fn run(&self, request: JobRequest) -> Result<Value, JobError> {
+        let (reply, rx) = oneshot::channel();
+        let gone = || JobError::ShuttingDown {
+            worker: self.name.clone(),
+        };
+        self.control
+            .send(Control::Run { request, reply })
+            .await
+            .map_err(|_| gone())?;
+        rx.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    /// Stops the worker and waits until its process is gone.
+    pub async fn stop(&self) {
+        let (reply, rx) = oneshot::channel();
+        if self.control.send(Control::Stop { reply }).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! The worker actor: one task owns the worker process, takes `Control` messages, restarts the
+//! worker after a crash or hang (with backoff), and publishes its state.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use super::session::{IdleEvent, Session};
+use super::{Control, JobError, JobRequest, WorkerState, WorkerStatus};
+use crate::config::{Mode, WorkerSpec};
+
+/// Longest wait between restart attempts of a worker that keeps failing.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+type Reply = oneshot::Sender<Result<Value, JobError>>;
+
+/// Where the worker process is in its life.
+enum Life {
+    /// A loaded process waiting for jobs.
+    Up(Box<Session>),
+    /// No process. A resident worker retries at `retry_at`.
+    Down { retry_at: Option<Instant> },
+}
+
+pub(super) struct Actor {
+    spec: WorkerSpec,
+    rx: mpsc::Receiver<Control>,
+    status: watch::Sender<WorkerStatus>,
+    life: Life,
+    /// Jobs that arrived while the worker was loading.
+    pending: VecDeque<(JobRequest, Reply)>,
+    /// Failures since the last successful load; drives the backoff.
+    failures: u32,
+}
+
+/// What interrupted a load.
+enum Interrupted {
+    Stop(oneshot::Sender<()>),
+}
+
+impl Actor {
+    pub fn new(
+        spec: WorkerSpec,
+        rx: mpsc::Receiver<Control>,
+        status: watch::Sender<WorkerStatus>,
+    ) -> Actor {
+        let retry_at = (spec.mode == Mode::Resident).then(Instant::now);
+        Actor {
+            spec,
+            rx,
+            status,
+            life: Life::Down { retry_at },
+            pending: VecDeque::new(),
+            failures: 0,
+        }
+    }
+
+    pub async fn run(mut self) {
+        loop {
+            if let Some((request, reply)) = self.pending.pop_front() {
+                if let Err(Interrupted::Stop(stop)) = self.handle_job(request, reply).await {
+                    return self.finish(stop).await;
+                }
+                continue;
+            }
+            let control = match &mut self.life {
+                Life::Up(session) => tokio::select! {
+                    control = self.rx.recv() => control,
+                    event = session.idle() => {
+                        if let IdleEvent::Exited(exit) = event {
+                            tracing::warn!(worker = %self.spec.name, %exit, "idle worker exited; restarting");
+                            let tail = session.tail_text();
+                            self.went_down(format!("exited while idle ({exit}); last stderr lines:\n{tail}"));
+                        }
+                        continue;
+                    }
+                },
+                Life::Down { retry_at: Some(at) } => {
+                    let at = *at;
+                    tokio::select! {
+                        control = self.rx.recv() => control,
+                        _ = tokio::time::sleep_until(at) => {
+                            if let Err(Interrupted::Stop(reply)) = self.load().await {
+                                return self.finish(reply).await;
+                            }
+                            continue;
+                        }
+                    }
+                }
+                Life::Down { retry_at: None } => self.rx.recv().await,
+            };
+            match control {
+                Some(Control::Run { request, reply }) => {
+                    if let Err(Interrupted::Stop(stop)) = self.handle_job(request, reply).await {
+                        return self.finish(stop).await;
+                    }
+                }
+                Some(Control::Stop { reply }) => return self.finish(reply).await,
+                None => {
+                    let (reply, _) = oneshot::channel();
+                    return self.finish(reply).await;
+                }
+            }
+        }
+    }
+
+    /// Starts the process and waits for `ready`, still answering `Stop` meanwhile.
+    async fn load(&mut self) -> Result<(), Interrupted> {
+        self.set_state(WorkerState::Starting, |s| {
+            s.pid = None;
+            s.process_started = Some(std::time::Instant::now());
+        });
+        let spec = self.spec.clone();
+        let start = Session::start(&spec);
+        tokio::pin!(start);
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut start => break outcome,
+                control = self.rx.recv() => match control {
+                    Some(Control::Run { request, reply }) => self.pending.push_back((request, reply)),
+                    Some(Control::Stop { reply }) => return Err(Interrupted::Stop(reply)),
+                    None => return Err(Interrupted::Stop(oneshot::channel().0)),
+                },
+            }
+        };
+        match outcome {
+            Ok(session) => {
+                tracing::info!(worker = %self.spec.name, pid = session.pid(), ready = ?session.ready, "worker ready");
+                self.failures = 0;
+                let (pid, ready) = (session.pid(), session.ready.clone());
+                self.life = Life::Up(Box::new(session));
+                self.set_state(WorkerState::Ready, |s| {
+                    s.pid = Some(pid);
+                    s.loaded = Some(ready);
+                });
+            }
+            Err(e) => {
+                tracing::error!(worker = %self.spec.name, error = %e, "worker failed to load");
+                self.went_down(e.to_string());
+                // Whoever was waiting for this load hears why it failed.
+                for (_, reply) in self.pending.drain(..) {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one job, loading the worker first when needed. `Err` means a `Stop` came meanwhile.
+    async fn handle_job(&mut self, request: JobRequest, reply: Reply) -> Result<(), Interrupted> {
+        if matches!(self.life, Life::Down { .. }) {
+            // Someone is waiting: load now rather than at the backoff deadline.
+            if let Err(stop) = self.load().await {
+                let _ = reply.send(Err(JobError::ShuttingDown {
+                    worker: self.spec.name.clone(),
+                }));
+                return Err(stop);
+            }
+            if let Life::Down { .. } = self.life {
+                let reason = self.status.borrow().last_error.clone().unwrap_or_default();
+                let _ = reply.send(Err(JobError::Unavailable {
+                    worker: self.spec.name.clone(),
+                    reason,
+                }));
+                return Ok(());
+            }
+        }
+        let Life::Up(session) = &mut self.life else {
+            unreachable!("loaded above")
+        };
+        self.status.send_modify(|s| {
+            s.state = WorkerState::Busy;
+            s.state_since = std::time::Instant::now();
+        });
+        let outcome = session
+            .run(
+                &request.job,
+                &request.output_path,
+                &request.events,
+                self.spec.job_timeout,
+            )
+            .await;
+        let broken = matches!(
+            outcome,
+            Err(JobError::Crashed { .. } | JobError::Timeout { .. })
+        );
+        self.status.send_modify(|s| match &outcome {
+            Ok(_) => s.jobs_done += 1,
+            Err(e) => {
+                s.jobs_failed += 1;
+                s.last_error = Some(e.to_string());
+            }
+        });
+        if broken {
+            let error = outcome
+                .as_ref()
+                .err()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            self.went_down(error);
+        } else if self.spec.mode == Mode::Oneshot {
+            if let Life::Up(session) =
+                std::mem::replace(&mut self.life, Life::Down { retry_at: None })
+            {
+                session.finish(self.spec.stop_grace).await;
+            }
+            self.set_state(WorkerState::Idle, |s| {
+                s.pid = None;
+                s.process_started = None;
+            });
+        } else {
+            self.set_state(WorkerState::Ready, |_| {});
+        }
+        let _ = reply.send(outcome);
+        Ok(())
+    }
+
+    /// Records that the process is gone and schedules the restart.
+    fn went_down(&mut self, error: String) {
+        self.failures += 1;
+        let retry_at = match self.spec.mode {
+            Mode::Resident => Some(Instant::now() + backoff(self.failures)),
+            Mode::Oneshot => None,
+        };
+        self.life = Life::Down { retry_at };
+        let state = match self.spec.mode {
+            Mode::Resident => WorkerState::Exited,
+            Mode::Oneshot => WorkerState::Idle,
+        };
+        self.set_state(state, |s| {
+            s.pid = None;
+            s.process_started = None;
+            s.last_error = Some(error);
+            if s.mode == Mode::Resident {
+                s.restarts += 1;
+            }
+        });
+    }
+
+    async fn finish(mut self, reply: oneshot::Sender<()>) {
+        if let Life::Up(session) = std::mem::replace(&mut self.life, Life::Down { retry_at: None })
+        {
+            session.stop(self.spec.stop_grace).await;
+        }
+        for (_, waiting) in self.pending.drain(..) {
+            let _ = waiting.send(Err(JobError::ShuttingDown {
+                worker: self.spec.name.clone(),
+            }));
+        }
+        self.rx.close();
+        while let Ok(control) = self.rx.try_recv() {
+            match control {
+                Control::Run { reply, .. } => {
+                    let _ = reply.send(Err(JobError::ShuttingDown {
+                        worker: self.spec.name.clone(),
+                    }));
+                }
+                Control::Stop { reply } => {
+                    let _ = reply.send(());
+                }
+            }
+        }
+        self.set_state(WorkerState::Stopped, |s| {
+            s.pid = None;
+            s.process_started = None;
+        });
+        let _ = reply.send(());
+    }
+
+    fn set_state(&self, state: WorkerState, also: impl FnOnce(&mut WorkerStatus)) {
+        self.status.send_modify(|s| {
+            s.state = state;
+            s.state_since = std::time::Instant::now();
+            s.state_since_wall = std::time::SystemTime::now();
+            also(s);
+        });
+    }
+}
+
+/// The first restart is immediate; repeated failures wait 0.5 s, 1 s, 2 s … up to 30 s.
+fn backoff(failures: u32) -> Duration {
+    if failures <= 1 {
+        return Duration::ZERO;
+    }
+    let exp = (failures - 2).min(16);
+    (Duration::from_millis(500) * 2u32.pow(exp)).min(MAX_BACKOFF)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        assert_eq!(backoff(1), Duration::ZERO);
+        assert_eq!(backoff(2), Duration::from_millis(500));
+        assert_eq!(backoff(3), Duration::from_secs(1));
+        assert_eq!(backoff(40), Duration::from_secs(30));
+    }
+}

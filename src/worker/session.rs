@@ -1,0 +1,266 @@
+//! One live worker process: start it and wait for `ready`, run a job over its three channels
+//! (job on stdin, signals on stdout, logs and events on stderr), and stop it.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::AsyncWriteExt;
+use tokio::process::ChildStdin;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::lines::forward_lines;
+use super::JobError;
+use crate::config::WorkerSpec;
+use crate::process::{describe_exit, spawn_worker, ProcessGroup};
+use crate::protocol::{ReadyInfo, Signal, WorkerEvent, PROTOCOL_VERSION};
+
+/// Stderr lines kept to explain a crash.
+const TAIL_LINES: usize = 20;
+/// How long a worker whose stdout closed gets to exit before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+pub(super) struct Session {
+    name: String,
+    group: ProcessGroup,
+    stdin: Option<ChildStdin>,
+    stdout: mpsc::Receiver<String>,
+    /// `None` once the worker closed stderr.
+    stderr: Option<mpsc::Receiver<String>>,
+    tail: VecDeque<String>,
+    pub ready: ReadyInfo,
+}
+
+/// Something that happened while the worker sat idle.
+pub(super) enum IdleEvent {
+    Exited(String),
+    Quiet,
+}
+
+impl Session {
+    /// Spawns the worker and waits for `ready` within the load timeout.
+    pub async fn start(spec: &WorkerSpec) -> Result<Session, JobError> {
+        let (group, pipes) =
+            spawn_worker(&spec.argv, &spec.cwd, &spec.env).map_err(|e| JobError::Unavailable {
+                worker: spec.name.clone(),
+                reason: format!("cannot run {:?} in {}: {e}", spec.argv, spec.cwd.display()),
+            })?;
+        tracing::info!(worker = %spec.name, pid = group.pid(), "worker process started");
+        let mut session = Session {
+            name: spec.name.clone(),
+            group,
+            stdin: Some(pipes.stdin),
+            stdout: forward_lines(pipes.stdout, 256),
+            stderr: Some(forward_lines(pipes.stderr, 1024)),
+            tail: VecDeque::with_capacity(TAIL_LINES),
+            ready: ReadyInfo::default(),
+        };
+        let deadline = Instant::now() + spec.load_timeout;
+        loop {
+            tokio::select! {
+                line = session.stdout.recv() => match line {
+                    Some(line) => match Signal::parse(&line) {
+                        Signal::Ready(info) => {
+                            session.ready = info;
+                            return Ok(session);
+                        }
+                        _ => tracing::warn!(worker = %session.name, %line, "stdout line before ready ignored"),
+                    },
+                    None => {
+                        let exit = session.collect_exit().await;
+                        return Err(JobError::Unavailable {
+                            worker: session.name.clone(),
+                            reason: format!("exited before ready ({exit}); last stderr lines:\n{}", session.tail_text()),
+                        });
+                    }
+                },
+                Some(line) = recv_opt(&mut session.stderr) => session.log_line(&line, None),
+                _ = tokio::time::sleep_until(deadline) => {
+                    session.group.kill().await;
+                    return Err(JobError::Unavailable {
+                        worker: session.name.clone(),
+                        reason: format!(
+                            "not ready within load_timeout_s = {:.0} s; killed. Last stderr lines:\n{}",
+                            spec.load_timeout.as_secs_f64(), session.tail_text()),
+                    });
+                }
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.group.pid()
+    }
+
+    /// Sends one job and follows it to `done`, `error`, a crash or the timeout.
+    pub async fn run(
+        &mut self,
+        job: &serde_json::Map<String, Value>,
+        output: &Path,
+        events: &mpsc::Sender<WorkerEvent>,
+        timeout: Duration,
+    ) -> Result<Value, JobError> {
+        let mut job = job.clone();
+        job.insert("_output_path".into(), output.display().to_string().into());
+        job.insert("_protocol".into(), PROTOCOL_VERSION.into());
+        let mut line = Value::Object(job).to_string();
+        line.push('\n');
+        let _ = std::fs::remove_file(output);
+        if let Err(e) = self.send_line(&line).await {
+            let exit = self.collect_exit().await;
+            return Err(self.crashed(format!("{exit}; writing the job failed: {e}")));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            tokio::select! {
+                biased;
+                Some(line) = recv_opt(&mut self.stderr) => self.log_line(&line, Some(events)),
+                line = self.stdout.recv() => match line.as_deref().map(Signal::parse) {
+                    Some(Signal::Done) => {
+                        self.drain_stderr(events);
+                        return self.read_output(output);
+                    }
+                    Some(Signal::Error(failure)) => {
+                        self.drain_stderr(events);
+                        return Err(JobError::Failed { worker: self.name.clone(), message: failure.message });
+                    }
+                    Some(_) => tracing::warn!(worker = %self.name, line = line.as_deref().unwrap_or(""),
+                        "unexpected stdout line ignored (stdout is for signals only)"),
+                    None => {
+                        let exit = self.collect_exit().await;
+                        return Err(self.crashed(exit));
+                    }
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    self.group.kill().await;
+                    return Err(JobError::Timeout { worker: self.name.clone(), seconds: timeout.as_secs_f64() });
+                }
+            }
+        }
+    }
+
+    /// Waits for something to happen while no job runs: a log line (logged) or the exit.
+    pub async fn idle(&mut self) -> IdleEvent {
+        tokio::select! {
+            Some(line) = recv_opt(&mut self.stderr) => {
+                self.log_line(&line, None);
+                IdleEvent::Quiet
+            }
+            line = self.stdout.recv() => match line {
+                Some(line) => {
+                    tracing::warn!(worker = %self.name, %line, "stdout line while idle ignored");
+                    IdleEvent::Quiet
+                }
+                None => IdleEvent::Exited(self.collect_exit().await),
+            },
+        }
+    }
+
+    /// Oneshot end: close stdin (EOF ends an original-protocol worker), then stop.
+    pub async fn finish(mut self, grace: Duration) {
+        self.stdin = None;
+        if self.group.wait_timeout(grace).await.is_none() {
+            self.stop(grace).await;
+        }
+    }
+
+    /// Signal → grace → kill, then reap.
+    pub async fn stop(mut self, grace: Duration) {
+        self.stdin = None;
+        let status = self.group.terminate(grace).await;
+        tracing::info!(worker = %self.name, exit = %status.as_ref().map(describe_exit).unwrap_or_default(), "worker stopped");
+    }
+
+    pub fn tail_text(&self) -> String {
+        if self.tail.is_empty() {
+            return "(no stderr output)".into();
+        }
+        self.tail.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    async fn send_line(&mut self, line: &str) -> std::io::Result<()> {
+        let stdin = self.stdin.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
+        stdin.write_all(line.as_bytes()).await?;
+        stdin.flush().await
+    }
+
+    fn crashed(&self, exit: String) -> JobError {
+        JobError::Crashed {
+            worker: self.name.clone(),
+            exit,
+            tail: self.tail_text(),
+        }
+    }
+
+    fn read_output(&self, output: &Path) -> Result<Value, JobError> {
+        let bad = |reason: String| JobError::BadOutput {
+            worker: self.name.clone(),
+            reason,
+        };
+        let text = std::fs::read(output)
+            .map_err(|e| bad(format!("cannot read {}: {e}", output.display())))?;
+        serde_json::from_slice(&text)
+            .map_err(|e| bad(format!("{} is not valid JSON: {e}", output.display())))
+    }
+
+    /// After stdout closed: the exit status (killing a process that lingers), with the last
+    /// stderr lines collected for the error message.
+    async fn collect_exit(&mut self) -> String {
+        let status: Option<ExitStatus> = match self.group.wait_timeout(EXIT_GRACE).await {
+            Some(status) => Some(status),
+            None => self.group.kill().await,
+        };
+        if let Some(mut rx) = self.stderr.take() {
+            let until = Instant::now() + Duration::from_millis(500);
+            while let Ok(Some(line)) = tokio::time::timeout_at(until, rx.recv()).await {
+                self.log_line(&line, None);
+            }
+        }
+        status
+            .as_ref()
+            .map(describe_exit)
+            .unwrap_or_else(|| "unknown exit".into())
+    }
+
+    fn drain_stderr(&mut self, events: &mpsc::Sender<WorkerEvent>) {
+        let Some(mut rx) = self.stderr.take() else {
+            return;
+        };
+        while let Ok(line) = rx.try_recv() {
+            self.log_line(&line, Some(events));
+        }
+        self.stderr = Some(rx);
+    }
+
+    fn log_line(&mut self, line: &str, events: Option<&mpsc::Sender<WorkerEvent>>) {
+        let event = WorkerEvent::parse(line);
+        if let WorkerEvent::Log { message, .. } = &event {
+            if self.tail.len() == TAIL_LINES {
+                self.tail.pop_front();
+            }
+            self.tail.push_back(message.clone());
+            tracing::debug!(worker = %self.name, "{message}");
+        }
+        if let Some(events) = events {
+            // A slow or vanished client must never stall the worker: drop instead of waiting.
+            let _ = events.try_send(event);
+        }
+    }
+}
+
+/// Receives from an optional channel; once it closes it is set to `None` and never polled again.
+async fn recv_opt(rx: &mut Option<mpsc::Receiver<String>>) -> Option<String> {
+    match rx {
+        Some(inner) => match inner.recv().await {
+            Some(line) => Some(line),
+            None => {
+                *rx = None;
+                None
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
