@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
-use tokio::process::ChildStdin;
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::lines::forward_lines;
+use super::lines::LineReader;
 use super::JobError;
-use crate::config::WorkerSpec;
+use crate::config::{Mode, WorkerSpec};
 use crate::process::{describe_exit, spawn_worker, ProcessGroup};
 use crate::protocol::{ReadyInfo, Signal, WorkerEvent, PROTOCOL_VERSION};
 
@@ -27,9 +27,9 @@ pub(super) struct Session {
     name: String,
     group: ProcessGroup,
     stdin: Option<ChildStdin>,
-    stdout: mpsc::Receiver<String>,
+    stdout: LineReader<ChildStdout>,
     /// `None` once the worker closed stderr.
-    stderr: Option<mpsc::Receiver<String>>,
+    stderr: Option<LineReader<ChildStderr>>,
     tail: VecDeque<String>,
     pub ready: ReadyInfo,
 }
@@ -43,8 +43,12 @@ pub(super) enum IdleEvent {
 impl Session {
     /// Spawns the worker and waits for `ready` within the load timeout.
     pub async fn start(spec: &WorkerSpec) -> Result<Session, JobError> {
+        let mut env = spec.env.clone();
+        if spec.mode == Mode::Oneshot {
+            env.insert("GPUHOST_MODE".into(), "oneshot".into());
+        }
         let (group, pipes) =
-            spawn_worker(&spec.argv, &spec.cwd, &spec.env).map_err(|e| JobError::Unavailable {
+            spawn_worker(&spec.argv, &spec.cwd, &env).map_err(|e| JobError::Unavailable {
                 worker: spec.name.clone(),
                 reason: format!("cannot run {:?} in {}: {e}", spec.argv, spec.cwd.display()),
             })?;
@@ -53,15 +57,15 @@ impl Session {
             name: spec.name.clone(),
             group,
             stdin: Some(pipes.stdin),
-            stdout: forward_lines(pipes.stdout, 256),
-            stderr: Some(forward_lines(pipes.stderr, 1024)),
+            stdout: LineReader::new(pipes.stdout),
+            stderr: Some(LineReader::new(pipes.stderr)),
             tail: VecDeque::with_capacity(TAIL_LINES),
             ready: ReadyInfo::default(),
         };
         let deadline = Instant::now() + spec.load_timeout;
         loop {
             tokio::select! {
-                line = session.stdout.recv() => match line {
+                line = session.stdout.next_line() => match line {
                     Some(line) => match Signal::parse(&line) {
                         Signal::Ready(info) => {
                             session.ready = info;
@@ -118,7 +122,7 @@ impl Session {
             tokio::select! {
                 biased;
                 Some(line) = recv_opt(&mut self.stderr) => self.log_line(&line, Some(events)),
-                line = self.stdout.recv() => match line.as_deref().map(Signal::parse) {
+                line = self.stdout.next_line() => match line.as_deref().map(Signal::parse) {
                     Some(Signal::Done) => {
                         self.drain_stderr(events);
                         return self.read_output(output);
@@ -149,7 +153,7 @@ impl Session {
                 self.log_line(&line, None);
                 IdleEvent::Quiet
             }
-            line = self.stdout.recv() => match line {
+            line = self.stdout.next_line() => match line {
                 Some(line) => {
                     tracing::warn!(worker = %self.name, %line, "stdout line while idle ignored");
                     IdleEvent::Quiet
@@ -215,7 +219,7 @@ impl Session {
         };
         if let Some(mut rx) = self.stderr.take() {
             let until = Instant::now() + Duration::from_millis(500);
-            while let Ok(Some(line)) = tokio::time::timeout_at(until, rx.recv()).await {
+            while let Ok(Some(line)) = tokio::time::timeout_at(until, rx.next_line()).await {
                 self.log_line(&line, None);
             }
         }
@@ -226,10 +230,11 @@ impl Session {
     }
 
     fn drain_stderr(&mut self, events: &mpsc::Sender<WorkerEvent>) {
+        // The worker flushed these before its signal: they are in the pipe already.
         let Some(mut rx) = self.stderr.take() else {
             return;
         };
-        while let Ok(line) = rx.try_recv() {
+        while let Some(line) = rx.ready_line() {
             self.log_line(&line, Some(events));
         }
         self.stderr = Some(rx);
@@ -251,10 +256,10 @@ impl Session {
     }
 }
 
-/// Receives from an optional channel; once it closes it is set to `None` and never polled again.
-async fn recv_opt(rx: &mut Option<mpsc::Receiver<String>>) -> Option<String> {
+/// Reads from an optional pipe; once it closes it is set to `None` and never polled again.
+async fn recv_opt(rx: &mut Option<LineReader<ChildStderr>>) -> Option<String> {
     match rx {
-        Some(inner) => match inner.recv().await {
+        Some(inner) => match inner.next_line().await {
             Some(line) => Some(line),
             None => {
                 *rx = None;

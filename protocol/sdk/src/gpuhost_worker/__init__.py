@@ -1,0 +1,11 @@
+"""gpuhost worker SDK: subclass `Worker`, implement `load()` and `run(job, progress)`, call `serve()`.
+
+The protocol (see protocol/PROTOCOL.md in the gpuhost repository) is handled here: signals on the
+real stdout, logs and events on stderr, results written atomically, errors turned into the `error`
+signal, exit when the parent dies, persistent and one-shot modes.
+"""
+from .channels import Channels
+from .progress import Progress
+from .runner import PROTOCOL_VERSION, Worker, serve
+
+__all__ = ["Channels", "Progress", "PROTOCOL_VERSION", "Worker", "serve"]

@@ -1,0 +1,113 @@
+"""The worker loop: load once, say `ready`, then per stdin line run the job, write the result
+atomically to `_output_path`, and say `done` (or `error`, staying alive for the next job)."""
+import gc
+import json
+import os
+import sys
+import tempfile
+import traceback
+
+from .channels import Channels
+from .guard import watch_parent
+from .progress import Progress
+
+PROTOCOL_VERSION = 1
+
+
+class Worker:
+    """Subclass and implement `load` and `run`. Model code needs no protocol code."""
+
+    #: Shown in `/workers` after `ready`.
+    model: str | None = None
+    device: str | None = None
+
+    def load(self) -> dict | None:
+        """Loads the model. May return extra metadata for the `ready` line."""
+        return None
+
+    def run(self, job: dict, progress: Progress) -> dict:
+        raise NotImplementedError
+
+    def unload(self) -> None:
+        """Frees memory in-process (one-shot mode exits instead). Override to drop model
+        references; the default collects garbage and empties the CUDA cache when torch is loaded."""
+        gc.collect()
+        torch = sys.modules.get("torch")
+        if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def write_result(path: str, result) -> None:
+    """Writes JSON to `path` atomically: a temp file in the same folder, then rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".result-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(result, f, ensure_ascii=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def oneshot_requested(argv=None) -> bool:
+    argv = sys.argv[1:] if argv is None else argv
+    return "--oneshot" in argv or os.environ.get("GPUHOST_MODE", "").lower() == "oneshot"
+
+
+def serve(worker: Worker, channels: Channels | None = None, oneshot: bool | None = None,
+          guard: bool = True) -> int:
+    """Runs the protocol until stdin closes (or after one job in one-shot mode). Returns the exit code."""
+    if channels is None:
+        channels = Channels.take_over_stdout()
+    if guard:
+        watch_parent()
+    if oneshot is None:
+        oneshot = oneshot_requested()
+    try:
+        extra = worker.load() or {}
+    except Exception as e:  # a failed load is fatal: the host reports the log tail
+        traceback.print_exc(file=sys.stderr)
+        sys.stderr.write(f"load failed: {type(e).__name__}: {e}\n")
+        sys.stderr.flush()
+        return 2
+    meta = {"protocol": PROTOCOL_VERSION}
+    if worker.model:
+        meta["model"] = worker.model
+    if worker.device:
+        meta["device"] = worker.device
+    meta.update(extra)
+    channels.signal("ready", meta)
+    progress = Progress(channels)
+    for line in channels.jobs():
+        _handle(worker, channels, progress, line)
+        if oneshot:
+            break
+    return 0
+
+
+def _handle(worker: Worker, channels: Channels, progress: Progress, line: str) -> None:
+    try:
+        job = json.loads(line)
+        if not isinstance(job, dict):
+            raise ValueError("a job must be a JSON object")
+    except ValueError as e:
+        channels.log(f"bad job line: {e}", "error")
+        channels.signal("error", {"message": f"bad job line: {e}", "kind": "ProtocolError"})
+        return
+    output = job.get("_output_path")
+    try:
+        result = worker.run(job, progress)
+        if output:
+            write_result(output, result if result is not None else {})
+    except Exception as e:
+        sys.stderr.write(traceback.format_exc())
+        sys.stderr.flush()
+        channels.signal("error", {"message": f"{type(e).__name__}: {e}", "kind": type(e).__name__})
+        return
+    channels.signal("done")

@@ -1,0 +1,26 @@
+"""The worker behind the SDK golden transcripts: echoes `text`, reports `steps` progress events,
+fails with `fail`, and prints to stdout like a careless library would."""
+import sys
+
+from gpuhost_worker import Worker, serve
+
+
+class Echo(Worker):
+    model = "echo"
+    device = "cpu"
+
+    def run(self, job, progress):
+        if job.get("fail"):
+            raise ValueError(job["fail"])
+        steps = int(job.get("steps", 0))
+        for i in range(steps):
+            partial = {"text": job.get("text")} if i + 1 == steps else None
+            progress((i + 1) / steps, f"step {i + 1}/{steps}", partial=partial)
+        print("a library printed this to stdout")
+        sys.stdout.flush()
+        progress.log(f"echoed {len(job.get('text', ''))} characters")
+        return {"echo": job.get("text"), "stage": job.get("_stage")}
+
+
+if __name__ == "__main__":
+    sys.exit(serve(Echo()))

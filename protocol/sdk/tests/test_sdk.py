@@ -1,0 +1,111 @@
+"""Protocol guarantees of the SDK beyond the transcripts."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from conftest import HERE, start_worker
+
+from gpuhost_worker.runner import write_result
+
+
+def test_c_level_stdout_writes_go_to_stderr(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        sys.path.insert(0, %r)
+        from gpuhost_worker import Worker, serve
+        class W(Worker):
+            def load(self):
+                os.write(1, b"C-level noise while loading\\n")
+            def run(self, job, progress):
+                os.write(1, b"C-level noise during the job\\n")
+                print("python noise")
+                return {"ok": True}
+        sys.exit(serve(W()))
+    """ % str(HERE.parent / "src")))
+    proc = start_worker(script)
+    out = tmp_path / "r.json"
+    stdout, stderr = proc.communicate(json.dumps({"_output_path": str(out)}) + "\n", timeout=30)
+    assert stdout.splitlines() == ['ready {"protocol":1}', "done"]
+    assert "C-level noise while loading" in stderr
+    assert "C-level noise during the job" in stderr
+    assert "python noise" in stderr
+    assert json.loads(out.read_text()) == {"ok": True}
+
+
+def test_bad_job_line_is_an_error_and_worker_survives(tmp_path, echo_worker):
+    proc = echo_worker()
+    out = tmp_path / "r.json"
+    stdout, _ = proc.communicate("not json\n" + json.dumps({"text": "ok", "_output_path": str(out)}) + "\n",
+                                 timeout=30)
+    lines = stdout.splitlines()
+    assert lines[1].startswith("error ") and json.loads(lines[1][6:])["kind"] == "ProtocolError"
+    assert lines[2] == "done"
+    assert json.loads(out.read_text())["echo"] == "ok"
+
+
+def test_oneshot_mode_exits_after_one_job(tmp_path, echo_worker):
+    proc = echo_worker("--oneshot")
+    out = tmp_path / "r.json"
+    proc.stdin.write(json.dumps({"text": "one", "_output_path": str(out)}) + "\n")
+    proc.stdin.flush()  # stdin stays open: the worker must exit by itself
+    assert proc.wait(timeout=30) == 0
+    assert proc.stdout.read().splitlines()[-1] == "done"
+    assert json.loads(out.read_text())["echo"] == "one"
+
+
+def test_write_result_is_atomic(tmp_path):
+    target = tmp_path / "r.json"
+    target.write_text("old")
+    write_result(str(target), {"a": 1})
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_worker_exits_when_parent_dies(tmp_path):
+    # A middle process starts the worker and is SIGKILLed; the worker must notice and exit.
+    middle = tmp_path / "middle.py"
+    middle.write_text(textwrap.dedent("""
+        import subprocess, sys, time
+        p = subprocess.Popen([sys.executable, %r], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        print(p.pid, flush=True)
+        time.sleep(60)
+    """ % str(HERE / "echo_worker.py")))
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"))
+    proc = subprocess.Popen([sys.executable, str(middle)], stdout=subprocess.PIPE, text=True, env=env)
+    worker_pid = int(proc.stdout.readline())
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 3
+    while time.time() < deadline:
+        try:
+            os.kill(worker_pid, 0)
+        except ProcessLookupError:
+            return
+        # A zombie of ours? It is not: its parent was `middle`, now reaped by init.
+        time.sleep(0.05)
+    os.kill(worker_pid, signal.SIGKILL)
+    raise AssertionError("worker outlived its parent by more than 3 s")
+
+
+def test_load_failure_exits_nonzero(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        sys.path.insert(0, %r)
+        from gpuhost_worker import Worker, serve
+        class W(Worker):
+            def load(self):
+                raise RuntimeError("weights not found at /models/x")
+        sys.exit(serve(W()))
+    """ % str(HERE.parent / "src")))
+    proc = start_worker(script)
+    stdout, stderr = proc.communicate("", timeout=30)
+    assert proc.returncode == 2
+    assert stdout == ""
+    assert "weights not found" in stderr
