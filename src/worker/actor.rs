@@ -168,21 +168,51 @@ impl Actor {
                 return Ok(());
             }
         }
-        let Life::Up(session) = &mut self.life else {
-            unreachable!("loaded above")
-        };
         self.status.send_modify(|s| {
             s.state = WorkerState::Busy;
             s.state_since = std::time::Instant::now();
         });
-        let outcome = session
-            .run(
+        let (outcome, stop) = {
+            let Actor {
+                life,
+                rx,
+                pending,
+                spec,
+                ..
+            } = self;
+            let Life::Up(session) = life else {
+                unreachable!("loaded above")
+            };
+            let run = session.run(
                 &request.job,
                 &request.output_path,
                 &request.events,
-                self.spec.job_timeout,
-            )
-            .await;
+                spec.job_timeout,
+            );
+            tokio::pin!(run);
+            // Keep answering control messages while the job runs: a Stop must not wait for it.
+            let mut stop = None;
+            let outcome = loop {
+                tokio::select! {
+                    outcome = &mut run => break outcome,
+                    control = rx.recv(), if stop.is_none() => match control {
+                        Some(Control::Run { request, reply }) => pending.push_back((request, reply)),
+                        Some(Control::Stop { reply }) => stop = Some(reply),
+                        None => stop = Some(oneshot::channel().0),
+                    },
+                }
+                if stop.is_some() {
+                    break Err(JobError::ShuttingDown {
+                        worker: spec.name.clone(),
+                    });
+                }
+            };
+            (outcome, stop)
+        };
+        if let Some(stop) = stop {
+            let _ = reply.send(outcome);
+            return Err(Interrupted::Stop(stop));
+        }
         let broken = matches!(
             outcome,
             Err(JobError::Crashed { .. } | JobError::Timeout { .. })

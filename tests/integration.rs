@@ -1,0 +1,15 @@
+//! Integration tests: the real server on port 0, real worker processes, real HTTP.
+#![allow(clippy::disallowed_methods)] // tests start the gpuhost binary and helper processes directly
+
+mod integration {
+    pub mod support;
+
+    mod audio_formats;
+    mod cli;
+    mod faults;
+    mod golden;
+    mod http_api;
+    mod lifecycle;
+    mod queue;
+    mod seed;
+}

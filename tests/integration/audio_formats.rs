@@ -1,0 +1,72 @@
+//! Every accepted container/codec decodes to 16 kHz mono WAV of the right length.
+
+use super::support::*;
+
+async fn check(host: &TestHost, body: Vec<u8>, want_decoder: &str, seconds: f64) {
+    let result = result_of(&host.transcribe("", body).await);
+    let duration = result["duration"].as_f64().unwrap();
+    assert!(
+        (duration - seconds).abs() < 0.1,
+        "duration {duration}, want {seconds}: {result}"
+    );
+    assert_eq!(result["audio"]["decoder"], want_decoder);
+    // The worker saw the normalized file: 16 kHz mono PCM16.
+    assert!(result["stages"]["w"]["audio_path"]
+        .as_str()
+        .unwrap()
+        .ends_with("audio.wav"));
+}
+
+#[tokio::test]
+async fn every_format_decodes() {
+    let config = format!("[pipeline]\nstages = [\"w\"]\n{}", fake_worker("w", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    check(&host, wav(1.25, 44100, 2), "symphonia", 1.25).await;
+    check(&host, wav(0.5, 8000, 1), "symphonia", 0.5).await;
+    for name in ["tone.flac", "tone.mp3", "tone.ogg", "tone.m4a", "tone.mp4"] {
+        let body = std::fs::read(fixture(&format!("audio/{name}"))).unwrap();
+        let result = result_of(&host.transcribe("", body).await);
+        let duration = result["duration"].as_f64().unwrap();
+        assert!((duration - 1.5).abs() < 0.1, "{name}: duration {duration}");
+        assert_eq!(result["audio"]["decoder"], "symphonia", "{name}");
+    }
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn opus_goes_through_ffmpeg() {
+    assert!(
+        gpuhost::process::find_program("ffmpeg").is_some(),
+        "ffmpeg must be installed for this test (.ci/run installs it)"
+    );
+    let config = format!("[pipeline]\nstages = [\"w\"]\n{}", fake_worker("w", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    let body = std::fs::read(fixture("audio/tone.opus")).unwrap();
+    check(&host, body, "ffmpeg", 1.5).await;
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn normalized_audio_is_16k_mono_pcm16() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.flac");
+    std::fs::copy(fixture("audio/tone.flac"), &input).unwrap();
+    let out = dir.path().join("out.wav");
+    let info = gpuhost::audio::normalize(&input, &out, 60.0, "")
+        .await
+        .unwrap();
+    assert_eq!((info.source_rate, info.source_channels), (44100, 2));
+    let bytes = std::fs::read(&out).unwrap();
+    assert_eq!(&bytes[0..4], b"RIFF");
+    assert_eq!(u16::from_le_bytes([bytes[22], bytes[23]]), 1, "mono");
+    assert_eq!(
+        u32::from_le_bytes([bytes[24], bytes[25], bytes[26], bytes[27]]),
+        16000
+    );
+    assert_eq!(u16::from_le_bytes([bytes[34], bytes[35]]), 16, "16-bit");
+    let samples = (bytes.len() - 44) / 2;
+    assert!(
+        (samples as i64 - 24000).abs() < 400,
+        "{samples} samples for 1.5 s"
+    );
+}

@@ -1,0 +1,262 @@
+//! Fault injection with the stdlib fake worker: every failure ends only its own job, and the next
+//! job works.
+
+use std::time::Duration;
+
+use gpuhost::protocol::ClientEvent;
+
+use super::support::*;
+
+fn one_stage(extra: &str) -> String {
+    format!("[pipeline]\nstages = [\"w\"]\n{}", fake_worker("w", extra))
+}
+
+#[tokio::test]
+async fn ready_timeout_fails_the_job_with_the_reason() {
+    let host = TestHost::start(&one_stage(
+        "load_timeout_s = 0.5\nenv = { FAKE_NO_READY = \"1\" }",
+    ))
+    .await;
+    let events = host.transcribe("", wav(0.5, 16000, 1)).await;
+    let (code, message) = error_of(&events);
+    assert_eq!(code, "worker_unavailable");
+    assert!(
+        message.contains("not ready within load_timeout_s"),
+        "{message}"
+    );
+    assert!(
+        message.contains("w: loading"),
+        "stderr tail is shown: {message}"
+    );
+    let w = host.worker("w").await;
+    assert!(
+        w["last_error"].as_str().unwrap().contains("not ready"),
+        "{w}"
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn worker_that_dies_while_loading_reports_its_stderr() {
+    let host = TestHost::start(&one_stage("env = { FAKE_EXIT_AT_LOAD = \"4\" }")).await;
+    let events = host.transcribe("", wav(0.5, 16000, 1)).await;
+    let (code, message) = error_of(&events);
+    assert_eq!(code, "worker_unavailable");
+    assert!(message.contains("exit code 4"), "{message}");
+    assert!(message.contains("weights missing"), "{message}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn crash_mid_job_fails_that_job_and_the_next_works() {
+    let host = TestHost::start(&one_stage("")).await.ready().await;
+    let first_pid = host.worker("w").await["pid"].as_u64().unwrap();
+    let events = host
+        .transcribe("?language=fake:crash", wav(0.5, 16000, 1))
+        .await;
+    let (code, message) = error_of(&events);
+    assert_eq!(code, "worker_crashed");
+    assert!(
+        message.contains("`w`") && message.contains("exit code 3"),
+        "{message}"
+    );
+    assert!(
+        message.contains("segmentation fault (simulated)"),
+        "last stderr lines: {message}"
+    );
+    assert!(!pid_alive(first_pid as u32));
+
+    let result = result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    assert_eq!(result["stages"]["w"]["seq"], 1, "a fresh process ran it");
+    let w = host.worker("w").await;
+    assert_eq!(w["restarts"], 1);
+    assert_eq!(w["jobs_failed"], 1);
+    assert_eq!(w["jobs_done"], 1);
+    assert_ne!(w["pid"].as_u64().unwrap(), first_pid);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn hung_job_times_out_is_killed_and_the_next_works() {
+    let host = TestHost::start(&one_stage("job_timeout_s = 1"))
+        .await
+        .ready()
+        .await;
+    let pid = host.worker("w").await["pid"].as_u64().unwrap() as u32;
+    let started = std::time::Instant::now();
+    let (code, message) = error_of(
+        &host
+            .transcribe("?language=fake:hang", wav(0.5, 16000, 1))
+            .await,
+    );
+    assert_eq!(code, "worker_timeout");
+    assert!(message.contains("within 1 s"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(!pid_alive(pid), "the hung process was killed");
+    result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn garbage_and_partial_lines_on_stdout_never_break_a_job() {
+    let host = TestHost::start(&one_stage("")).await.ready().await;
+    let result = result_of(
+        &host
+            .transcribe("?language=fake:garbage%2Bstdoutlog", wav(0.5, 16000, 1))
+            .await,
+    );
+    assert_eq!(result["stages"]["w"]["worker"], "w");
+    result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn megabyte_stderr_line_is_truncated_not_fatal() {
+    let host = TestHost::start(&one_stage("")).await.ready().await;
+    let events = host
+        .transcribe("?language=fake:bigline", wav(0.5, 16000, 1))
+        .await;
+    result_of(&events);
+    let big = events
+        .iter()
+        .find_map(|e| match e {
+            ClientEvent::Log { line, .. } if line.starts_with("xxxx") => Some(line.clone()),
+            _ => None,
+        })
+        .expect("the long line is forwarded");
+    assert!(big.len() < 70_000, "kept at most 64 KiB: {}", big.len());
+    assert!(big.ends_with("more bytes dropped]"));
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn logs_and_progress_stream_in_order() {
+    let host = TestHost::start(&one_stage("")).await.ready().await;
+    let events = host
+        .transcribe("?language=fake:logs=5", wav(0.5, 16000, 1))
+        .await;
+    result_of(&events);
+    let fractions: Vec<f64> = events
+        .iter()
+        .filter_map(|e| match e {
+            ClientEvent::Progress {
+                fraction, stage, ..
+            } if stage == "w" => *fraction,
+            _ => None,
+        })
+        .collect();
+    assert_eq!(fractions, [0.2, 0.4, 0.6, 0.8, 1.0]);
+    let logs = events
+        .iter()
+        .filter(|e| matches!(e, ClientEvent::Log { line, .. } if line.contains("log ")))
+        .count();
+    assert_eq!(logs, 5);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn error_signal_fails_the_job_but_keeps_the_worker() {
+    let host = TestHost::start(&one_stage("")).await.ready().await;
+    let pid = host.worker("w").await["pid"].clone();
+    let (code, message) = error_of(
+        &host
+            .transcribe("?language=fake:error", wav(0.5, 16000, 1))
+            .await,
+    );
+    assert_eq!(code, "job_failed");
+    assert!(
+        message.contains("ValueError: simulated failure"),
+        "{message}"
+    );
+    let result = result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    assert_eq!(result["stages"]["w"]["seq"], 2, "same process, second job");
+    assert_eq!(host.worker("w").await["pid"], pid);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn done_without_result_file_is_bad_output() {
+    let host = TestHost::start(&one_stage("")).await.ready().await;
+    let (code, message) = error_of(
+        &host
+            .transcribe("?language=fake:noresult", wav(0.5, 16000, 1))
+            .await,
+    );
+    assert_eq!(code, "bad_output");
+    assert!(message.contains("w.result.json"), "{message}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn slow_loading_worker_is_waited_for_and_health_stays_fast() {
+    let host = TestHost::start(&one_stage("env = { FAKE_LOAD_MS = \"1500\" }")).await;
+    let request = host.transcribe("", wav(0.5, 16000, 1));
+    let health = async {
+        let started = std::time::Instant::now();
+        let h: serde_json::Value = reqwest::get(format!("{}/health", host.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(started.elapsed() < Duration::from_millis(500));
+        assert_eq!(h["workers"]["loading"], 1, "{h}");
+    };
+    let (events, ()) = tokio::join!(request, health);
+    result_of(&events);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn oneshot_worker_runs_a_fresh_process_per_job_and_exits() {
+    let host = TestHost::start(&one_stage("mode = \"oneshot\"")).await;
+    assert_eq!(host.worker("w").await["state"], "idle");
+    let a = result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    let b = result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    let (pa, pb) = (
+        a["stages"]["w"]["pid"].as_u64().unwrap(),
+        b["stages"]["w"]["pid"].as_u64().unwrap(),
+    );
+    assert_ne!(pa, pb);
+    assert_eq!(b["stages"]["w"]["seq"], 1);
+    assert!(
+        !pid_alive(pa as u32) && !pid_alive(pb as u32),
+        "oneshot processes exit after their job"
+    );
+    let w = host.worker("w").await;
+    assert_eq!(w["state"], "idle");
+    assert_eq!(w["jobs_done"], 2);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn stages_see_earlier_results_and_options() {
+    let config = format!(
+        "[pipeline]\nstages = [\"a\", \"b\"]\n{}{}",
+        fake_worker("a", "[workers.a.options]\noption = \"from-config\""),
+        fake_worker("b", "")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = host
+        .transcribe("?num_speakers=2&language=en", wav(1.0, 16000, 1))
+        .await;
+    let result = result_of(&events);
+    assert_eq!(result["stages"]["a"]["earlier"], serde_json::json!([]));
+    assert_eq!(result["stages"]["b"]["earlier"], serde_json::json!(["a"]));
+    assert_eq!(result["stages"]["a"]["option"], "from-config");
+    assert_eq!(result["stages"]["b"]["num_speakers"], 2);
+    assert_eq!(result["stages"]["b"]["language"], "en");
+    assert!((result["duration"].as_f64().unwrap() - 1.0).abs() < 0.01);
+    let order: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            ClientEvent::Stage { stage, status, .. } => Some(format!("{stage}:{status:?}")),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, ["a:Started", "a:Done", "b:Started", "b:Done"]);
+    // Only stage b:
+    let result = result_of(&host.transcribe("?stages=b", wav(0.5, 16000, 1)).await);
+    assert!(result["stages"].get("a").is_none());
+    host.stop().await;
+}

@@ -1,0 +1,225 @@
+//! The HTTP contract: auth, limits, bad input — each with a status code and a JSON message.
+
+use serde_json::Value;
+
+use super::support::*;
+
+fn config(extra: &str) -> String {
+    format!(
+        "{extra}\n[pipeline]\nstages = [\"w\"]\n{}",
+        fake_worker("w", "")
+    )
+}
+
+async fn json_error(response: reqwest::Response, status: u16, code: &str) -> String {
+    assert_eq!(response.status().as_u16(), status);
+    assert!(response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/json"));
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"], code, "{body}");
+    let message = body["message"].as_str().unwrap().to_string();
+    assert!(!message.is_empty());
+    message
+}
+
+#[tokio::test]
+async fn auth_matrix() {
+    let host = TestHost::start(&config("token = \"s3cret-token\""))
+        .await
+        .ready()
+        .await;
+    let plain = reqwest::Client::new();
+    let url = |p: &str| format!("{}{}", host.url, p);
+    // /health is open.
+    assert_eq!(
+        plain.get(url("/health")).send().await.unwrap().status(),
+        200
+    );
+    for (method, path) in [("GET", "/workers"), ("POST", "/transcribe")] {
+        let m: reqwest::Method = method.parse().unwrap();
+        let none = plain
+            .request(m.clone(), url(path))
+            .body(wav(0.2, 16000, 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(none.headers()["www-authenticate"], "Bearer");
+        json_error(none, 401, "unauthorized").await;
+        let wrong = plain
+            .request(m.clone(), url(path))
+            .bearer_auth("s3cret-tokem")
+            .body(wav(0.2, 16000, 1));
+        json_error(wrong.send().await.unwrap(), 401, "unauthorized").await;
+        let basic = plain
+            .request(m.clone(), url(path))
+            .header("authorization", "Basic s3cret-token");
+        json_error(basic.send().await.unwrap(), 401, "unauthorized").await;
+        let right = plain
+            .request(m, url(path))
+            .bearer_auth("s3cret-token")
+            .body(wav(0.2, 16000, 1));
+        assert_eq!(right.send().await.unwrap().status(), 200, "{method} {path}");
+    }
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn upload_limits() {
+    let host = TestHost::start(&config(
+        "[limits]\nmax_upload_bytes = 20000\nmax_audio_seconds = 1.0",
+    ))
+    .await;
+    // Declared too large: refused before reading.
+    let big = host
+        .post("/transcribe")
+        .body(wav(2.0, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    let msg = json_error(big, 413, "payload_too_large").await;
+    assert!(msg.contains("20000 bytes"), "{msg}");
+    // Chunked, no Content-Length: refused while streaming.
+    let chunks = futures_util::stream::iter(
+        (0..10).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![0u8; 4096]))),
+    );
+    let chunked = host
+        .post("/transcribe")
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    json_error(chunked, 413, "payload_too_large").await;
+    // Small file, long audio (8 kHz keeps it under the byte limit).
+    let long = host
+        .post("/transcribe")
+        .body(wav(1.1, 8000, 1))
+        .send()
+        .await
+        .unwrap();
+    let msg = json_error(long, 413, "audio_too_long").await;
+    assert!(msg.contains("at most 1 s"), "{msg}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn empty_and_undecodable_uploads() {
+    let host = TestHost::start(&config("[audio]\nffmpeg = \"\"")).await;
+    let empty = host
+        .post("/transcribe")
+        .body(Vec::new())
+        .send()
+        .await
+        .unwrap();
+    json_error(empty, 400, "empty_upload").await;
+    let text = host
+        .post("/transcribe")
+        .body(b"this is not audio at all, just text".to_vec())
+        .send()
+        .await
+        .unwrap();
+    let msg = json_error(text, 415, "undecodable_audio").await;
+    assert!(msg.contains("unrecognized container format"), "{msg}");
+    let mut truncated = wav(0.5, 16000, 1);
+    truncated.truncate(40);
+    let cut = host
+        .post("/transcribe")
+        .body(truncated)
+        .send()
+        .await
+        .unwrap();
+    json_error(cut, 415, "undecodable_audio").await;
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn bad_queries_and_routes() {
+    let host = TestHost::start(&config("")).await;
+    let r = host
+        .post("/transcribe?stages=w,ocr")
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    let msg = json_error(r, 400, "bad_request").await;
+    assert!(
+        msg.contains("`ocr`") && msg.contains("pipeline is: w"),
+        "{msg}"
+    );
+    let r = host
+        .post("/transcribe?num_speakers=two")
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    json_error(r, 400, "bad_request").await;
+    let r = host
+        .post("/transcribe?min_speakers=3&max_speakers=2")
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    json_error(r, 400, "bad_request").await;
+    let r = host
+        .post("/transcribe?colour=blue")
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    let msg = json_error(r, 400, "bad_request").await;
+    assert!(msg.contains("colour"), "{msg}");
+    json_error(host.get("/nope").send().await.unwrap(), 404, "not_found").await;
+    json_error(
+        host.get("/transcribe").send().await.unwrap(),
+        405,
+        "method_not_allowed",
+    )
+    .await;
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn multipart_upload_and_missing_field() {
+    let host = TestHost::start(&config("")).await.ready().await;
+    let form = reqwest::multipart::Form::new()
+        .text("note", "ignored")
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(wav(0.7, 22050, 2)).file_name("a.wav"),
+        );
+    let response = host
+        .post("/transcribe")
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    let result = result_of(&read_events(response).await);
+    assert!(
+        (result["duration"].as_f64().unwrap() - 0.7).abs() < 0.01,
+        "{result}"
+    );
+    assert_eq!(result["audio"]["source_channels"], 2);
+    let form = reqwest::multipart::Form::new().text("audio", "nope");
+    let r = host
+        .post("/transcribe")
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    let msg = json_error(r, 400, "bad_request").await;
+    assert!(msg.contains("`file`"), "{msg}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn workers_endpoint_reports_state() {
+    let host = TestHost::start(&config("")).await.ready().await;
+    let w = host.worker("w").await;
+    assert_eq!(w["state"], "ready");
+    assert_eq!(w["mode"], "resident");
+    assert!(w["pid"].as_u64().unwrap() > 0);
+    assert!(w["uptime_s"].as_f64().unwrap() >= 0.0);
+    assert_eq!(w["jobs_done"], 0);
+    host.stop().await;
+}

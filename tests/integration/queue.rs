@@ -1,0 +1,190 @@
+//! The GPU queue through HTTP: FIFO order, positions, and clients that go away.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use gpuhost::protocol::{ClientEvent, StageStatus};
+use tokio::sync::{mpsc, oneshot};
+
+use super::support::*;
+
+/// Reads events of a streaming response one at a time.
+struct EventReader {
+    stream: futures_util::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl EventReader {
+    fn new(response: reqwest::Response) -> EventReader {
+        assert_eq!(response.status(), 200);
+        EventReader {
+            stream: response.bytes_stream().boxed(),
+            buf: Vec::new(),
+        }
+    }
+
+    async fn next(&mut self) -> Option<ClientEvent> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return Some(serde_json::from_slice(&line).unwrap());
+            }
+            let chunk = self.stream.next().await?.unwrap();
+            self.buf.extend_from_slice(&chunk);
+        }
+    }
+
+    async fn until(&mut self, pred: impl Fn(&ClientEvent) -> bool) -> ClientEvent {
+        loop {
+            let event = self.next().await.expect("stream ended early");
+            if pred(&event) {
+                return event;
+            }
+        }
+    }
+}
+
+fn started(e: &ClientEvent) -> bool {
+    matches!(
+        e,
+        ClientEvent::Stage {
+            status: StageStatus::Started,
+            ..
+        }
+    )
+}
+
+#[tokio::test]
+async fn fifty_concurrent_requests_are_served_in_arrival_order() {
+    let config = format!("[pipeline]\nstages = [\"w\"]\n{}", fake_worker("w", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    for i in 0..50usize {
+        let request = host
+            .post("/transcribe?language=fake:sleep=15")
+            .body(wav(0.2, 16000, 1));
+        let (arrived_tx, arrived) = oneshot::channel();
+        let done_tx = done_tx.clone();
+        tokio::spawn(async move {
+            let mut reader = EventReader::new(request.send().await.unwrap());
+            let first = reader.next().await.unwrap();
+            let _ = arrived_tx.send(());
+            let mut events = vec![first];
+            while let Some(e) = reader.next().await {
+                events.push(e);
+            }
+            done_tx.send((i, events)).unwrap();
+        });
+        // The next request is sent once this one holds its place in the queue.
+        arrived.await.unwrap();
+    }
+    drop(done_tx);
+    let mut served = vec![0u64; 50];
+    let mut waited = 0;
+    while let Some((i, events)) = done_rx.recv().await {
+        let positions: Vec<usize> = events
+            .iter()
+            .filter_map(|e| match e {
+                ClientEvent::Queued { position } => Some(*position),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            positions.windows(2).all(|w| w[0] > w[1]),
+            "request {i}: positions {positions:?}"
+        );
+        if !positions.is_empty() {
+            waited += 1;
+        }
+        served[i] = result_of(&events)["stages"]["w"]["seq"].as_u64().unwrap();
+    }
+    assert_eq!(
+        served,
+        (1..=50).collect::<Vec<u64>>(),
+        "served in arrival order"
+    );
+    assert!(waited >= 40, "most requests had to queue ({waited})");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn client_leaving_the_queue_is_gone_at_once() {
+    let config = format!("[pipeline]\nstages = [\"w\"]\n{}", fake_worker("w", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    let mut a = EventReader::new(
+        host.post("/transcribe?language=fake:sleep=1500")
+            .body(wav(0.2, 16000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    a.until(started).await;
+    let mut b = EventReader::new(
+        host.post("/transcribe")
+            .body(wav(0.2, 16000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(b.next().await, Some(ClientEvent::Queued { position: 1 }));
+    assert_eq!(host.state.queue.waiting(), 1);
+    drop(b);
+    let queue = host.state.queue.clone();
+    wait_for(
+        "the disconnected client to leave the queue",
+        Duration::from_secs(1),
+        || {
+            let q = queue.clone();
+            async move { q.waiting() == 0 }
+        },
+    )
+    .await;
+    let mut c = EventReader::new(
+        host.post("/transcribe")
+            .body(wav(0.2, 16000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    assert_eq!(c.next().await, Some(ClientEvent::Queued { position: 1 }));
+    let mut c_events = Vec::new();
+    while let Some(e) = c.next().await {
+        c_events.push(e);
+    }
+    assert_eq!(
+        result_of(&c_events)["stages"]["w"]["seq"],
+        2,
+        "the job of the client that left never ran"
+    );
+    while a.next().await.is_some() {}
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn client_leaving_while_running_never_keeps_the_gpu() {
+    let config = format!(
+        "[pipeline]\nstages = [\"a\", \"b\"]\n{}{}",
+        fake_worker("a", ""),
+        fake_worker("b", "")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let mut gone = EventReader::new(
+        host.post("/transcribe?language=fake:sleep=700")
+            .body(wav(0.2, 16000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    gone.until(started).await;
+    drop(gone);
+    // The next client gets the GPU once stage `a` of the abandoned job is over; `b` is skipped.
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    let result = result_of(&events);
+    assert_eq!(result["stages"]["a"]["seq"], 2);
+    assert_eq!(
+        result["stages"]["b"]["seq"], 1,
+        "the abandoned job's stage b never ran"
+    );
+    assert_eq!(host.state.queue.running(), 0);
+    host.stop().await;
+}

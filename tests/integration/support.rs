@@ -1,0 +1,291 @@
+//! Test support: start the real server on port 0 in a TempDir, talk to it, and wait for things.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use gpuhost::protocol::ClientEvent;
+use gpuhost::{AppState, Config};
+use tempfile::TempDir;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    repo().join("tests/fixtures").join(name)
+}
+
+/// The seed anchor's original-protocol worker, beside the checkout.
+pub fn seed_worker() -> PathBuf {
+    let path = repo().join("../shared/bench/seed_anchor/worker.py");
+    assert!(
+        path.exists(),
+        "{} is missing: the shared/ folder must sit beside the checkout",
+        path.display()
+    );
+    path
+}
+
+pub fn python() -> String {
+    std::env::var("GPUHOST_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// A `[workers.NAME]` table running the fake worker with extra TOML lines.
+/// Timeouts default to 20 s and the stop grace to 1 s unless `extra` sets them.
+pub fn fake_worker(name: &str, extra: &str) -> String {
+    let mut toml = format!(
+        "[workers.{name}]\ncommand = [{py:?}, {fake:?}, {name:?}]\n",
+        py = python(),
+        fake = fixture("fake_worker.py").display().to_string(),
+    );
+    for (key, value) in [
+        ("load_timeout_s", "20"),
+        ("job_timeout_s", "20"),
+        ("stop_grace_s", "1"),
+    ] {
+        if !extra.lines().any(|l| l.trim_start().starts_with(key)) {
+            toml.push_str(&format!("{key} = {value}\n"));
+        }
+    }
+    toml.push_str(extra);
+    toml.push('\n');
+    toml
+}
+
+/// Polls `check` until it holds; panics with `what` after `timeout`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn pid_alive(pid: u32) -> bool {
+    // A zombie still answers kill(0); read its state instead.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|s| s.split_whitespace().next());
+            state != Some("Z")
+        }
+        Err(_) => false,
+    }
+}
+
+pub struct TestHost {
+    pub url: String,
+    /// The server's own folder; removed when the host is dropped.
+    _dir: TempDir,
+    pub state: AppState,
+    pub token: Option<String>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), gpuhost::ServeError>>>,
+}
+
+impl TestHost {
+    /// Starts a server from TOML (`listen` is forced to 127.0.0.1:0; `{DIR}` is the TempDir).
+    pub async fn start(toml: &str) -> TestHost {
+        let dir = tempfile::tempdir().unwrap();
+        let text = toml.replace("{DIR}", &dir.path().display().to_string());
+        let mut config = Config::from_toml(&text, dir.path().to_path_buf()).expect("test config");
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        let token = config.token.clone();
+        let server = gpuhost::bind(config).await.unwrap();
+        let addr = server.local_addr();
+        let state = server.state().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async move {
+            let _ = stopped.await;
+        }));
+        TestHost {
+            url: format!("http://{addr}"),
+            _dir: dir,
+            state,
+            token,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Waits until every resident worker is ready.
+    pub async fn ready(self) -> TestHost {
+        for status in self.state.supervisor.statuses() {
+            let handle = self.state.supervisor.get(&status.name).unwrap();
+            handle
+                .wait_for_state(|s| {
+                    s.mode == gpuhost::config::Mode::Oneshot
+                        || s.state == gpuhost::worker::WorkerState::Ready
+                })
+                .await;
+        }
+        self
+    }
+
+    pub fn client(&self) -> reqwest::Client {
+        reqwest::Client::new()
+    }
+
+    pub fn post(&self, path_and_query: &str) -> reqwest::RequestBuilder {
+        let req = self
+            .client()
+            .post(format!("{}{}", self.url, path_and_query));
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        let req = self.client().get(format!("{}{}", self.url, path));
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    /// Posts audio to /transcribe and collects every event (asserting the NDJSON framing).
+    pub async fn transcribe(&self, query: &str, body: Vec<u8>) -> Vec<ClientEvent> {
+        let response = self
+            .post(&format!("/transcribe{query}"))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{:?}", response.text().await);
+        assert_eq!(response.headers()["content-type"], "application/x-ndjson");
+        read_events(response).await
+    }
+
+    pub async fn worker(&self, name: &str) -> serde_json::Value {
+        let workers: serde_json::Value = self
+            .get("/workers")
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        workers["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["name"] == name)
+            .unwrap()
+            .clone()
+    }
+
+    /// Stops the server the way `serve` does on SIGTERM and waits for it.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(20), task)
+                .await
+                .expect("server stops within 20 s")
+                .unwrap()
+                .unwrap();
+        }
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub async fn read_events(response: reqwest::Response) -> Vec<ClientEvent> {
+    let mut stream = response.bytes_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk.unwrap());
+    }
+    let text = String::from_utf8(buf).unwrap();
+    assert!(
+        text.is_empty() || text.ends_with('\n'),
+        "stream must end with a newline: {text:?}"
+    );
+    let events: Vec<ClientEvent> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect(l))
+        .collect();
+    let finals = events.iter().filter(|e| e.is_final()).count();
+    assert_eq!(finals, 1, "exactly one final event: {events:?}");
+    assert!(
+        events.last().unwrap().is_final(),
+        "final event last: {events:?}"
+    );
+    events
+}
+
+/// The `result` of a finished job, or a panic showing the events.
+pub fn result_of(events: &[ClientEvent]) -> serde_json::Value {
+    match events.last() {
+        Some(ClientEvent::Result { result }) => result.clone(),
+        other => panic!("expected a result, got {other:?}\nall events: {events:#?}"),
+    }
+}
+
+pub fn error_of(events: &[ClientEvent]) -> (String, String) {
+    match events.last() {
+        Some(ClientEvent::Error { code, message }) => (code.clone(), message.clone()),
+        other => panic!("expected an error, got {other:?}\nall events: {events:#?}"),
+    }
+}
+
+/// A WAV file of a 440 Hz tone.
+pub fn wav(seconds: f64, rate: u32, channels: u16) -> Vec<u8> {
+    let frames = (seconds * f64::from(rate)) as u32;
+    let data_len = frames * u32::from(channels) * 2;
+    let mut out = Vec::with_capacity(44 + data_len as usize);
+    out.extend_from_slice(b"RIFF");
+    out.extend_from_slice(&(36 + data_len).to_le_bytes());
+    out.extend_from_slice(b"WAVEfmt ");
+    out.extend_from_slice(&16u32.to_le_bytes());
+    out.extend_from_slice(&1u16.to_le_bytes());
+    out.extend_from_slice(&channels.to_le_bytes());
+    out.extend_from_slice(&rate.to_le_bytes());
+    out.extend_from_slice(&(rate * u32::from(channels) * 2).to_le_bytes());
+    out.extend_from_slice(&(channels * 2).to_le_bytes());
+    out.extend_from_slice(&16u16.to_le_bytes());
+    out.extend_from_slice(b"data");
+    out.extend_from_slice(&data_len.to_le_bytes());
+    for i in 0..frames {
+        let v = ((2.0 * std::f64::consts::PI * 440.0 * f64::from(i) / f64::from(rate)).sin()
+            * 12000.0) as i16;
+        for _ in 0..channels {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
+}
+
+pub fn read_pids(dir: &Path) -> Vec<u32> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().to_str()?.strip_suffix(".pid")?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
