@@ -1,1 +1,145 @@
-fn main() {}
+//! Side-by-side benchmark: gpuhost vs the seed anchor (`shared/bench/seed_anchor/server.py`), both
+//! running `worker.py` unmodified as their worker, measured in one run by the same client.
+//!
+//! `cargo bench --bench host` prints no-op job latency p50/p99 and throughput over HTTP,
+//! stderr-line-to-client latency, idle host RSS and `/status` throughput and latency, each with
+//! the ratio gpuhost/anchor. The anchor's Python venv is made under `.bench/` on first use.
+#![allow(clippy::disallowed_methods)] // the benchmark starts both servers as processes
+
+mod measure;
+mod servers;
+
+use measure::{percentile, Sample};
+use servers::{Anchor, Gpuhost};
+
+const NOOP_JOBS: usize = 300;
+const THROUGHPUT_JOBS: usize = 400;
+const THROUGHPUT_CLIENTS: usize = 8;
+const LOG_JOBS: usize = 10;
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let anchor = Anchor::start().await;
+        let host = Gpuhost::start().await;
+        let client = reqwest::Client::new();
+        let wav = measure::wav_bytes(0.5);
+
+        println!("# gpuhost vs seed anchor (same machine, same client, same worker.py)\n");
+        let mut rows = Vec::new();
+
+        let a = measure::job_latency(&client, &anchor.transcribe_url(0, 0), &wav, NOOP_JOBS).await;
+        let g = measure::job_latency(&client, &host.transcribe_url("seed"), &wav, NOOP_JOBS).await;
+        rows.push(row(
+            "no-op job latency p50 (ms)",
+            percentile(&g, 50.0),
+            percentile(&a, 50.0),
+        ));
+        rows.push(row(
+            "no-op job latency p99 (ms)",
+            percentile(&g, 99.0),
+            percentile(&a, 99.0),
+        ));
+
+        let a = measure::throughput(
+            &client,
+            &anchor.transcribe_url(0, 0),
+            &wav,
+            THROUGHPUT_JOBS,
+            THROUGHPUT_CLIENTS,
+        )
+        .await;
+        let g = measure::throughput(
+            &client,
+            &host.transcribe_url("seed"),
+            &wav,
+            THROUGHPUT_JOBS,
+            THROUGHPUT_CLIENTS,
+        )
+        .await;
+        rows.push(row(
+            &format!("no-op jobs/s, {THROUGHPUT_CLIENTS} clients"),
+            g,
+            a,
+        ));
+
+        let a =
+            measure::log_latency(&client, &anchor.transcribe_url(200, 20), &wav, LOG_JOBS).await;
+        let g =
+            measure::log_latency(&client, &host.transcribe_url("seedlog"), &wav, LOG_JOBS).await;
+        rows.push(row(
+            "stderr line → client p50 (ms)",
+            percentile(&g, 50.0),
+            percentile(&a, 50.0),
+        ));
+        rows.push(row(
+            "stderr line → client p99 (ms)",
+            percentile(&g, 99.0),
+            percentile(&a, 99.0),
+        ));
+
+        rows.push(row("idle host RSS (MiB)", host.rss_mib(), anchor.rss_mib()));
+
+        for (connections, busy) in [(16, false), (16, true)] {
+            let (g_rps, g_lat) = status_load(&client, &host, connections, busy).await;
+            let (a_rps, a_lat) = status_load(&client, &anchor, connections, busy).await;
+            let during = if busy { ", GPU job running" } else { "" };
+            rows.push(row(
+                &format!("/status req/s, {connections} conns{during}"),
+                g_rps,
+                a_rps,
+            ));
+            rows.push(row(
+                &format!("/status p99 (ms), {connections} conns{during}"),
+                percentile(&g_lat, 99.0),
+                percentile(&a_lat, 99.0),
+            ));
+        }
+
+        println!("| metric | gpuhost | anchor | gpuhost/anchor |\n|---|---|---|---|");
+        for r in &rows {
+            println!("{r}");
+        }
+        host.stop();
+        anchor.stop();
+    });
+}
+
+/// Runs `/status` load for 3 s; with `busy`, a long job holds the GPU lock meanwhile.
+async fn status_load<S: servers::StatusServer>(
+    client: &reqwest::Client,
+    server: &S,
+    connections: usize,
+    busy: bool,
+) -> (f64, Vec<Sample>) {
+    let job = busy.then(|| {
+        let client = client.clone();
+        let (url, wav) = (server.long_job_url(), measure::wav_bytes(0.5));
+        tokio::spawn(async move { measure::run_job(&client, &url, &wav).await })
+    });
+    if busy {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    let out = measure::status_load(
+        client,
+        &server.status_url(),
+        server.token(),
+        connections,
+        std::time::Duration::from_secs(3),
+    )
+    .await;
+    if let Some(job) = job {
+        job.abort();
+    }
+    out
+}
+
+fn row(name: &str, gpuhost: f64, anchor: f64) -> String {
+    format!(
+        "| {name} | {gpuhost:.3} | {anchor:.3} | {:.3} |",
+        gpuhost / anchor
+    )
+}

@@ -2,4 +2,5 @@
 
 pub mod progress;
 pub mod run;
+pub mod status;
 pub mod transcribe;

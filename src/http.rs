@@ -1,7 +1,9 @@
 //! The HTTP surface: the router, the open `/health`, and the token-protected rest.
 
 mod auth;
+mod dashboard;
 pub mod error;
+mod status;
 mod transcribe;
 mod upload;
 
@@ -23,12 +25,15 @@ pub fn router(state: AppState) -> Router {
     let protected = Router::new()
         .route("/transcribe", post(transcribe::transcribe))
         .route("/workers", get(workers))
+        .route("/status", get(status::status))
+        .route("/metrics", get(status::metrics))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,
         ));
     Router::new()
         .route("/health", get(health))
+        .route("/", get(dashboard::page))
         .merge(protected)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -54,7 +59,20 @@ async fn health(State(app): State<AppState>) -> Json<Value> {
         "uptime_s": crate::pipeline::round3(app.started.elapsed().as_secs_f64()),
         "workers": { "total": statuses.len(), "ready": ready, "loading": loading },
         "queue": { "running": app.queue.running(), "waiting": app.queue.waiting() },
+        "gpu": gpu_health(&app),
     }))
+}
+
+/// Whether GPU sampling works, without revealing processes.
+fn gpu_health(app: &AppState) -> Value {
+    let view = app.gpu.view(&[]);
+    let sampling = match (&view.error, view.backend.active) {
+        (_, "none") => "unavailable",
+        (Some(_), _) => "failing",
+        (None, _) if view.sampled_at.is_none() => "starting",
+        (None, _) => "ok",
+    };
+    json!({ "backend": view.backend.active, "sampling": sampling, "decision": view.decision, "error": view.error })
 }
 
 async fn workers(State(app): State<AppState>) -> Json<Value> {

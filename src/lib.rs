@@ -3,8 +3,10 @@
 
 pub mod audio;
 pub mod config;
+pub mod gpu;
 pub mod http;
 pub mod job;
+pub mod metrics;
 pub mod pipeline;
 pub mod process;
 pub mod protocol;
@@ -36,6 +38,8 @@ pub struct App {
     pub pipeline: Pipeline,
     pub queue: Arc<GpuQueue>,
     pub stats: JobStats,
+    /// GPU status snapshot, refreshed in the background; reading it never waits.
+    pub gpu: gpu::GpuMonitor,
     pub started: Instant,
 }
 
@@ -52,9 +56,14 @@ impl App {
         App::start_with(config, true)
     }
 
-    fn start_with(config: Config, force_oneshot: bool) -> AppState {
+    fn start_with(mut config: Config, force_oneshot: bool) -> AppState {
         let supervisor = Arc::new(Supervisor::start(&config, force_oneshot));
+        if force_oneshot {
+            // A local one-off run has no one to report GPU status to.
+            config.gpu.status.backend = config::GpuBackendChoice::None;
+        }
         Arc::new(App {
+            gpu: gpu::GpuMonitor::start(&config, Arc::clone(&supervisor)),
             queue: GpuQueue::new(config.gpu.max_concurrent_jobs),
             pipeline: Pipeline::new(Arc::clone(&supervisor)),
             supervisor,
@@ -146,6 +155,7 @@ impl Server {
         }
         let _ = stopper.await;
         state.supervisor.stop_all().await;
+        state.gpu.stop();
         served.map_err(ServeError::Serve)
     }
 }

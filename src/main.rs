@@ -1,4 +1,4 @@
-//! The `gpuhost` command line: `serve`, `run`, `transcribe` (anyhow lives here and in `cli/` only).
+//! The `gpuhost` command line: `serve`, `run`, `transcribe`, `status` (anyhow lives here and in `cli/` only).
 
 mod cli;
 
@@ -35,6 +35,8 @@ enum Command {
     },
     /// Transcribe a file: through a server with --server, else locally, stage after stage.
     Transcribe(cli::transcribe::TranscribeArgs),
+    /// Show a server's GPU status: decision, VRAM, processes, workers, queue.
+    Status(cli::status::StatusArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -70,6 +72,7 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         }
         Command::Run { worker, job } => cli::run::run(&config, &worker, &job).await,
         Command::Transcribe(t) => cli::transcribe::transcribe(config, t).await,
+        Command::Status(s) => cli::status::status(&config, s).await,
     }
 }
 

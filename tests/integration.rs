@@ -8,6 +8,7 @@ mod integration {
     mod cli;
     mod faults;
     mod golden;
+    mod gpu_status;
     mod http_api;
     mod lifecycle;
     mod queue;

@@ -1,0 +1,189 @@
+//! The client side of the benchmark: latency, throughput and log-delivery measurements.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+
+pub type Sample = f64;
+
+pub fn percentile(samples: &[Sample], p: f64) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank]
+}
+
+pub fn wav_bytes(seconds: f64) -> Vec<u8> {
+    let rate = 16_000u32;
+    let n = (seconds * f64::from(rate)) as u32;
+    let mut out = Vec::new();
+    out.extend_from_slice(b"RIFF");
+    out.extend_from_slice(&(36 + n * 2).to_le_bytes());
+    out.extend_from_slice(b"WAVEfmt ");
+    for v in [
+        16u32.to_le_bytes().as_slice(),
+        &1u16.to_le_bytes(),
+        &1u16.to_le_bytes(),
+        &rate.to_le_bytes(),
+        &(rate * 2).to_le_bytes(),
+        &2u16.to_le_bytes(),
+        &16u16.to_le_bytes(),
+    ] {
+        out.extend_from_slice(v);
+    }
+    out.extend_from_slice(b"data");
+    out.extend_from_slice(&(n * 2).to_le_bytes());
+    for i in 0..n {
+        let v = ((i as f64 * 0.17).sin() * 8000.0) as i16;
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+/// Posts one job and reads the stream to its end; returns each line with its arrival time.
+pub async fn run_job(client: &reqwest::Client, url: &str, wav: &[u8]) -> Vec<(String, SystemTime)> {
+    let response = client
+        .post(url)
+        .bearer_auth(super::servers::TOKEN)
+        .body(wav.to_vec())
+        .send()
+        .await
+        .expect("request");
+    assert!(
+        response.status().is_success(),
+        "{url}: {}",
+        response.status()
+    );
+    let mut stream = response.bytes_stream();
+    let mut buf = Vec::new();
+    let mut lines = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk.expect("body"));
+        let now = SystemTime::now();
+        while let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            lines.push((String::from_utf8_lossy(&line).trim().to_string(), now));
+        }
+    }
+    let last = &lines.last().expect("at least one event").0;
+    assert!(
+        last.contains("\"result\""),
+        "{url}: job did not succeed: {last}"
+    );
+    lines
+}
+
+/// Sequential no-op jobs after a warm-up; milliseconds each.
+pub async fn job_latency(client: &reqwest::Client, url: &str, wav: &[u8], n: usize) -> Vec<Sample> {
+    for _ in 0..20 {
+        run_job(client, url, wav).await;
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let started = Instant::now();
+        run_job(client, url, wav).await;
+        out.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    out
+}
+
+/// `total` jobs from `clients` concurrent clients; jobs per second.
+pub async fn throughput(
+    client: &reqwest::Client,
+    url: &str,
+    wav: &[u8],
+    total: usize,
+    clients: usize,
+) -> f64 {
+    let started = Instant::now();
+    let per = total / clients;
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (client, url, wav) = (client.clone(), url.to_string(), wav.to_vec());
+            tokio::spawn(async move {
+                for _ in 0..per {
+                    run_job(&client, &url, &wav).await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (per * clients) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Jobs whose worker writes time-stamped stderr lines; milliseconds from write to arrival.
+pub async fn log_latency(
+    client: &reqwest::Client,
+    url: &str,
+    wav: &[u8],
+    jobs: usize,
+) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for _ in 0..jobs {
+        for (line, arrived) in run_job(client, url, wav).await {
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            let Some(text) = event.get("line").and_then(|l| l.as_str()) else {
+                continue;
+            };
+            let Some(stamp) = text
+                .split_whitespace()
+                .next()
+                .and_then(|s| s.parse::<f64>().ok())
+            else {
+                continue;
+            };
+            let arrived = arrived.duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
+            out.push((arrived - stamp) * 1000.0);
+        }
+    }
+    assert!(!out.is_empty(), "{url}: no stamped log lines arrived");
+    out
+}
+
+/// Hammers `url` from `connections` clients for `duration`; (requests/s, latencies in ms).
+pub async fn status_load(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    connections: usize,
+    duration: Duration,
+) -> (f64, Vec<Sample>) {
+    let deadline = Instant::now() + duration;
+    let tasks: Vec<_> = (0..connections)
+        .map(|_| {
+            let (client, url, token) = (client.clone(), url.to_string(), token.to_string());
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                while Instant::now() < deadline {
+                    let started = Instant::now();
+                    let r = client
+                        .get(&url)
+                        .bearer_auth(&token)
+                        .send()
+                        .await
+                        .expect("status");
+                    assert!(r.status().is_success(), "{url}: {}", r.status());
+                    let _ = r.bytes().await;
+                    lat.push(started.elapsed().as_secs_f64() * 1000.0);
+                }
+                lat
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    (
+        all.len() as f64 / started.elapsed().as_secs_f64().max(duration.as_secs_f64()),
+        all,
+    )
+}

@@ -1,0 +1,265 @@
+//! The two servers under test, each started as its own process: the seed anchor (FastAPI +
+//! uvicorn, its venv made under `.bench/`) and the `gpuhost` binary.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const TOKEN: &str = "bench-token";
+
+pub trait StatusServer {
+    fn status_url(&self) -> String;
+    fn long_job_url(&self) -> String;
+    fn token(&self) -> &str {
+        TOKEN
+    }
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn anchor_dir() -> PathBuf {
+    let dir = repo().join("../shared/bench/seed_anchor");
+    assert!(
+        dir.join("server.py").exists(),
+        "{} is missing",
+        dir.display()
+    );
+    dir
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn worker_argv() -> [String; 3] {
+    [
+        "python3".into(),
+        repo().join("benches/stamp_stderr.py").display().to_string(),
+        anchor_dir().join("worker.py").display().to_string(),
+    ]
+}
+
+async fn wait_healthy(url: &str, child: &mut Child) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(r) = reqwest::get(url).await {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{url}: server exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "{url} never became healthy");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb / 1024.0
+}
+
+fn stop(mut child: Child) {
+    // SAFETY: plain kill(2) of our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+pub struct Anchor {
+    child: Child,
+    base: String,
+}
+
+impl Anchor {
+    fn python() -> PathBuf {
+        if let Ok(p) = std::env::var("GPUHOST_BENCH_ANCHOR_PYTHON") {
+            return PathBuf::from(p);
+        }
+        let venv = repo().join(".bench/anchor-venv");
+        let python = venv.join("bin/python");
+        if !python.exists() {
+            eprintln!(
+                "creating {} (fastapi, uvicorn, python-multipart)…",
+                venv.display()
+            );
+            let ok = Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&venv)
+                .status()
+                .unwrap()
+                .success()
+                && Command::new(&python)
+                    .args([
+                        "-m",
+                        "pip",
+                        "install",
+                        "-q",
+                        "fastapi",
+                        "uvicorn",
+                        "python-multipart",
+                    ])
+                    .status()
+                    .unwrap()
+                    .success();
+            assert!(ok, "could not set up the anchor's venv");
+        }
+        python
+    }
+
+    pub async fn start() -> Anchor {
+        let port = free_port();
+        let dir = anchor_dir();
+        let mut child = Command::new(Anchor::python())
+            .args([
+                "-m",
+                "uvicorn",
+                "server:app",
+                "--host",
+                "127.0.0.1",
+                "--log-level",
+                "warning",
+                "--port",
+            ])
+            .arg(port.to_string())
+            .current_dir(&dir)
+            .env("WORKER_CMD", worker_argv().join(" "))
+            .env("NVIDIA_SMI_PATH", dir.join("fake-nvidia-smi"))
+            .env("GPU_API_TOKEN", TOKEN)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        wait_healthy(&format!("{base}/health"), &mut child).await;
+        Anchor { child, base }
+    }
+
+    pub fn transcribe_url(&self, work_ms: u32, log_lines: u32) -> String {
+        format!(
+            "{}/transcribe?work_ms={work_ms}&log_lines={log_lines}",
+            self.base
+        )
+    }
+
+    pub fn rss_mib(&self) -> f64 {
+        rss_mib(self.child.id())
+    }
+
+    pub fn stop(self) {
+        stop(self.child)
+    }
+}
+
+impl StatusServer for Anchor {
+    fn status_url(&self) -> String {
+        format!("{}/status", self.base)
+    }
+    fn long_job_url(&self) -> String {
+        self.transcribe_url(20_000, 0)
+    }
+}
+
+pub struct Gpuhost {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Gpuhost {
+    pub async fn start() -> Gpuhost {
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let argv = worker_argv();
+        let worker = |name: &str, work_ms: u32, log_lines: u32| {
+            format!(
+                "[workers.{name}]\ncommand = {argv:?}\nstop_grace_s = 1\n[workers.{name}.options]\nwork_ms = {work_ms}\nlog_lines = {log_lines}\n"
+            )
+        };
+        let config = format!(
+            "listen = \"127.0.0.1:{port}\"\ntoken = {TOKEN:?}\n[pipeline]\nstages = [\"seed\", \"seedlog\", \"long\"]\n{}{}{}\n[gpu.status]\nnvidia_smi = {:?}\nbackend = \"nvidia-smi\"\n",
+            worker("seed", 0, 0),
+            worker("seedlog", 200, 20),
+            worker("long", 20_000, 0),
+            anchor_dir().join("fake-nvidia-smi").display().to_string(),
+        );
+        let path = dir.path().join("gpuhost.toml");
+        std::fs::write(&path, config).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("GPUHOST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        wait_healthy(&format!("{base}/health"), &mut child).await;
+        // Wait until every worker is loaded.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let h: serde_json::Value = reqwest::get(format!("{base}/health"))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            if h["workers"]["ready"] == 3 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gpuhost workers never became ready: {h}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Gpuhost {
+            child,
+            base,
+            _dir: dir,
+        }
+    }
+
+    pub fn transcribe_url(&self, stage: &str) -> String {
+        format!("{}/transcribe?stages={stage}", self.base)
+    }
+
+    pub fn rss_mib(&self) -> f64 {
+        rss_mib(self.child.id())
+    }
+
+    pub fn stop(self) {
+        stop(self.child)
+    }
+}
+
+impl StatusServer for Gpuhost {
+    fn status_url(&self) -> String {
+        format!("{}/status", self.base)
+    }
+    fn long_job_url(&self) -> String {
+        self.transcribe_url("long")
+    }
+}

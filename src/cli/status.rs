@@ -1,0 +1,113 @@
+//! `gpuhost status`: the GPU snapshot of a running server as a readable terminal view (or JSON).
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// Base URL of the server; default: the config's listen address.
+    #[arg(long)]
+    server: Option<String>,
+    #[arg(long, env = "GPUHOST_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print the raw JSON of GET /status.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let base = args
+        .server
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.listen));
+    let url = reqwest::Url::parse(&base)
+        .with_context(|| format!("{base} is not a URL"))?
+        .join("status")?;
+    let mut request = reqwest::Client::new().get(url.clone());
+    if let Some(token) = args.token.as_ref().or(config.token.as_ref()) {
+        request = request.bearer_auth(token);
+    }
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {url}"))?;
+    let code = response.status();
+    let body: Value = response
+        .json()
+        .await
+        .context("the server's answer is not JSON")?;
+    if !code.is_success() {
+        bail!(
+            "{url} answered {code}: {}",
+            body["message"].as_str().unwrap_or("")
+        );
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&body)?);
+    } else {
+        print!("{}", render(&body));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The terminal view of a `/status` body.
+pub fn render(s: &Value) -> String {
+    let mut out = String::new();
+    let decision = s["decision"].as_str().unwrap_or("unknown").to_uppercase();
+    out.push_str(&format!(
+        "{decision}  {}\n",
+        s["reason"].as_str().unwrap_or("")
+    ));
+    match s["gpu"].as_object() {
+        Some(g) => {
+            let used = g["memory_used_mib"].as_u64().unwrap_or(0);
+            let total = g["memory_total_mib"].as_u64().unwrap_or(0).max(1);
+            let filled = (used * 30 / total) as usize;
+            out.push_str(&format!(
+                "GPU {} {}  util {}%  {} °C  {:.0} W\nVRAM [{}{}] {used}/{total} MiB  free {} MiB  reclaimable {} MiB\n",
+                g["index"], g["name"].as_str().unwrap_or(""), g["utilization"], g["temperature"],
+                g["power_draw"].as_f64().unwrap_or(0.0), "#".repeat(filled), "-".repeat(30 - filled.min(30)),
+                s["free_mib"], s["reclaimable_mib"],
+            ));
+        }
+        None => out.push_str(&format!(
+            "GPU: no sample ({}; backend {})\n",
+            s["error"].as_str().unwrap_or("none yet"),
+            s["backend"]["active"].as_str().unwrap_or("?")
+        )),
+    }
+    out.push_str(&format!("is_idle: {}\n", s["is_idle"]));
+    let procs = s["processes"].as_array().cloned().unwrap_or_default();
+    if procs.is_empty() {
+        out.push_str("no processes on the GPU\n");
+    }
+    for p in procs {
+        let tag = p["worker"]
+            .as_str()
+            .or(p["watch"].as_str())
+            .map(|t| format!(" [{t}]"))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "  {:>7}  {:>6} MiB  {}{tag}\n           {}\n",
+            p["pid"],
+            p["used_memory_mib"],
+            p["name"].as_str().unwrap_or(""),
+            p["command"].as_str().unwrap_or("")
+        ));
+    }
+    for w in s["workers"].as_array().cloned().unwrap_or_default() {
+        out.push_str(&format!(
+            "worker {:<10} {:<8} pid {}\n",
+            w["name"].as_str().unwrap_or(""),
+            w["state"].as_str().unwrap_or(""),
+            w["pid"]
+        ));
+    }
+    out.push_str(&format!(
+        "queue: {} running, {} waiting\n",
+        s["queue"]["running"], s["queue"]["waiting"]
+    ));
+    out
+}

@@ -1,0 +1,131 @@
+//! Picks the sampling backend (NVML, then nvidia-smi, then none) and remembers why the others
+//! were not used, for `/status` and the startup log.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::nvml::NvmlBackend;
+use super::smi::{self, Smi};
+use super::RawSample;
+use crate::config::{GpuBackendChoice, GpuStatusConfig};
+
+#[derive(Debug, Clone)]
+pub enum Backend {
+    Nvml {
+        nvml: NvmlBackend,
+        /// Set while a driver call runs; a wedged call must not pile up blocking threads.
+        in_flight: Arc<AtomicBool>,
+        timeout: Duration,
+    },
+    Smi(Smi),
+    None,
+}
+
+/// Which backend is active and why the others are not.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendReport {
+    pub active: &'static str,
+    /// The library or executable in use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    pub unavailable: Vec<Unavailable>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Unavailable {
+    pub backend: &'static str,
+    pub error: String,
+}
+
+impl Backend {
+    pub fn select(config: &GpuStatusConfig) -> (Backend, BackendReport) {
+        let timeout = Duration::from_secs_f64(config.timeout_s);
+        let mut unavailable = Vec::new();
+        let want =
+            |b: GpuBackendChoice| config.backend == GpuBackendChoice::Auto || config.backend == b;
+        if want(GpuBackendChoice::Nvml) {
+            match NvmlBackend::open(&config.nvml_library) {
+                Ok(nvml) => {
+                    let path = Some(nvml.library.clone());
+                    let backend = Backend::Nvml {
+                        nvml,
+                        in_flight: Arc::default(),
+                        timeout,
+                    };
+                    return (
+                        backend,
+                        BackendReport {
+                            active: "nvml",
+                            path,
+                            unavailable,
+                        },
+                    );
+                }
+                Err(error) => unavailable.push(Unavailable {
+                    backend: "nvml",
+                    error,
+                }),
+            }
+        }
+        if want(GpuBackendChoice::NvidiaSmi) {
+            match smi::locate(&config.nvidia_smi) {
+                Ok(path) => {
+                    let report = BackendReport {
+                        active: "nvidia-smi",
+                        path: Some(path.display().to_string()),
+                        unavailable,
+                    };
+                    return (Backend::Smi(Smi { path, timeout }), report);
+                }
+                Err(error) => unavailable.push(Unavailable {
+                    backend: "nvidia-smi",
+                    error,
+                }),
+            }
+        }
+        if config.backend == GpuBackendChoice::None {
+            unavailable.push(Unavailable {
+                backend: "all",
+                error: "disabled by [gpu.status] backend = \"none\"".into(),
+            });
+        }
+        (
+            Backend::None,
+            BackendReport {
+                active: "none",
+                path: None,
+                unavailable,
+            },
+        )
+    }
+
+    pub async fn sample(&self) -> Result<RawSample, String> {
+        match self {
+            Backend::Smi(smi) => smi.sample().await,
+            Backend::Nvml {
+                nvml,
+                in_flight,
+                timeout,
+            } => {
+                if in_flight.swap(true, Ordering::AcqRel) {
+                    return Err("the previous NVML call has not returned (driver hung?)".into());
+                }
+                let (nvml, flag) = (nvml.clone(), Arc::clone(in_flight));
+                let call = tokio::task::spawn_blocking(move || {
+                    let out = nvml.sample_blocking();
+                    flag.store(false, Ordering::Release);
+                    out
+                });
+                match tokio::time::timeout(*timeout, call).await {
+                    Ok(Ok(sample)) => sample,
+                    Ok(Err(e)) => Err(format!("NVML call panicked: {e}")),
+                    Err(_) => Err(format!("NVML did not answer within {timeout:?}")),
+                }
+            }
+            Backend::None => Err("no GPU backend is available".into()),
+        }
+    }
+}

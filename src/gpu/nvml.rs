@@ -1,0 +1,123 @@
+//! The NVML backend (`nvml-wrapper`): the library is loaded at run time from a configurable path,
+//! so gpuhost builds and runs on machines without a GPU and finds WSL's copy under systemd.
+
+use std::sync::Arc;
+
+use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::Nvml;
+
+use super::{GpuInfo, RawProcess, RawSample};
+
+/// Tried in order when the config names no library.
+pub const USUAL_PLACES: &[&str] = &[
+    "libnvidia-ml.so.1",
+    "/usr/lib/wsl/lib/libnvidia-ml.so.1",
+    "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+    "/usr/lib64/libnvidia-ml.so.1",
+    "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
+];
+
+const MIB: u64 = 1024 * 1024;
+
+#[derive(Clone)]
+pub struct NvmlBackend {
+    nvml: Arc<Nvml>,
+    pub library: String,
+}
+
+impl std::fmt::Debug for NvmlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlBackend")
+            .field("library", &self.library)
+            .finish()
+    }
+}
+
+impl NvmlBackend {
+    /// Loads NVML from `configured`, or the first of the usual places that works.
+    pub fn open(configured: &str) -> Result<NvmlBackend, String> {
+        let candidates: Vec<&str> = if configured.is_empty() {
+            USUAL_PLACES.to_vec()
+        } else {
+            vec![configured]
+        };
+        let mut errors = Vec::new();
+        for library in candidates {
+            match Nvml::builder()
+                .lib_path(std::ffi::OsStr::new(library))
+                .init()
+            {
+                Ok(nvml) => {
+                    return Ok(NvmlBackend {
+                        nvml: Arc::new(nvml),
+                        library: library.to_string(),
+                    })
+                }
+                Err(e) => errors.push(format!("{library}: {e}")),
+            }
+        }
+        Err(errors.join("; "))
+    }
+
+    /// Samples every device. Blocking (driver calls): run it off the async threads.
+    pub fn sample_blocking(&self) -> Result<RawSample, String> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| format!("NVML device count: {e}"))?;
+        let mut sample = RawSample::default();
+        for index in 0..count {
+            let device = self
+                .nvml
+                .device_by_index(index)
+                .map_err(|e| format!("NVML device {index}: {e}"))?;
+            let memory = device
+                .memory_info()
+                .map_err(|e| format!("NVML memory of GPU {index}: {e}"))?;
+            sample.gpus.push(GpuInfo {
+                index,
+                uuid: device.uuid().unwrap_or_default(),
+                name: device.name().unwrap_or_default(),
+                utilization: device.utilization_rates().map(|u| u.gpu).unwrap_or(0),
+                memory_used_mib: memory.used / MIB,
+                memory_total_mib: memory.total / MIB,
+                memory_free_mib: memory.free / MIB,
+                temperature: device.temperature(TemperatureSensor::Gpu).unwrap_or(0),
+                power_draw: device
+                    .power_usage()
+                    .map(|mw| f64::from(mw) / 1000.0)
+                    .unwrap_or(0.0),
+            });
+            let mut seen = std::collections::HashSet::new();
+            let compute = device.running_compute_processes().unwrap_or_default();
+            let graphics = device.running_graphics_processes().unwrap_or_default();
+            for p in compute.into_iter().chain(graphics) {
+                if !seen.insert(p.pid) {
+                    continue;
+                }
+                sample.processes.push(RawProcess {
+                    pid: p.pid,
+                    name: None,
+                    used_memory_mib: match p.used_gpu_memory {
+                        UsedGpuMemory::Used(bytes) => Some(bytes / MIB),
+                        UsedGpuMemory::Unavailable => None,
+                    },
+                    gpu_index: index,
+                });
+            }
+        }
+        Ok(sample)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_library_is_a_clear_error() {
+        let err = NvmlBackend::open("/nonexistent/libnvidia-ml.so.1").unwrap_err();
+        assert!(err.starts_with("/nonexistent/libnvidia-ml.so.1:"), "{err}");
+    }
+}

@@ -1,0 +1,174 @@
+//! Reads command lines from a `/proc` tree (configurable, so tests can use a fake one). A GPU
+//! process whose own command line is empty (kernel threads, WSL) is explained by its nearest
+//! ancestor that has one.
+
+use std::path::PathBuf;
+
+/// How far up the parent chain to look.
+const MAX_DEPTH: usize = 32;
+
+#[derive(Debug, Clone)]
+pub struct ProcFs {
+    root: PathBuf,
+}
+
+/// A command line and where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Command {
+    pub command: String,
+    /// Set when the command is an ancestor's.
+    pub from_pid: Option<u32>,
+    pub note: Option<String>,
+}
+
+impl ProcFs {
+    pub fn new(root: impl Into<PathBuf>) -> ProcFs {
+        ProcFs { root: root.into() }
+    }
+
+    /// The NUL-separated command line joined by spaces; `None` when the pid is not visible.
+    pub fn cmdline(&self, pid: u32) -> Option<String> {
+        let raw = std::fs::read(self.root.join(pid.to_string()).join("cmdline")).ok()?;
+        let parts: Vec<String> = raw
+            .split(|&b| b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .collect();
+        Some(parts.join(" ").trim().to_string())
+    }
+
+    pub fn ppid(&self, pid: u32) -> Option<u32> {
+        let status =
+            std::fs::read_to_string(self.root.join(pid.to_string()).join("status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    pub fn comm(&self, pid: u32) -> Option<String> {
+        let comm = std::fs::read_to_string(self.root.join(pid.to_string()).join("comm")).ok()?;
+        Some(comm.trim().to_string()).filter(|c| !c.is_empty())
+    }
+
+    /// The command that explains `pid`.
+    pub fn command(&self, pid: u32) -> Command {
+        match self.cmdline(pid) {
+            None => Command {
+                command: String::new(),
+                from_pid: None,
+                note: Some(format!(
+                    "pid {pid} is not visible in {} (another PID namespace?)",
+                    self.root.display()
+                )),
+            },
+            Some(own) if !own.is_empty() => Command {
+                command: own,
+                from_pid: None,
+                note: None,
+            },
+            Some(_) => {
+                let mut current = pid;
+                for _ in 0..MAX_DEPTH {
+                    match self.ppid(current) {
+                        Some(parent) if parent > 0 && parent != current => {
+                            current = parent;
+                            if let Some(cmd) = self.cmdline(parent).filter(|c| !c.is_empty()) {
+                                return Command {
+                                    command: cmd,
+                                    from_pid: Some(parent),
+                                    note: Some(format!("pid {pid} has an empty command line; this is its ancestor {parent}'s")),
+                                };
+                            }
+                        }
+                        _ => break,
+                    }
+                }
+                Command {
+                    command: String::new(),
+                    from_pid: None,
+                    note: Some(format!(
+                        "pid {pid} and its ancestors have empty command lines"
+                    )),
+                }
+            }
+        }
+    }
+
+    /// `pid` and its ancestors, nearest first.
+    pub fn lineage(&self, pid: u32) -> Vec<u32> {
+        let mut out = vec![pid];
+        let mut current = pid;
+        for _ in 0..MAX_DEPTH {
+            match self.ppid(current) {
+                Some(parent) if parent > 0 && parent != current => {
+                    out.push(parent);
+                    current = parent;
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
+    /// Every visible process whose command line contains `pattern`.
+    pub fn find(&self, pattern: &str, skip: u32) -> Vec<u32> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut pids: Vec<u32> = entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|&pid| pid != skip)
+            .filter(|&pid| self.cmdline(pid).is_some_and(|c| c.contains(pattern)))
+            .collect();
+        pids.sort_unstable();
+        pids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake(root: &std::path::Path, pid: u32, ppid: u32, cmdline: &[&str]) {
+        let dir = root.join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("cmdline"),
+            cmdline.iter().map(|a| format!("{a}\0")).collect::<String>(),
+        )
+        .unwrap();
+        std::fs::write(dir.join("status"), format!("Name:\tx\nPPid:\t{ppid}\n")).unwrap();
+    }
+
+    #[test]
+    fn empty_cmdline_walks_up_to_a_real_one() {
+        let dir = tempfile::tempdir().unwrap();
+        fake(dir.path(), 1, 0, &["/sbin/init"]);
+        fake(
+            dir.path(),
+            500,
+            1,
+            &[
+                "python",
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                "gemma",
+            ],
+        );
+        fake(dir.path(), 501, 500, &[]);
+        fake(dir.path(), 502, 501, &[]);
+        let p = ProcFs::new(dir.path());
+        let c = p.command(502);
+        assert_eq!(
+            c.command,
+            "python -m vllm.entrypoints.openai.api_server --model gemma"
+        );
+        assert_eq!(c.from_pid, Some(500));
+        assert_eq!(p.command(500).from_pid, None);
+        assert!(p.command(9999).note.unwrap().contains("not visible"));
+        assert_eq!(p.lineage(502), [502, 501, 500, 1]);
+        assert_eq!(p.find("vllm", 0), [500]);
+    }
+}

@@ -1,0 +1,164 @@
+//! The `nvidia-smi` backend: two CSV queries, run with an absolute path (services under systemd
+//! lack the shell's PATH) and a timeout (a wedged driver must not wedge the sampler).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::{GpuInfo, RawProcess, RawSample};
+use crate::process::{find_program, run_captured};
+
+const GPU_QUERY: &str =
+    "--query-gpu=index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw";
+const APPS_QUERY: &str = "--query-compute-apps=pid,process_name,used_memory,gpu_uuid";
+const FORMAT: &str = "--format=csv,noheader,nounits";
+
+/// Where to look when neither the config nor `NVIDIA_SMI_PATH` names one and PATH has none.
+pub const USUAL_PLACES: &[&str] = &[
+    "/usr/lib/wsl/lib/nvidia-smi",
+    "/usr/bin/nvidia-smi",
+    "/usr/local/nvidia/bin/nvidia-smi",
+];
+
+/// Finds nvidia-smi: the configured path, `NVIDIA_SMI_PATH`, PATH, then the usual places.
+pub fn locate(configured: &str) -> Result<PathBuf, String> {
+    if !configured.is_empty() {
+        return find_program(configured)
+            .ok_or_else(|| format!("configured nvidia_smi {configured} is not an executable"));
+    }
+    if let Ok(from_env) = std::env::var("NVIDIA_SMI_PATH") {
+        if !from_env.is_empty() {
+            return find_program(&from_env)
+                .ok_or_else(|| format!("NVIDIA_SMI_PATH={from_env} is not an executable"));
+        }
+    }
+    find_program("nvidia-smi")
+        .or_else(|| USUAL_PLACES.iter().find_map(|p| find_program(p)))
+        .ok_or_else(|| {
+            format!(
+                "nvidia-smi is not on PATH nor in {}",
+                USUAL_PLACES.join(", ")
+            )
+        })
+}
+
+#[derive(Debug, Clone)]
+pub struct Smi {
+    pub path: PathBuf,
+    pub timeout: Duration,
+}
+
+impl Smi {
+    pub async fn sample(&self) -> Result<RawSample, String> {
+        let (gpus, apps) = tokio::join!(self.query(GPU_QUERY), self.query(APPS_QUERY));
+        let gpus = parse_gpus(&gpus?)?;
+        let processes = parse_apps(&apps?, &gpus);
+        Ok(RawSample { gpus, processes })
+    }
+
+    async fn query(&self, query: &str) -> Result<String, String> {
+        let args = [query.to_string(), FORMAT.to_string()];
+        let out = run_captured(&self.path, &args, self.timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let why = stderr
+                .lines()
+                .chain(stdout.lines())
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("no message");
+            return Err(format!(
+                "{} failed ({}): {why}",
+                display(&self.path),
+                crate::process::describe_exit(&out.status)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}
+
+fn fields(line: &str) -> Vec<&str> {
+    line.split(',').map(str::trim).collect()
+}
+
+/// `[N/A]`, `[Not Supported]` and friends read as absent.
+fn number<T: std::str::FromStr>(field: &str) -> Option<T> {
+    field.parse().ok()
+}
+
+pub fn parse_gpus(csv: &str) -> Result<Vec<GpuInfo>, String> {
+    let mut gpus = Vec::new();
+    for line in csv.lines().filter(|l| !l.trim().is_empty()) {
+        let f = fields(line);
+        if f.len() < 8 {
+            return Err(format!("unexpected nvidia-smi GPU line: {line:?}"));
+        }
+        let used: u64 = number(f[4]).unwrap_or(0);
+        let total: u64 = number(f[5]).unwrap_or(0);
+        gpus.push(GpuInfo {
+            index: number(f[0]).unwrap_or(gpus.len() as u32),
+            uuid: f[1].to_string(),
+            name: f[2].to_string(),
+            utilization: number(f[3]).unwrap_or(0),
+            memory_used_mib: used,
+            memory_total_mib: total,
+            memory_free_mib: total.saturating_sub(used),
+            temperature: number(f[6]).unwrap_or(0),
+            power_draw: number(f[7]).unwrap_or(0.0),
+        });
+    }
+    if gpus.is_empty() {
+        return Err("nvidia-smi listed no GPU".into());
+    }
+    Ok(gpus)
+}
+
+pub fn parse_apps(csv: &str, gpus: &[GpuInfo]) -> Vec<RawProcess> {
+    csv.lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|line| {
+            let f = fields(line);
+            let pid = number(f.first()?)?;
+            let gpu_index = f
+                .get(3)
+                .and_then(|uuid| gpus.iter().find(|g| g.uuid == *uuid))
+                .map_or(0, |g| g.index);
+            Some(RawProcess {
+                pid,
+                name: f.get(1).filter(|n| !n.is_empty()).map(|n| n.to_string()),
+                used_memory_mib: f.get(2).and_then(|m| number(m)),
+                gpu_index,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_gpus_and_apps_with_missing_values() {
+        let gpus = parse_gpus(
+            "0, GPU-aaa, NVIDIA GeForce RTX 5090, 37, 20480, 32607, 61, 312.40\n1, GPU-bbb, NVIDIA H200, [N/A], 1, 143771, 30, [Not Supported]\n",
+        )
+        .unwrap();
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[0].memory_free_mib, 32607 - 20480);
+        assert_eq!(gpus[1].utilization, 0);
+        assert_eq!(gpus[1].power_draw, 0.0);
+        let apps = parse_apps(
+            "4242, python, 14000, GPU-bbb\n77, vllm, [N/A], GPU-aaa\n",
+            &gpus,
+        );
+        assert_eq!(apps[0].gpu_index, 1);
+        assert_eq!(apps[1].used_memory_mib, None);
+        assert!(parse_gpus("garbage\n").is_err());
+        assert!(parse_gpus("").is_err());
+    }
+}

@@ -1,0 +1,21 @@
+//! `GET /`: the dashboard page. The page itself holds no data (it is open); its script reads
+//! `/status` and `/workers` with the token from the URL fragment (`#token=…`) or local storage.
+
+use axum::http::header;
+use axum::response::IntoResponse;
+
+const PAGE: &str = include_str!("dashboard.html");
+
+pub async fn page() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'",
+            ),
+        ],
+        PAGE,
+    )
+}

@@ -1,0 +1,32 @@
+//! `GET /status` (GPU snapshot) and `GET /metrics`: both read snapshots and counters only, never
+//! the driver and never the GPU lock.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::AppState;
+
+pub async fn status(State(app): State<AppState>) -> Json<Value> {
+    let workers = app.supervisor.statuses();
+    let view = app.gpu.view(&workers);
+    let mut body = serde_json::to_value(&view).unwrap_or_default();
+    body["workers"] = workers
+        .iter()
+        .map(|w| json!({ "name": w.name, "state": w.state, "pid": w.pid, "mode": w.mode, "vram_mib": w.vram_mib }))
+        .collect();
+    body["queue"] = json!({ "running": app.queue.running(), "waiting": app.queue.waiting() });
+    Json(body)
+}
+
+pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(&app),
+    )
+}
