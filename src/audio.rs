@@ -35,6 +35,29 @@ pub enum AudioError {
     Io(#[from] std::io::Error),
 }
 
+/// Where the upload is: small ones stay in memory, large ones are spilled to a file.
+#[derive(Debug, Clone)]
+pub enum Source {
+    Memory(bytes::Bytes),
+    File(PathBuf),
+}
+
+impl Source {
+    fn len(&self) -> std::io::Result<u64> {
+        match self {
+            Source::Memory(b) => Ok(b.len() as u64),
+            Source::File(p) => Ok(std::fs::metadata(p)?.len()),
+        }
+    }
+
+    fn open(&self) -> std::io::Result<Box<dyn symphonia::core::io::MediaSource>> {
+        Ok(match self {
+            Source::Memory(b) => Box::new(std::io::Cursor::new(b.clone())),
+            Source::File(p) => Box::new(File::open(p)?),
+        })
+    }
+}
+
 /// What was decoded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AudioInfo {
@@ -45,24 +68,41 @@ pub struct AudioInfo {
     pub decoder: &'static str,
 }
 
-/// Decodes `input` into a 16 kHz mono WAV at `output`.
+/// Decodes `input` into a 16 kHz mono WAV at `output`. Input that already is 16 kHz mono
+/// PCM16 WAV is copied as it is.
 pub async fn normalize(
-    input: &Path,
+    input: Source,
     output: &Path,
     max_seconds: f64,
     ffmpeg: &str,
 ) -> Result<AudioInfo, AudioError> {
-    if std::fs::metadata(input)?.len() == 0 {
+    if input.len()? == 0 {
         return Err(AudioError::Empty);
     }
-    let (inp, out) = (input.to_path_buf(), output.to_path_buf());
-    let decoded =
-        tokio::task::spawn_blocking(move || decode_with_symphonia(&inp, &out, max_seconds))
-            .await
-            .map_err(|e| AudioError::Undecodable(format!("decoder panicked: {e}")))?;
+    let (inp, out) = (input.clone(), output.to_path_buf());
+    let decoded = tokio::task::spawn_blocking(move || {
+        if let Source::Memory(bytes) = &inp {
+            if let Some(info) = wav::copy_if_normalized(bytes, &out, TARGET_RATE)? {
+                return check_length(info, max_seconds);
+            }
+        }
+        decode_with_symphonia(&inp, &out, max_seconds)
+    })
+    .await
+    .map_err(|e| AudioError::Undecodable(format!("decoder panicked: {e}")))?;
     match decoded {
         Err(AudioError::Undecodable(why)) => match find_program(ffmpeg) {
-            Some(ffmpeg) => decode_with_ffmpeg(&ffmpeg, input, output, max_seconds, &why).await,
+            Some(ffmpeg) => {
+                let path = match input {
+                    Source::File(path) => path,
+                    Source::Memory(bytes) => {
+                        let path = output.with_file_name("upload");
+                        tokio::fs::write(&path, &bytes).await?;
+                        path
+                    }
+                };
+                decode_with_ffmpeg(&ffmpeg, &path, output, max_seconds, &why).await
+            }
             None => Err(AudioError::Undecodable(format!(
                 "{why} (supported: WAV, FLAC, MP3, OGG/Vorbis, M4A/AAC, MP4; install ffmpeg for others such as Opus)"
             ))),
@@ -71,13 +111,23 @@ pub async fn normalize(
     }
 }
 
+fn check_length(info: AudioInfo, max_seconds: f64) -> Result<AudioInfo, AudioError> {
+    if info.seconds > max_seconds {
+        return Err(AudioError::TooLong {
+            seconds: info.seconds,
+            max: max_seconds,
+        });
+    }
+    Ok(info)
+}
+
 fn decode_with_symphonia(
-    input: &Path,
+    input: &Source,
     output: &Path,
     max_seconds: f64,
 ) -> Result<AudioInfo, AudioError> {
     let undecodable = |what: &str, e: SymError| AudioError::Undecodable(format!("{what}: {e}"));
-    let source = MediaSourceStream::new(Box::new(File::open(input)?), Default::default());
+    let source = MediaSourceStream::new(input.open()?, Default::default());
     let probed = symphonia::default::get_probe()
         .format(
             &Hint::new(),

@@ -2,12 +2,12 @@
 //! a place in the GPU queue, the pipeline run, and the stream of `ClientEvent`s to whoever asked.
 //! The HTTP handler and the local `gpuhost transcribe` share this path.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use futures_util::FutureExt;
 use tokio::sync::mpsc;
 
-use crate::audio::{self, AudioError, AudioInfo};
+use crate::audio::{self, AudioError, AudioInfo, Source};
 use crate::pipeline::JobOptions;
 use crate::protocol::ClientEvent;
 use crate::{AppState, Config};
@@ -27,25 +27,19 @@ pub fn job_dir() -> std::io::Result<tempfile::TempDir> {
 }
 
 impl PreparedJob {
-    /// Normalizes the upload at `upload` (inside `dir`) and deletes it.
+    /// Normalizes the upload into `dir`; whatever the upload left in `dir` is deleted afterwards.
     pub async fn from_upload(
         config: &Config,
         dir: tempfile::TempDir,
-        upload: &Path,
+        upload: Source,
         options: JobOptions,
         stages: Vec<String>,
     ) -> Result<PreparedJob, AudioError> {
         let audio = audio::normalized_path(dir.path());
-        let info = audio::normalize(
-            upload,
-            &audio,
-            config.limits.max_audio_seconds,
-            &config.audio.ffmpeg,
-        )
-        .await?;
-        if upload.starts_with(dir.path()) {
-            let _ = std::fs::remove_file(upload);
-        }
+        let max = config.limits.max_audio_seconds;
+        let info = audio::normalize(upload, &audio, max, &config.audio.ffmpeg).await?;
+        // A spilled upload, or the copy made for ffmpeg.
+        let _ = std::fs::remove_file(dir.path().join("upload"));
         Ok(PreparedJob {
             dir,
             audio,

@@ -144,6 +144,12 @@ impl Server {
             supervisor.stop_all().await;
         });
         let mut graceful = stop_rx.clone();
+        // Events are small writes: without TCP_NODELAY, Nagle + delayed ACK add ~40 ms to each.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
         let served = axum::serve(listener, app(Arc::clone(&state)))
             .with_graceful_shutdown(async move {
                 let _ = graceful.wait_for(|stopping| *stopping).await;

@@ -4,12 +4,12 @@ use std::f64::consts::PI;
 
 /// Zero crossings of the sinc kept on each side of the centre, at the lower of the two rates.
 const ZERO_CROSSINGS: f64 = 16.0;
+/// Kernel table entries per input sample of distance (linear interpolation between them).
+const TABLE_STEPS: f64 = 512.0;
 
 pub struct Resampler {
     /// Input samples per output sample.
     step: f64,
-    /// Low-pass cutoff relative to the input Nyquist frequency (≤ 1).
-    cutoff: f64,
     /// Half width of the kernel, in input samples.
     half: i64,
     buf: Vec<f32>,
@@ -19,6 +19,10 @@ pub struct Resampler {
     next_out: u64,
     /// Input samples seen so far.
     seen: i64,
+    /// The windowed-sinc kernel sampled at `1 / TABLE_STEPS` steps of distance, from 0 to `half`.
+    table: Vec<f64>,
+    /// Same rate in and out: copy.
+    passthrough: bool,
 }
 
 impl Resampler {
@@ -26,19 +30,28 @@ impl Resampler {
         let step = f64::from(from_hz) / f64::from(to_hz);
         let cutoff = (1.0 / step).min(1.0) * 0.97;
         let half = (ZERO_CROSSINGS / cutoff).ceil() as i64;
+        let entries = (half as f64 * TABLE_STEPS) as usize + 2;
+        let table = (0..entries)
+            .map(|i| kernel(i as f64 / TABLE_STEPS, cutoff, half))
+            .collect();
         Resampler {
             step,
-            cutoff,
             half,
             buf: Vec::new(),
             buf_start: 0,
             next_out: 0,
             seen: 0,
+            table,
+            passthrough: from_hz == to_hz,
         }
     }
 
     /// Adds input and appends every output sample that is now fully determined.
     pub fn push(&mut self, input: &[f32], out: &mut Vec<f32>) {
+        if self.passthrough {
+            out.extend_from_slice(input);
+            return;
+        }
         self.buf.extend_from_slice(input);
         self.seen += input.len() as i64;
         self.drain(out, self.seen);
@@ -46,6 +59,9 @@ impl Resampler {
 
     /// Flushes the tail (as if followed by silence); the output has `ceil(n / step)` samples.
     pub fn finish(&mut self, out: &mut Vec<f32>) {
+        if self.passthrough {
+            return;
+        }
         let total_out = (self.seen as f64 / self.step).ceil() as u64;
         let pad = vec![0.0; (self.half + 1) as usize];
         self.buf.extend_from_slice(&pad);
@@ -69,7 +85,7 @@ impl Resampler {
                     continue;
                 }
                 let d = t - i as f64;
-                acc += f64::from(self.buf[x as usize]) * self.kernel(d);
+                acc += f64::from(self.buf[x as usize]) * self.lookup(d);
             }
             out.push(acc as f32);
             self.next_out += 1;
@@ -83,21 +99,33 @@ impl Resampler {
         }
     }
 
-    fn kernel(&self, d: f64) -> f64 {
-        let x = d * self.cutoff;
-        let sinc = if x.abs() < 1e-12 {
-            1.0
-        } else {
-            (PI * x).sin() / (PI * x)
-        };
-        let w = d / self.half as f64;
-        let window = if w.abs() >= 1.0 {
-            0.0
-        } else {
-            0.5 + 0.5 * (PI * w).cos()
-        };
-        self.cutoff * sinc * window
+    /// The kernel at distance `d`, interpolated from the table.
+    fn lookup(&self, d: f64) -> f64 {
+        let pos = d.abs() * TABLE_STEPS;
+        let i = pos as usize;
+        if i + 1 >= self.table.len() {
+            return 0.0;
+        }
+        let frac = pos - i as f64;
+        self.table[i] + (self.table[i + 1] - self.table[i]) * frac
     }
+}
+
+/// Hann-windowed sinc low-pass at `cutoff` (relative to the input Nyquist), `half` samples wide.
+fn kernel(d: f64, cutoff: f64, half: i64) -> f64 {
+    let x = d * cutoff;
+    let sinc = if x.abs() < 1e-12 {
+        1.0
+    } else {
+        (PI * x).sin() / (PI * x)
+    };
+    let w = d / half as f64;
+    let window = if w.abs() >= 1.0 {
+        0.0
+    } else {
+        0.5 + 0.5 * (PI * w).cos()
+    };
+    cutoff * sinc * window
 }
 
 #[cfg(test)]

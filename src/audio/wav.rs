@@ -43,6 +43,63 @@ impl WavWriter {
     }
 }
 
+/// When `bytes` is a PCM16 mono WAV at `rate`, writes it to `path` with a clean header and
+/// returns what it holds; `None` when it needs decoding.
+pub fn copy_if_normalized(
+    bytes: &[u8],
+    path: &Path,
+    rate: u32,
+) -> io::Result<Option<super::AudioInfo>> {
+    let Some(data) = pcm16_mono_data(bytes, rate) else {
+        return Ok(None);
+    };
+    let mut out = Vec::with_capacity(44 + data.len());
+    out.extend_from_slice(&header(rate, data.len() as u32));
+    out.extend_from_slice(data);
+    std::fs::write(path, out)?;
+    Ok(Some(super::AudioInfo {
+        seconds: (data.len() / 2) as f64 / f64::from(rate),
+        source_rate: rate,
+        source_channels: 1,
+        decoder: "copy",
+    }))
+}
+
+/// The sample bytes of a RIFF/WAVE file whose format is PCM, 1 channel, `rate` Hz, 16 bits.
+fn pcm16_mono_data(bytes: &[u8], rate: u32) -> Option<&[u8]> {
+    if bytes.len() < 12 || &bytes[0..4] != b"RIFF" || &bytes[8..12] != b"WAVE" {
+        return None;
+    }
+    let u16_at = |i: usize| Some(u16::from_le_bytes(bytes.get(i..i + 2)?.try_into().ok()?));
+    let u32_at = |i: usize| Some(u32::from_le_bytes(bytes.get(i..i + 4)?.try_into().ok()?));
+    let mut pos = 12;
+    let mut format_ok = false;
+    while pos + 8 <= bytes.len() {
+        let id = &bytes[pos..pos + 4];
+        let size = u32_at(pos + 4)? as usize;
+        let body = pos + 8;
+        match id {
+            b"fmt " => {
+                format_ok = u16_at(body)? == 1
+                    && u16_at(body + 2)? == 1
+                    && u32_at(body + 4)? == rate
+                    && u16_at(body + 14)? == 16;
+                if !format_ok {
+                    return None;
+                }
+            }
+            b"data" if format_ok => {
+                let end = body.checked_add(size)?;
+                let data = bytes.get(body..end.min(bytes.len()))?;
+                return (data.len() >= 2).then(|| &data[..data.len() & !1]);
+            }
+            _ => {}
+        }
+        pos = body.checked_add(size + (size & 1))?;
+    }
+    None
+}
+
 fn header(rate: u32, data_bytes: u32) -> [u8; 44] {
     let mut h = [0u8; 44];
     h[0..4].copy_from_slice(b"RIFF");

@@ -78,9 +78,15 @@ async fn local(
     job::check_speakers(&opts).map_err(anyhow::Error::msg)?;
     let app = gpuhost::App::start_oneshot(config);
     let dir = job::job_dir()?;
-    let prepared = PreparedJob::from_upload(&app.config, dir, &args.file, opts, stages)
-        .await
-        .with_context(|| format!("reading {}", args.file.display()))?;
+    let prepared = PreparedJob::from_upload(
+        &app.config,
+        dir,
+        gpuhost::audio::Source::File(args.file.clone()),
+        opts,
+        stages,
+    )
+    .await
+    .with_context(|| format!("reading {}", args.file.display()))?;
     let mut events = start_job(Arc::clone(&app), prepared);
     let mut last = None;
     while let Some(event) = events.recv().await {

@@ -59,9 +59,13 @@ pub async fn prepare(
     job::check_speakers(&options).map_err(ApiError::bad_request)?;
     let dir = job::job_dir()
         .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
-    let upload_path = dir.path().join("upload");
-    upload::receive(request, &upload_path, app.config.limits.max_upload_bytes).await?;
-    Ok(PreparedJob::from_upload(&app.config, dir, &upload_path, options, stages).await?)
+    let source = upload::receive(
+        request,
+        &dir.path().join("upload"),
+        app.config.limits.max_upload_bytes,
+    )
+    .await?;
+    Ok(PreparedJob::from_upload(&app.config, dir, source, options, stages).await?)
 }
 
 /// An NDJSON response that flushes each event as it happens.

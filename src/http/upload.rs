@@ -1,5 +1,6 @@
-//! Receives an upload (raw body or multipart field `file`) into a file, enforcing the size limit
-//! while streaming so an oversized upload is refused without being buffered.
+//! Receives an upload (raw body or multipart field `file`), enforcing the size limit while
+//! streaming so an oversized upload is refused without being buffered. Uploads up to
+//! `SPILL_BYTES` stay in memory; larger ones are written to `spill` as they arrive.
 
 use std::path::Path;
 
@@ -9,9 +10,13 @@ use futures_util::{Stream, StreamExt};
 use tokio::io::AsyncWriteExt;
 
 use super::error::ApiError;
+use crate::audio::Source;
 
-/// Writes the upload to `path`; returns its size in bytes.
-pub async fn receive(request: Request, path: &Path, limit: u64) -> Result<u64, ApiError> {
+/// Uploads larger than this are streamed to a file instead of kept in memory.
+pub const SPILL_BYTES: usize = 8 * 1024 * 1024;
+
+/// Receives the upload; `spill` is where a large one goes.
+pub async fn receive(request: Request, spill: &Path, limit: u64) -> Result<Source, ApiError> {
     let too_large = |what: &str| {
         ApiError::too_large(format!(
             "{what} exceeds the upload limit of {limit} bytes (limits.max_upload_bytes)"
@@ -32,7 +37,7 @@ pub async fn receive(request: Request, path: &Path, limit: u64) -> Result<u64, A
         .is_some_and(|v| v.starts_with("multipart/form-data"));
     if !is_multipart {
         let stream = Body::into_data_stream(request.into_body());
-        return write_stream(stream, path, limit)
+        return collect(stream, spill, limit)
             .await
             .map_err(|e| e.into_api(&too_large));
     }
@@ -49,7 +54,7 @@ pub async fn receive(request: Request, path: &Path, limit: u64) -> Result<u64, A
             ));
         };
         if field.name() == Some("file") {
-            return write_stream(field, path, limit)
+            return collect(field, spill, limit)
                 .await
                 .map_err(|e| e.into_api(&too_large));
         }
@@ -72,26 +77,40 @@ impl WriteError {
     }
 }
 
-async fn write_stream<S, E>(mut stream: S, path: &Path, limit: u64) -> Result<u64, WriteError>
+async fn collect<S, E>(mut stream: S, spill: &Path, limit: u64) -> Result<Source, WriteError>
 where
     S: Stream<Item = Result<bytes::Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let mut file = tokio::fs::File::create(path)
-        .await
-        .map_err(WriteError::Io)?;
+    let mut memory = bytes::BytesMut::new();
+    let mut file: Option<tokio::io::BufWriter<tokio::fs::File>> = None;
     let mut size = 0u64;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            // axum reports its own length limit as a body error; we set none, so this is I/O.
-            WriteError::Body(e.to_string())
-        })?;
+        let chunk = chunk.map_err(|e| WriteError::Body(e.to_string()))?;
         size += chunk.len() as u64;
         if size > limit {
             return Err(WriteError::TooLarge);
         }
-        file.write_all(&chunk).await.map_err(WriteError::Io)?;
+        match file.as_mut() {
+            Some(f) => f.write_all(&chunk).await.map_err(WriteError::Io)?,
+            None if memory.len() + chunk.len() > SPILL_BYTES => {
+                let f = tokio::fs::File::create(spill)
+                    .await
+                    .map_err(WriteError::Io)?;
+                let mut f = tokio::io::BufWriter::with_capacity(1 << 20, f);
+                f.write_all(&memory).await.map_err(WriteError::Io)?;
+                f.write_all(&chunk).await.map_err(WriteError::Io)?;
+                memory.clear();
+                file = Some(f);
+            }
+            None => memory.extend_from_slice(&chunk),
+        }
     }
-    file.flush().await.map_err(WriteError::Io)?;
-    Ok(size)
+    match file {
+        Some(mut f) => {
+            f.flush().await.map_err(WriteError::Io)?;
+            Ok(Source::File(spill.to_path_buf()))
+        }
+        None => Ok(Source::Memory(memory.freeze())),
+    }
 }

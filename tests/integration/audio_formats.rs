@@ -22,6 +22,8 @@ async fn every_format_decodes() {
     let config = format!("[pipeline]\nstages = [\"w\"]\n{}", fake_worker("w", ""));
     let host = TestHost::start(&config).await.ready().await;
     check(&host, wav(1.25, 44100, 2), "symphonia", 1.25).await;
+    // Already 16 kHz mono PCM16: copied, not transcoded.
+    check(&host, wav(0.75, 16000, 1), "copy", 0.75).await;
     check(&host, wav(0.5, 8000, 1), "symphonia", 0.5).await;
     for name in ["tone.flac", "tone.mp3", "tone.ogg", "tone.m4a", "tone.mp4"] {
         let body = std::fs::read(fixture(&format!("audio/{name}"))).unwrap();
@@ -52,7 +54,7 @@ async fn normalized_audio_is_16k_mono_pcm16() {
     let input = dir.path().join("in.flac");
     std::fs::copy(fixture("audio/tone.flac"), &input).unwrap();
     let out = dir.path().join("out.wav");
-    let info = gpuhost::audio::normalize(&input, &out, 60.0, "")
+    let info = gpuhost::audio::normalize(gpuhost::audio::Source::File(input), &out, 60.0, "")
         .await
         .unwrap();
     assert_eq!((info.source_rate, info.source_channels), (44100, 2));
