@@ -6,9 +6,10 @@ mod integration {
 
     mod audio_formats;
     mod cli;
+    mod dashboard;
     mod faults;
     mod golden;
-    mod gpu_status;
+    pub mod gpu_status;
     mod http_api;
     mod lifecycle;
     mod queue;

@@ -1,0 +1,130 @@
+//! The dashboard page in headless Chromium (Debian's `chromium`): it shows what `/status` says,
+//! with the token taken from the URL fragment.
+
+use std::process::Command;
+
+use super::gpu_status::FakeGpu;
+use super::support::*;
+
+fn chromium() -> String {
+    let path =
+        std::env::var("GPUHOST_TEST_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        std::path::Path::new(&path).exists(),
+        "{path} is missing: apt-get install chromium (.ci/run does)"
+    );
+    path
+}
+
+/// Runs headless Chromium on `url`; `extra` selects --dump-dom or --screenshot.
+fn headless(url: &str, extra: &[&str]) -> std::process::Output {
+    let profile = tempfile::tempdir().unwrap();
+    Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--window-size=1280,820",
+            "--virtual-time-budget=4000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(extra)
+        .arg(url)
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn dashboard_shows_status_with_the_token() {
+    let gpu = FakeGpu::new(
+        "gpu: NVIDIA GeForce RTX 5090, 87, 27000, 32607, 71, 455.5\nproc: 4242, python3, 24000\nproc: 5151, python3, 2900\n",
+    );
+    gpu.process(
+        4242,
+        1,
+        &[
+            "python3",
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            "google/gemma-3-27b-it",
+        ],
+    );
+    gpu.process(
+        5151,
+        1,
+        &[
+            "/usr/bin/python3",
+            "/opt/ComfyUI/main.py",
+            "--listen",
+            "0.0.0.0",
+        ],
+    );
+    let config = format!(
+        "token = \"dash-token\"\n[pipeline]\nstages = [\"asr\"]\n{}\n{}",
+        fake_worker("asr", ""),
+        gpu.config("[[gpu.watch]]\nname = \"vllm\"\npattern = \"vllm.entrypoints\"\n")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let url = format!("{}/#token=dash-token", host.url);
+    let dump = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || headless(&url, &["--dump-dom"])
+    })
+    .await
+    .unwrap();
+    let dom = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dom.contains("vllm.entrypoints.openai.api_server --model google/gemma-3-27b-it"),
+        "{dom}"
+    );
+    assert!(dom.contains("/opt/ComfyUI/main.py"), "{dom}");
+    assert!(dom.contains("class=\"busy\""), "decision badge: {dom}");
+    assert!(
+        dom.contains("87%") && dom.contains("71 °C") && dom.contains("456 W"),
+        "{dom}"
+    );
+    assert!(dom.contains("27000 / 32607 MiB"), "{dom}");
+    assert!(
+        dom.contains(">asr<") && dom.contains(">ready<"),
+        "workers table: {dom}"
+    );
+    assert!(
+        dom.contains("background: var(--orange)"),
+        "83% VRAM is orange: {dom}"
+    );
+
+    // Without the token the page asks for one instead of showing data.
+    let denied = tokio::task::spawn_blocking({
+        let url = host.url.clone();
+        move || headless(&format!("{url}/"), &["--dump-dom"])
+    })
+    .await
+    .unwrap();
+    let dom = String::from_utf8_lossy(&denied.stdout);
+    assert!(
+        dom.contains("id=\"auth\" style=\"display: block;\""),
+        "{dom}"
+    );
+    assert!(!dom.contains("gemma-3-27b"), "{dom}");
+
+    // A screenshot for the docs when asked (GPUHOST_SCREENSHOT=path).
+    if let Ok(path) = std::env::var("GPUHOST_SCREENSHOT") {
+        let shot =
+            tokio::task::spawn_blocking(move || headless(&url, &[&format!("--screenshot={path}")]))
+                .await
+                .unwrap();
+        assert!(
+            shot.status.success(),
+            "{}",
+            String::from_utf8_lossy(&shot.stderr)
+        );
+    }
+    host.stop().await;
+}
