@@ -23,6 +23,7 @@ pub struct Config {
     pub gpu: GpuConfig,
     pub limits: LimitsConfig,
     pub audio: AudioConfig,
+    pub setup: SetupConfig,
     /// Folder the config file was read from; relative paths resolve against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -157,6 +158,7 @@ impl Default for Config {
             gpu: GpuConfig::default(),
             limits: LimitsConfig::default(),
             audio: AudioConfig::default(),
+            setup: SetupConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
@@ -223,6 +225,24 @@ impl Default for LimitsConfig {
             max_upload_bytes: 512 * 1024 * 1024,
             max_audio_seconds: 4.0 * 3600.0,
         }
+    }
+}
+
+/// How `gpuhost setup` builds worker venvs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SetupConfig {
+    /// Interpreter that creates the venvs (when `uv` is not on PATH).
+    pub python: String,
+    /// The worker SDK package, installed into every worker venv.
+    pub sdk_dir: PathBuf,
+    /// Longest a single install step may take.
+    pub timeout_s: f64,
+}
+
+impl Default for SetupConfig {
+    fn default() -> Self {
+        SetupConfig { python: "python3".into(), sdk_dir: PathBuf::from("protocol/sdk"), timeout_s: 1800.0 }
     }
 }
 
@@ -374,6 +394,11 @@ impl Config {
         } else {
             self.base_dir.join(path)
         }
+    }
+
+    /// `workers/<name>`, resolved.
+    pub fn worker_home(&self, name: &str) -> PathBuf {
+        self.resolve(&self.workers_dir).join(name)
     }
 
     /// The launch description for worker `name`, with defaults filled in.

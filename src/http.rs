@@ -3,6 +3,7 @@
 mod auth;
 mod dashboard;
 pub mod error;
+mod openai;
 mod status;
 mod transcribe;
 mod upload;
@@ -27,6 +28,7 @@ pub fn router(state: AppState) -> Router {
         .route("/workers", get(workers))
         .route("/status", get(status::status))
         .route("/metrics", get(status::metrics))
+        .route("/v1/audio/transcriptions", post(openai::transcriptions))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,

@@ -12,8 +12,10 @@ pub mod process;
 pub mod protocol;
 pub mod queue;
 pub mod render;
+pub mod setup;
 pub mod stats;
 pub mod supervisor;
+pub mod transcript;
 pub mod worker;
 
 use std::future::Future;
@@ -73,8 +75,15 @@ impl App {
         })
     }
 
-    /// The final result of a job: the pipeline's output plus what the host knows of the audio.
+    /// The final result of a job: the merged transcript when the pipeline has an ASR stage (the
+    /// raw stage results otherwise), plus timings and what the host knows of the audio.
     pub fn finish_result(&self, mut result: Value, job: &PreparedJob) -> Value {
+        let transcript = result.get("stages").and_then(Value::as_object).and_then(transcript::build);
+        if let Some(mut transcript) = transcript {
+            transcript["duration"] = result["duration"].take();
+            transcript["timings"] = result["timings"].take();
+            result = transcript;
+        }
         result["audio"] = serde_json::json!({
             "decoder": job.info.decoder,
             "source_rate": job.info.source_rate,

@@ -1,4 +1,4 @@
-//! The `gpuhost` command line: `serve`, `run`, `transcribe`, `status` (anyhow lives here and in `cli/` only).
+//! The `gpuhost` command line: `serve`, `setup`, `run`, `transcribe`, `status` (anyhow lives here and in `cli/` only).
 
 mod cli;
 
@@ -35,6 +35,13 @@ enum Command {
     },
     /// Transcribe a file: through a server with --server, else locally, stage after stage.
     Transcribe(cli::transcribe::TranscribeArgs),
+    /// Create or refresh worker venvs (all managed workers when none are named).
+    Setup {
+        workers: Vec<String>,
+        /// Rebuild even when up to date.
+        #[arg(long)]
+        force: bool,
+    },
     /// Show a server's GPU status: decision, VRAM, processes, workers, queue.
     Status(cli::status::StatusArgs),
 }
@@ -65,6 +72,7 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     let config = load_config(args.config.as_deref())?;
     match args.command {
         Command::Serve => {
+            gpuhost::setup::ensure(&config, &|line| eprintln!("{line}")).await?;
             let server = gpuhost::bind(config).await?;
             eprintln!("gpuhost listening on http://{}", server.local_addr());
             server.run(shutdown_signal()).await?;
@@ -73,6 +81,10 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         Command::Run { worker, job } => cli::run::run(&config, &worker, &job).await,
         Command::Transcribe(t) => cli::transcribe::transcribe(config, t).await,
         Command::Status(s) => cli::status::status(&config, s).await,
+        Command::Setup { workers, force } => {
+            gpuhost::setup::setup(&config, &workers, force, &|line| eprintln!("{line}")).await?;
+            Ok(std::process::ExitCode::SUCCESS)
+        }
     }
 }
 

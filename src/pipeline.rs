@@ -24,6 +24,9 @@ pub struct JobOptions {
     pub min_speakers: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_speakers: Option<u32>,
+    /// Text that primes the ASR (names, spelling).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

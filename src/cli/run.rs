@@ -13,6 +13,7 @@ pub async fn run(config: &gpuhost::Config, worker: &str, job: &Path) -> anyhow::
         bail!("no worker `{worker}` in the config (known: {known:?})");
     };
     spec.mode = Mode::Oneshot;
+    gpuhost::setup::ensure(config, &|line| eprintln!("{line}")).await?;
     let text = if job == Path::new("-") {
         std::io::read_to_string(std::io::stdin()).context("reading the job from stdin")?
     } else {

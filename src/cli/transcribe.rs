@@ -64,6 +64,7 @@ fn options(args: &TranscribeArgs) -> JobOptions {
         num_speakers: args.num_speakers,
         min_speakers: args.min_speakers,
         max_speakers: args.max_speakers,
+        prompt: None,
     }
 }
 
@@ -76,6 +77,7 @@ async fn local(
         .map_err(anyhow::Error::msg)?;
     let opts = options(args);
     job::check_speakers(&opts).map_err(anyhow::Error::msg)?;
+    gpuhost::setup::ensure(&config, &|line| eprintln!("{line}")).await?;
     let app = gpuhost::App::start_oneshot(config);
     let dir = job::job_dir()?;
     let prepared = PreparedJob::from_upload(

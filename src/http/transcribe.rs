@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, Request, State};
 use axum::http::header;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use tokio::sync::mpsc;
@@ -18,6 +18,7 @@ use super::upload;
 use crate::job::{self, start_job, PreparedJob};
 use crate::pipeline::JobOptions;
 use crate::protocol::ClientEvent;
+use crate::render::{render, Format};
 use crate::AppState;
 
 #[derive(Debug, Default, Deserialize)]
@@ -29,6 +30,9 @@ pub struct TranscribeQuery {
     pub num_speakers: Option<u32>,
     pub min_speakers: Option<u32>,
     pub max_speakers: Option<u32>,
+    pub prompt: Option<String>,
+    /// Answer with the finished transcript in this format instead of the NDJSON stream.
+    pub format: Option<Format>,
 }
 
 pub async fn transcribe(
@@ -37,8 +41,43 @@ pub async fn transcribe(
     request: Request,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let format = query.format;
     let job = prepare(&app, query, request).await?;
-    Ok(ndjson_response(start_job(app, job)))
+    let events = start_job(app, job);
+    match format {
+        None => Ok(ndjson_response(events)),
+        Some(format) => {
+            let result = final_result(events).await?;
+            Ok(([(header::CONTENT_TYPE, format.content_type())], render(&result, format)).into_response())
+        }
+    }
+}
+
+/// Waits for the final event: the result, or the job's error as an HTTP error.
+pub async fn final_result(mut events: mpsc::Receiver<ClientEvent>) -> Result<serde_json::Value, ApiError> {
+    while let Some(event) = events.recv().await {
+        match event {
+            ClientEvent::Result { result } => return Ok(result),
+            ClientEvent::Error { code, message } => return Err(job_error(&code, message)),
+            _ => {}
+        }
+    }
+    Err(ApiError::internal("the job ended without a result"))
+}
+
+/// The HTTP status for a job that failed after it was accepted.
+pub fn job_error(code: &str, message: String) -> ApiError {
+    use axum::http::StatusCode;
+    let (status, code) = match code {
+        "worker_unavailable" => (StatusCode::SERVICE_UNAVAILABLE, "worker_unavailable"),
+        "shutting_down" => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        "worker_timeout" => (StatusCode::GATEWAY_TIMEOUT, "worker_timeout"),
+        "job_failed" => (StatusCode::UNPROCESSABLE_ENTITY, "job_failed"),
+        "worker_crashed" => (StatusCode::BAD_GATEWAY, "worker_crashed"),
+        "bad_output" => (StatusCode::BAD_GATEWAY, "bad_output"),
+        _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    };
+    ApiError::new(status, code, message)
 }
 
 /// Validates options, stores and decodes the upload. All client mistakes surface here, as
@@ -55,6 +94,7 @@ pub async fn prepare(
         num_speakers: query.num_speakers,
         min_speakers: query.min_speakers,
         max_speakers: query.max_speakers,
+        prompt: query.prompt.filter(|p| !p.is_empty()),
     };
     job::check_speakers(&options).map_err(ApiError::bad_request)?;
     let dir = job::job_dir()

@@ -61,6 +61,18 @@ pub async fn receive(request: Request, spill: &Path, limit: u64) -> Result<Sourc
     }
 }
 
+/// Receives one multipart field (the `file` of a form) with the same limits as `receive`.
+pub async fn collect_field(
+    field: axum::extract::multipart::Field<'_>,
+    spill: &Path,
+    limit: u64,
+) -> Result<Source, ApiError> {
+    let too_large = |what: &str| {
+        ApiError::too_large(format!("{what} exceeds the upload limit of {limit} bytes (limits.max_upload_bytes)"))
+    };
+    collect(field, spill, limit).await.map_err(|e| e.into_api(&too_large))
+}
+
 enum WriteError {
     TooLarge,
     Body(String),

@@ -69,7 +69,7 @@ class SphinxAligner:
                 decoder.end_utt()
             except RuntimeError:
                 continue
-            words = [s for s in decoder.seg() if s.word not in ("<s>", "</s>", "<sil>") and not s.word.startswith("[")]
+            words = [s for s in (decoder.seg() or []) if s.word not in ("<s>", "</s>", "<sil>") and not s.word.startswith("[")]
             names = [s.word.split("(")[0] for s in words]
             if names != tokens:
                 continue  # partial alignment: try the next beam setting

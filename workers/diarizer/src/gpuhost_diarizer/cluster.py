@@ -12,8 +12,8 @@ import numpy as np
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import pdist, squareform
 
-PITCH_WEIGHT = 1.0
-THRESHOLD = 0.28
+PITCH_WEIGHT = 2.0
+THRESHOLD = 0.42
 
 
 def distances(embeddings: np.ndarray, log2_f0: np.ndarray, pitch_weight: float = PITCH_WEIGHT) -> np.ndarray:

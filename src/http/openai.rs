@@ -1,0 +1,154 @@
+//! `POST /v1/audio/transcriptions`, compatible with OpenAI's API so existing clients work
+//! unchanged: multipart `file`, `model`, `language`, `prompt`, `response_format`,
+//! `timestamp_granularities[]`; speaker labels ride along in `verbose_json` segments.
+
+use axum::extract::{FromRequest, Multipart, Request, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::transcribe::final_result;
+use super::upload;
+use crate::audio::Source;
+use crate::job::{self, start_job, PreparedJob};
+use crate::pipeline::JobOptions;
+use crate::render::{render, Format};
+use crate::AppState;
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+pub struct OpenAiError(ApiError);
+
+impl From<ApiError> for OpenAiError {
+    fn from(e: ApiError) -> Self {
+        OpenAiError(e)
+    }
+}
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        let kind = if self.0.status.is_client_error() { "invalid_request_error" } else { "server_error" };
+        let body = json!({"error": {"message": self.0.message, "type": kind, "param": null, "code": self.0.code}});
+        (self.0.status, Json(body)).into_response()
+    }
+}
+
+#[derive(Default)]
+struct Form {
+    file: Option<Source>,
+    language: Option<String>,
+    prompt: Option<String>,
+    response_format: Option<String>,
+    granularities: Vec<String>,
+}
+
+pub async fn transcriptions(State(app): State<AppState>, request: Request) -> Result<Response, OpenAiError> {
+    let dir = job::job_dir().map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
+    let form = read_form(request, dir.path(), app.config.limits.max_upload_bytes).await?;
+    let format = form.response_format.as_deref().unwrap_or("json");
+    if !["json", "text", "srt", "verbose_json", "vtt"].contains(&format) {
+        return Err(ApiError::bad_request(format!(
+            "response_format `{format}` is not supported (json, text, srt, verbose_json, vtt)"
+        ))
+        .into());
+    }
+    let file = form.file.ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing"))?;
+    let options = JobOptions {
+        language: form.language.filter(|l| !l.is_empty()),
+        prompt: form.prompt.filter(|p| !p.is_empty()),
+        ..JobOptions::default()
+    };
+    let stages = app.config.pipeline.stages.clone();
+    let prepared = PreparedJob::from_upload(&app.config, dir, file, options, stages).await.map_err(ApiError::from)?;
+    let duration = prepared.info.seconds;
+    let result = final_result(start_job(app, prepared)).await?;
+    let text = result.get("text").and_then(Value::as_str).unwrap_or("").to_string();
+    Ok(match format {
+        "text" => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text + "\n").into_response(),
+        "srt" => ([(header::CONTENT_TYPE, Format::Srt.content_type())], render(&result, Format::Srt)).into_response(),
+        "vtt" => ([(header::CONTENT_TYPE, Format::Vtt.content_type())], render(&result, Format::Vtt)).into_response(),
+        "verbose_json" => Json(verbose(&result, duration, &form.granularities, text)).into_response(),
+        _ => Json(json!({ "text": text })).into_response(),
+    })
+}
+
+async fn read_form(request: Request, dir: &std::path::Path, limit: u64) -> Result<Form, ApiError> {
+    let mut multipart = Multipart::from_request(request, &())
+        .await
+        .map_err(|e| ApiError::bad_request(format!("send multipart/form-data: {}", e.body_text())))?;
+    let mut form = Form::default();
+    while let Some(field) = multipart
+        .next_field()
+        .await
+        .map_err(|e| ApiError::bad_request(format!("invalid multipart body: {}", e.body_text())))?
+    {
+        let name = field.name().unwrap_or("").to_string();
+        if name == "file" {
+            form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?);
+            continue;
+        }
+        let value = field
+            .text()
+            .await
+            .map_err(|e| ApiError::bad_request(format!("invalid multipart field `{name}`: {}", e.body_text())))?;
+        match name.as_str() {
+            "language" => form.language = Some(value),
+            "prompt" => form.prompt = Some(value),
+            "response_format" => form.response_format = Some(value),
+            "timestamp_granularities[]" | "timestamp_granularities" => form.granularities.push(value),
+            _ => {} // model, temperature, …: accepted and ignored, as clients send them
+        }
+    }
+    Ok(form)
+}
+
+fn language_name(code: &str) -> &str {
+    match code {
+        "en" => "english",
+        "de" => "german",
+        "fr" => "french",
+        "es" => "spanish",
+        "it" => "italian",
+        "ja" => "japanese",
+        "zh" => "chinese",
+        "nl" => "dutch",
+        "pt" => "portuguese",
+        "ru" => "russian",
+        other => other,
+    }
+}
+
+fn verbose(result: &Value, duration: f64, granularities: &[String], text: String) -> Value {
+    let segments = result.get("segments").and_then(Value::as_array).cloned().unwrap_or_default();
+    let language = result.get("language").and_then(Value::as_str).unwrap_or("");
+    let mut body = json!({
+        "task": "transcribe",
+        "language": language_name(language),
+        "duration": duration,
+        "text": text,
+    });
+    let words_wanted = granularities.iter().any(|g| g == "word");
+    let segments_wanted = granularities.is_empty() || granularities.iter().any(|g| g == "segment");
+    if segments_wanted {
+        body["segments"] = segments
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                json!({
+                    "id": i, "seek": 0, "start": s["start"], "end": s["end"], "text": s["text"],
+                    "tokens": [], "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0,
+                    "no_speech_prob": 0.0, "speaker": s.get("speaker").cloned().unwrap_or(Value::Null),
+                })
+            })
+            .collect();
+    }
+    if words_wanted {
+        body["words"] = segments
+            .iter()
+            .flat_map(|s| s["words"].as_array().cloned().unwrap_or_default())
+            .map(|w| json!({"word": w["word"], "start": w["start"], "end": w["end"], "speaker": w.get("speaker")}))
+            .collect();
+    }
+    body
+}

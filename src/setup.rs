@@ -1,0 +1,217 @@
+//! `gpuhost setup`: one venv per worker package (`workers/<name>/.venv`), built from its
+//! `pyproject.toml` plus the worker SDK, with `uv` when it is on PATH and `python3 -m venv` + pip
+//! otherwise. Idempotent: a fingerprint of the inputs and of the resolved dependencies is kept
+//! in `.venv/gpuhost-setup.json`; `serve` builds missing venvs and refuses stale or broken ones.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::process::{find_program, run_captured};
+
+const STATE_FILE: &str = "gpuhost-setup.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("no worker `{0}` in the config")]
+    UnknownWorker(String),
+    #[error("worker `{worker}`: {step} failed: {detail}")]
+    Step { worker: String, step: String, detail: String },
+    #[error("worker `{worker}`: {problem}; run `gpuhost setup {worker}`")]
+    Stale { worker: String, problem: String },
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+struct State {
+    /// Fingerprint of the worker's and the SDK's pyproject.toml.
+    inputs: String,
+    /// Fingerprint of `pip freeze` after the install.
+    resolved: String,
+    installer: String,
+}
+
+/// What `setup` did for one worker.
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    UpToDate,
+    Built { seconds: f64 },
+    /// Not a package in `workers_dir` (a custom `command`): nothing to set up.
+    NotManaged,
+}
+
+/// FNV-1a, 64 bit: a stable fingerprint (not a security hash).
+fn fingerprint(parts: &[&[u8]]) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for part in parts {
+        for b in part.iter().chain(b"\x00") {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x100000001b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+struct Package {
+    name: String,
+    home: PathBuf,
+    sdk: PathBuf,
+    module: String,
+}
+
+impl Package {
+    fn of(config: &Config, name: &str) -> Result<Option<Package>, SetupError> {
+        let w = config.workers.get(name).ok_or_else(|| SetupError::UnknownWorker(name.into()))?;
+        let home = config.worker_home(name);
+        if !w.command.is_empty() || !home.join("pyproject.toml").is_file() {
+            return Ok(None);
+        }
+        let module = w.module.clone().unwrap_or_else(|| format!("gpuhost_{name}"));
+        Ok(Some(Package { name: name.into(), home, sdk: config.resolve(&config.setup.sdk_dir), module }))
+    }
+
+    fn venv(&self) -> PathBuf {
+        self.home.join(".venv")
+    }
+
+    fn python(&self) -> PathBuf {
+        self.venv().join("bin/python")
+    }
+
+    fn inputs(&self) -> String {
+        let read = |p: &Path| std::fs::read(p).unwrap_or_default();
+        fingerprint(&[&read(&self.home.join("pyproject.toml")), &read(&self.sdk.join("pyproject.toml"))])
+    }
+
+    fn state(&self) -> Option<State> {
+        serde_json::from_slice(&std::fs::read(self.venv().join(STATE_FILE)).ok()?).ok()
+    }
+
+    fn step_error(&self, step: &str, detail: String) -> SetupError {
+        SetupError::Step { worker: self.name.clone(), step: step.into(), detail }
+    }
+
+    async fn run(&self, step: &str, program: &Path, args: &[String], timeout: Duration) -> Result<Vec<u8>, SetupError> {
+        let out = run_captured(program, args, timeout).await.map_err(|e| self.step_error(step, e.to_string()))?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let tail: Vec<&str> = stderr.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
+            return Err(self.step_error(step, tail.join("\n")));
+        }
+        Ok(out.stdout)
+    }
+
+    /// Imports the SDK, the worker module and what it declares in `REQUIRES` inside the venv.
+    async fn self_test(&self) -> Result<(), SetupError> {
+        let code = format!(
+            "import importlib, gpuhost_worker, {m}\nfor name in getattr({m}, 'REQUIRES', []): importlib.import_module(name)",
+            m = self.module
+        );
+        self.run("import self-test", &self.python(), &["-c".into(), code], Duration::from_secs(120)).await.map(|_| ())
+    }
+}
+
+/// Builds or refreshes the venvs of `names` (all managed workers when empty).
+pub async fn setup(config: &Config, names: &[String], force: bool, say: &dyn Fn(&str)) -> Result<Vec<(String, Outcome)>, SetupError> {
+    let names: Vec<String> = if names.is_empty() { config.workers.keys().cloned().collect() } else { names.to_vec() };
+    let mut done = Vec::new();
+    for name in names {
+        let Some(pkg) = Package::of(config, &name)? else {
+            say(&format!("[{name}] not a package in {} (custom command): skipped", config.workers_dir.display()));
+            done.push((name, Outcome::NotManaged));
+            continue;
+        };
+        if !force && pkg.state().is_some_and(|s| s.inputs == pkg.inputs()) && pkg.self_test().await.is_ok() {
+            say(&format!("[{name}] up to date"));
+            done.push((name, Outcome::UpToDate));
+            continue;
+        }
+        let started = Instant::now();
+        build(config, &pkg, say).await?;
+        let seconds = started.elapsed().as_secs_f64();
+        say(&format!("[{name}] ready in {seconds:.0} s"));
+        done.push((name, Outcome::Built { seconds }));
+    }
+    Ok(done)
+}
+
+async fn build(config: &Config, pkg: &Package, say: &dyn Fn(&str)) -> Result<(), SetupError> {
+    let timeout = Duration::from_secs_f64(config.setup.timeout_s);
+    let venv = pkg.venv().display().to_string();
+    let _ = std::fs::remove_file(pkg.venv().join(STATE_FILE));
+    let (sdk, home) = (pkg.sdk.display().to_string(), format!("{}[test]", pkg.home.display()));
+    let installer = match find_program("uv") {
+        Some(uv) => {
+            say(&format!("[{}] creating {venv} (uv)", pkg.name));
+            pkg.run("uv venv", &uv, &["venv".into(), "--allow-existing".into(), venv.clone()], timeout).await?;
+            say(&format!("[{}] installing {} and the worker SDK (uv pip)…", pkg.name, pkg.home.display()));
+            let python = pkg.python().display().to_string();
+            let args = ["pip", "install", "--python", &python, "-e", &sdk, "-e", &home].map(String::from);
+            pkg.run("uv pip install", &uv, &args, timeout).await?;
+            "uv"
+        }
+        None => {
+            let python = find_program(&config.setup.python)
+                .ok_or_else(|| pkg.step_error("venv", format!("{} not found", config.setup.python)))?;
+            say(&format!("[{}] creating {venv} ({})", pkg.name, python.display()));
+            pkg.run("python -m venv", &python, &["-m".into(), "venv".into(), venv.clone()], timeout).await?;
+            say(&format!("[{}] installing {} and the worker SDK (pip; first time takes minutes)…", pkg.name, pkg.home.display()));
+            let args = ["-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", &sdk, "-e", &home].map(String::from);
+            pkg.run("pip install", &pkg.python(), &args, timeout).await?;
+            "pip"
+        }
+    };
+    say(&format!("[{}] checking imports…", pkg.name));
+    pkg.self_test().await?;
+    let freeze = pkg
+        .run("pip freeze", &pkg.python(), &["-m".into(), "pip".into(), "freeze".into()], timeout)
+        .await
+        .unwrap_or_default();
+    let state = State { inputs: pkg.inputs(), resolved: fingerprint(&[&freeze]), installer: installer.into() };
+    let json = serde_json::to_vec_pretty(&state).expect("state serializes");
+    std::fs::write(pkg.venv().join(STATE_FILE), json).map_err(|e| pkg.step_error("write state", e.to_string()))
+}
+
+/// Before serving: builds venvs that do not exist yet, refuses stale or broken ones.
+pub async fn ensure(config: &Config, say: &dyn Fn(&str)) -> Result<(), SetupError> {
+    for name in config.workers.keys() {
+        let Some(pkg) = Package::of(config, name)? else { continue };
+        if !pkg.venv().exists() {
+            say(&format!("[{name}] no venv yet: running setup"));
+            setup(config, std::slice::from_ref(name), false, say).await?;
+            continue;
+        }
+        match pkg.state() {
+            None => {
+                return Err(SetupError::Stale {
+                    worker: name.clone(),
+                    problem: format!("{} exists but was not completed by `gpuhost setup` (broken?)", pkg.venv().display()),
+                })
+            }
+            Some(state) if state.inputs != pkg.inputs() => {
+                return Err(SetupError::Stale {
+                    worker: name.clone(),
+                    problem: "its venv is stale: pyproject.toml (or the SDK's) changed since the last setup".into(),
+                })
+            }
+            Some(_) => {}
+        }
+        if let Err(e) = pkg.self_test().await {
+            return Err(SetupError::Stale { worker: name.clone(), problem: format!("its venv is broken ({e})") });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fingerprint;
+
+    #[test]
+    fn fingerprint_is_stable_and_separates_parts() {
+        assert_eq!(fingerprint(&[b"a"]), fingerprint(&[b"a"]));
+        assert_ne!(fingerprint(&[b"ab", b""]), fingerprint(&[b"a", b"b"]));
+        assert_eq!(fingerprint(&[]), "cbf29ce484222325");
+    }
+}

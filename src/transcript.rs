@@ -1,0 +1,190 @@
+//! The merge step: gives every word a speaker (by overlap with the diarizer's turns) and groups
+//! words into subtitle-sized segments. Input: the stage results of the speech pipeline.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+/// A segment ends at a speaker change, a pause this long, or when it would grow past these.
+const MAX_PAUSE_S: f64 = 0.8;
+const MAX_SEGMENT_S: f64 = 6.0;
+const MAX_SEGMENT_CHARS: usize = 84;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Word {
+    pub word: String,
+    pub start: f64,
+    pub end: f64,
+    pub score: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speaker: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    pub start: f64,
+    pub end: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speaker: Option<String>,
+    pub text: String,
+    pub words: Vec<Word>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    pub start: f64,
+    pub end: f64,
+    pub speaker: String,
+}
+
+/// Builds the transcript when the results hold an `asr` stage; `None` otherwise.
+pub fn build(stages: &Map<String, Value>) -> Option<Value> {
+    let asr = stages.get("asr")?;
+    let turns: Vec<Turn> = stages
+        .get("diarizer")
+        .and_then(|d| d.get("turns"))
+        .and_then(|t| serde_json::from_value(t.clone()).ok())
+        .unwrap_or_default();
+    let source = stages.get("aligner").filter(|a| a.get("segments").is_some()).unwrap_or(asr);
+    let mut words = words_of(source);
+    for w in &mut words {
+        w.speaker = speaker_for(w, &turns);
+    }
+    let segments = group(words);
+    let mut speakers: Vec<String> = Vec::new();
+    for s in segments.iter().filter_map(|s| s.speaker.clone()).chain(turns.iter().map(|t| t.speaker.clone())) {
+        if !speakers.contains(&s) {
+            speakers.push(s);
+        }
+    }
+    Some(json!({
+        "segments": segments,
+        "speakers": speakers,
+        "turns": turns,
+        "language": asr.get("language").cloned().unwrap_or(Value::Null),
+        "text": segments.iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join(" "),
+    }))
+}
+
+fn number(v: &Value, key: &str) -> Option<f64> {
+    v.get(key).and_then(Value::as_f64)
+}
+
+/// Every word of a stage result shaped like `{segments: [{words: [...]}]}`.
+fn words_of(result: &Value) -> Vec<Word> {
+    let segments = result.get("segments").and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut out = Vec::new();
+    for seg in &segments {
+        for w in seg.get("words").and_then(Value::as_array).into_iter().flatten() {
+            let (Some(start), Some(end)) = (number(w, "start"), number(w, "end")) else { continue };
+            let text = w.get("word").and_then(Value::as_str).unwrap_or("").trim();
+            if text.is_empty() {
+                continue;
+            }
+            let score = number(w, "score").or_else(|| number(w, "probability")).unwrap_or(0.0);
+            out.push(Word { word: text.to_string(), start, end: end.max(start), score, speaker: None });
+        }
+    }
+    out.sort_by(|a, b| a.start.total_cmp(&b.start));
+    out
+}
+
+/// The turn overlapping the word most; when none overlaps, the nearest one.
+fn speaker_for(word: &Word, turns: &[Turn]) -> Option<String> {
+    let overlap = |t: &Turn| (word.end.min(t.end) - word.start.max(t.start)).max(0.0);
+    let best = turns.iter().max_by(|a, b| overlap(a).total_cmp(&overlap(b)))?;
+    if overlap(best) > 0.0 {
+        return Some(best.speaker.clone());
+    }
+    let mid = (word.start + word.end) / 2.0;
+    let distance = |t: &Turn| if mid < t.start { t.start - mid } else { (mid - t.end).max(0.0) };
+    turns.iter().min_by(|a, b| distance(a).total_cmp(&distance(b))).map(|t| t.speaker.clone())
+}
+
+fn group(words: Vec<Word>) -> Vec<Segment> {
+    let mut segments: Vec<Segment> = Vec::new();
+    for word in words {
+        let start_new = match segments.last() {
+            None => true,
+            Some(seg) => {
+                seg.speaker != word.speaker
+                    || word.start - seg.end > MAX_PAUSE_S
+                    || word.end - seg.start > MAX_SEGMENT_S
+                    || seg.text.len() + 1 + word.word.len() > MAX_SEGMENT_CHARS
+                    || (ends_sentence(&seg.text) && seg.end - seg.start > 2.0)
+            }
+        };
+        if start_new {
+            segments.push(Segment {
+                start: word.start,
+                end: word.end,
+                speaker: word.speaker.clone(),
+                text: word.word.clone(),
+                words: vec![word],
+            });
+        } else if let Some(seg) = segments.last_mut() {
+            seg.end = seg.end.max(word.end);
+            seg.text.push(' ');
+            seg.text.push_str(&word.word);
+            seg.words.push(word);
+        }
+    }
+    segments
+}
+
+fn ends_sentence(text: &str) -> bool {
+    text.ends_with(['.', '?', '!'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(word: &str, start: f64, end: f64) -> Value {
+        json!({"word": word, "start": start, "end": end, "probability": 0.9})
+    }
+
+    #[test]
+    fn words_get_speakers_by_overlap_and_split_at_changes() {
+        let stages = json!({
+            "diarizer": {"turns": [
+                {"start": 0.0, "end": 2.1, "speaker": "SPEAKER_00"},
+                {"start": 2.3, "end": 4.0, "speaker": "SPEAKER_01"}
+            ]},
+            "asr": {"language": "en", "segments": [
+                {"start": 0.0, "end": 4.0, "text": "hello there general kenobi",
+                 "words": [w("Hello", 0.1, 0.5), w("there.", 0.6, 2.2), w("General", 2.4, 3.0), w("Kenobi", 3.1, 4.5)]}
+            ]}
+        });
+        let out = build(stages.as_object().unwrap()).unwrap();
+        let segs: Vec<Segment> = serde_json::from_value(out["segments"].clone()).unwrap();
+        assert_eq!(segs.len(), 2);
+        assert_eq!(segs[0].text, "Hello there.");
+        assert_eq!(segs[0].speaker.as_deref(), Some("SPEAKER_00"));
+        assert_eq!(segs[1].text, "General Kenobi");
+        assert_eq!(segs[1].words[1].speaker.as_deref(), Some("SPEAKER_01"), "past the last turn: nearest");
+        assert_eq!(out["speakers"], json!(["SPEAKER_00", "SPEAKER_01"]));
+        assert_eq!(out["language"], "en");
+    }
+
+    #[test]
+    fn aligner_words_win_and_long_pauses_split() {
+        let stages = json!({
+            "asr": {"segments": [{"words": [w("a", 0.0, 0.2), w("b", 0.3, 0.5)]}]},
+            "aligner": {"segments": [{"words": [
+                {"word": "a", "start": 0.05, "end": 0.15, "score": 0.8},
+                {"word": "b", "start": 1.5, "end": 1.7, "score": 0.7}
+            ]}]}
+        });
+        let out = build(stages.as_object().unwrap()).unwrap();
+        let segs: Vec<Segment> = serde_json::from_value(out["segments"].clone()).unwrap();
+        assert_eq!(segs.len(), 2);
+        assert_eq!(segs[0].words[0].start, 0.05);
+        assert_eq!(segs[1].words[0].score, 0.7);
+        assert!(segs[0].speaker.is_none());
+    }
+
+    #[test]
+    fn no_asr_no_transcript() {
+        assert!(build(json!({"w": {}}).as_object().unwrap()).is_none());
+    }
+}

@@ -1,0 +1,82 @@
+"""Starts a real `gpuhost serve` with the three speech workers and talks to it over HTTP (stdlib),
+for the end-to-end tests and the quality benchmark."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import make_eval_set  # noqa: E402
+
+
+def binary():
+    path = os.environ.get("GPUHOST_BIN") or str(REPO / "target/release/gpuhost")
+    if not Path(path).exists():
+        raise SystemExit(f"{path} is missing: cargo build --release (or set GPUHOST_BIN)")
+    return path
+
+
+def eval_set(out=None):
+    out = Path(out or REPO / "target/speech-eval")
+    if not (out / "interview_phone.json").exists():
+        make_eval_set.main(str(out))
+    names = sorted(p.stem for p in out.glob("*.json"))
+    return out, names
+
+
+class Server:
+    def __init__(self, mode="resident", token="e2e-token"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url, self.token = f"http://127.0.0.1:{self.port}", token
+        self.dir = tempfile.TemporaryDirectory()
+        config = Path(self.dir.name) / "gpuhost.toml"
+        workers = "".join(f'[workers.{w}]\nmode = "{mode}"\n' for w in ("diarizer", "asr", "aligner"))
+        config.write_text(f'listen = "127.0.0.1:{self.port}"\ntoken = "{token}"\nworkers_dir = "{REPO / "workers"}"\n'
+                          f'[setup]\nsdk_dir = "{REPO / "protocol/sdk"}"\n{workers}')
+        self.log = open(Path(self.dir.name) / "log", "w+")
+        self.proc = subprocess.Popen([binary(), "serve", "--config", str(config)], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=dict(os.environ, GPUHOST_LOG="info"))
+        self.wait_ready(mode)
+
+    def wait_ready(self, mode, timeout=300):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"gpuhost exited: {self.log.read()[-3000:]}")
+            try:
+                health = json.load(urllib.request.urlopen(f"{self.url}/health", timeout=2))
+                if mode == "oneshot" or health["workers"]["ready"] == 3:
+                    return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("workers did not become ready")
+
+    def request(self, path, data=None, headers=None):
+        req = urllib.request.Request(f"{self.url}{path}", data=data,
+                                     headers={"Authorization": f"Bearer {self.token}", **(headers or {})})
+        return urllib.request.urlopen(req, timeout=600)
+
+    def transcribe(self, wav, query=""):
+        """(events, wall seconds) of POST /transcribe with the file's bytes."""
+        started = time.time()
+        with self.request(f"/transcribe{query}", Path(wav).read_bytes()) as r:
+            events = [json.loads(line) for line in r]
+        return events, time.time() - started
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+        self.dir.cleanup()

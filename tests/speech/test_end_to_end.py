@@ -1,0 +1,114 @@
+"""End to end through HTTP on synthesized speech with exact ground truth (make_eval_set.py):
+wideband and telephone recordings of 2–3 speakers, through the three real workers."""
+import json
+from pathlib import Path
+
+import pytest
+
+import harness
+import metrics
+
+# Bounds the default CPU engines must hold on this evaluation set (measured values in docs/benchmarks.md).
+WER_WIDE, WER_PHONE = 0.15, 0.30
+DER_MAX = 0.05
+BOUNDARY_MS_MAX = 80
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = harness.Server()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def recordings():
+    return harness.eval_set()
+
+
+@pytest.fixture(scope="module")
+def results(server, recordings):
+    folder, names = recordings
+    out = {}
+    for name in names:
+        events, _ = server.transcribe(folder / f"{name}.wav")
+        out[name] = events
+    return out
+
+
+def final(events):
+    assert events[-1]["type"] == "result", events[-1]
+    return events[-1]["result"]
+
+
+def test_every_recording_meets_the_bounds(recordings, results):
+    folder, names = recordings
+    report = {}
+    for name in names:
+        truth = json.loads((folder / f"{name}.json").read_text())
+        m = metrics.evaluate(truth, final(results[name]))
+        report[name] = m
+        assert m["wer"] <= (WER_PHONE if truth.get("narrowband") else WER_WIDE), (name, m)
+        assert m["der"] <= DER_MAX, (name, m)
+        assert m["speakers_found"] == m["speakers_true"], (name, m)
+        assert m["boundary_ms"] <= BOUNDARY_MS_MAX, (name, m)
+        assert m["speaker_words"] >= 0.9, (name, m)
+    print(json.dumps(report, indent=1))
+
+
+def test_stream_carries_stages_progress_and_partial_text(results):
+    events = results["meeting"]
+    stages = [(e["stage"], e["status"]) for e in events if e["type"] == "stage"]
+    assert stages == [("diarizer", "started"), ("diarizer", "done"), ("asr", "started"), ("asr", "done"),
+                      ("aligner", "started"), ("aligner", "done")]
+    partial = [e for e in events if e["type"] == "progress" and e["stage"] == "asr" and e.get("partial")]
+    assert partial and "morning" in partial[0]["partial"]["text"].lower()
+    result = final(events)
+    assert set(result["timings"]) == {"diarizer", "asr", "aligner"}
+    assert result["language"] == "en" and result["duration"] > 40
+    word = result["segments"][0]["words"][0]
+    assert {"word", "start", "end", "score", "speaker"} <= word.keys()
+
+
+@pytest.mark.parametrize("fmt,check", [
+    ("srt", lambda t: t.startswith("1\n00:00:0") and "[SPEAKER_00]" in t),
+    ("vtt", lambda t: t.startswith("WEBVTT\n\n") and "<v SPEAKER_01>" in t),
+    ("txt", lambda t: t.startswith("SPEAKER_00: ") and "help desk" in t.lower()),
+    ("rttm", lambda t: t.startswith("SPEAKER audio 1 ") and "SPEAKER_01" in t),
+    ("json", lambda t: json.loads(t)["speakers"] == ["SPEAKER_00", "SPEAKER_01"]),
+])
+def test_formats(server, recordings, fmt, check):
+    folder, _ = recordings
+    with server.request(f"/transcribe?format={fmt}", (folder / "support_call.wav").read_bytes()) as r:
+        text = r.read().decode()
+    assert check(text), text[:400]
+
+
+def test_num_speakers_is_honoured(server, recordings):
+    folder, _ = recordings
+    events, _ = server.transcribe(folder / "meeting.wav", "?num_speakers=2&stages=diarizer,asr")
+    assert final(events)["speakers"] == ["SPEAKER_00", "SPEAKER_01"]
+
+
+def test_openai_client_works_unchanged(server, recordings):
+    import openai
+
+    folder, _ = recordings
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.token)
+    with open(folder / "support_call.wav", "rb") as f:
+        verbose = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
+                                                     timestamp_granularities=["word", "segment"])
+    assert "help desk" in verbose.text.lower()
+    assert verbose.language == "english" and verbose.duration > 20
+    assert verbose.words and verbose.words[0].end > verbose.words[0].start
+    speakers = {s.model_extra.get("speaker") if hasattr(s, "model_extra") else s["speaker"] for s in verbose.segments}
+    assert speakers == {"SPEAKER_00", "SPEAKER_01"}
+    with open(folder / "support_call.wav", "rb") as f:
+        text = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="text")
+    assert "technician" in str(text).lower()
+    with open(folder / "support_call.wav", "rb") as f:
+        plain = client.audio.transcriptions.create(model="whisper-1", file=f)
+    assert "router" in plain.text.lower()
+    bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong")
+    with open(folder / "support_call.wav", "rb") as f, pytest.raises(openai.AuthenticationError):
+        bad.audio.transcriptions.create(model="whisper-1", file=f)
