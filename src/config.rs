@@ -242,7 +242,11 @@ pub struct SetupConfig {
 
 impl Default for SetupConfig {
     fn default() -> Self {
-        SetupConfig { python: "python3".into(), sdk_dir: PathBuf::from("protocol/sdk"), timeout_s: 1800.0 }
+        SetupConfig {
+            python: "python3".into(),
+            sdk_dir: PathBuf::from("protocol/sdk"),
+            timeout_s: 1800.0,
+        }
     }
 }
 

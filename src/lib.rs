@@ -78,7 +78,10 @@ impl App {
     /// The final result of a job: the merged transcript when the pipeline has an ASR stage (the
     /// raw stage results otherwise), plus timings and what the host knows of the audio.
     pub fn finish_result(&self, mut result: Value, job: &PreparedJob) -> Value {
-        let transcript = result.get("stages").and_then(Value::as_object).and_then(transcript::build);
+        let transcript = result
+            .get("stages")
+            .and_then(Value::as_object)
+            .and_then(transcript::build);
         if let Some(mut transcript) = transcript {
             transcript["duration"] = result["duration"].take();
             transcript["timings"] = result["timings"].take();

@@ -40,7 +40,11 @@ pub fn render(result: &Value, format: Format) -> String {
 }
 
 fn segments(result: &Value) -> Vec<Value> {
-    result.get("segments").and_then(Value::as_array).cloned().unwrap_or_default()
+    result
+        .get("segments")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn f(v: &Value, key: &str) -> f64 {
@@ -54,7 +58,9 @@ fn s<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 fn text(result: &Value) -> String {
     if result.get("segments").is_none() {
         // No transcript: show each stage's result.
-        return serde_json::to_string_pretty(result.get("stages").unwrap_or(result)).unwrap_or_default() + "\n";
+        return serde_json::to_string_pretty(result.get("stages").unwrap_or(result))
+            .unwrap_or_default()
+            + "\n";
     }
     let mut out = String::new();
     let mut last_speaker = None;
@@ -86,7 +92,10 @@ fn timestamp(seconds: f64, vtt: bool) -> String {
 fn cues(result: &Value, vtt: bool) -> String {
     let mut out = String::from(if vtt { "WEBVTT\n\n" } else { "" });
     for (i, seg) in segments(result).iter().enumerate() {
-        let (start, end) = (timestamp(f(seg, "start"), vtt), timestamp(f(seg, "end"), vtt));
+        let (start, end) = (
+            timestamp(f(seg, "start"), vtt),
+            timestamp(f(seg, "end"), vtt),
+        );
         let text = s(seg, "text").unwrap_or("").trim();
         let speaker = s(seg, "speaker");
         if vtt {
@@ -115,7 +124,11 @@ fn rttm(result: &Value) -> String {
     for t in turns {
         let (start, end) = (f(&t, "start"), f(&t, "end"));
         let speaker = s(&t, "speaker").unwrap_or("SPEAKER_00");
-        let _ = writeln!(out, "SPEAKER audio 1 {start:.3} {:.3} <NA> <NA> {speaker} <NA> <NA>", end - start);
+        let _ = writeln!(
+            out,
+            "SPEAKER audio 1 {start:.3} {:.3} <NA> <NA> {speaker} <NA> <NA>",
+            end - start
+        );
     }
     out
 }
@@ -138,14 +151,27 @@ mod tests {
     #[test]
     fn srt_and_vtt_cues() {
         let srt = render(&sample(), Format::Srt);
-        assert!(srt.starts_with("1\n00:00:00,500 --> 00:00:02,250\n[SPEAKER_00] Hello there.\n\n2\n01:01:01,000"), "{srt}");
+        assert!(
+            srt.starts_with(
+                "1\n00:00:00,500 --> 00:00:02,250\n[SPEAKER_00] Hello there.\n\n2\n01:01:01,000"
+            ),
+            "{srt}"
+        );
         let vtt = render(&sample(), Format::Vtt);
-        assert!(vtt.starts_with("WEBVTT\n\n00:00:00.500 --> 00:00:02.250\n<v SPEAKER_00>Hello there.\n"), "{vtt}");
+        assert!(
+            vtt.starts_with(
+                "WEBVTT\n\n00:00:00.500 --> 00:00:02.250\n<v SPEAKER_00>Hello there.\n"
+            ),
+            "{vtt}"
+        );
     }
 
     #[test]
     fn txt_and_rttm() {
-        assert_eq!(render(&sample(), Format::Txt), "SPEAKER_00: Hello there.\nSPEAKER_01: Hi.\n");
+        assert_eq!(
+            render(&sample(), Format::Txt),
+            "SPEAKER_00: Hello there.\nSPEAKER_01: Hi.\n"
+        );
         assert_eq!(
             render(&sample(), Format::Rttm),
             "SPEAKER audio 1 0.400 1.900 <NA> <NA> SPEAKER_00 <NA> <NA>\n"

@@ -18,7 +18,11 @@ pub enum SetupError {
     #[error("no worker `{0}` in the config")]
     UnknownWorker(String),
     #[error("worker `{worker}`: {step} failed: {detail}")]
-    Step { worker: String, step: String, detail: String },
+    Step {
+        worker: String,
+        step: String,
+        detail: String,
+    },
     #[error("worker `{worker}`: {problem}; run `gpuhost setup {worker}`")]
     Stale { worker: String, problem: String },
 }
@@ -36,7 +40,9 @@ struct State {
 #[derive(Debug, PartialEq)]
 pub enum Outcome {
     UpToDate,
-    Built { seconds: f64 },
+    Built {
+        seconds: f64,
+    },
     /// Not a package in `workers_dir` (a custom `command`): nothing to set up.
     NotManaged,
 }
@@ -62,13 +68,24 @@ struct Package {
 
 impl Package {
     fn of(config: &Config, name: &str) -> Result<Option<Package>, SetupError> {
-        let w = config.workers.get(name).ok_or_else(|| SetupError::UnknownWorker(name.into()))?;
+        let w = config
+            .workers
+            .get(name)
+            .ok_or_else(|| SetupError::UnknownWorker(name.into()))?;
         let home = config.worker_home(name);
         if !w.command.is_empty() || !home.join("pyproject.toml").is_file() {
             return Ok(None);
         }
-        let module = w.module.clone().unwrap_or_else(|| format!("gpuhost_{name}"));
-        Ok(Some(Package { name: name.into(), home, sdk: config.resolve(&config.setup.sdk_dir), module }))
+        let module = w
+            .module
+            .clone()
+            .unwrap_or_else(|| format!("gpuhost_{name}"));
+        Ok(Some(Package {
+            name: name.into(),
+            home,
+            sdk: config.resolve(&config.setup.sdk_dir),
+            module,
+        }))
     }
 
     fn venv(&self) -> PathBuf {
@@ -81,7 +98,10 @@ impl Package {
 
     fn inputs(&self) -> String {
         let read = |p: &Path| std::fs::read(p).unwrap_or_default();
-        fingerprint(&[&read(&self.home.join("pyproject.toml")), &read(&self.sdk.join("pyproject.toml"))])
+        fingerprint(&[
+            &read(&self.home.join("pyproject.toml")),
+            &read(&self.sdk.join("pyproject.toml")),
+        ])
     }
 
     fn state(&self) -> Option<State> {
@@ -89,14 +109,33 @@ impl Package {
     }
 
     fn step_error(&self, step: &str, detail: String) -> SetupError {
-        SetupError::Step { worker: self.name.clone(), step: step.into(), detail }
+        SetupError::Step {
+            worker: self.name.clone(),
+            step: step.into(),
+            detail,
+        }
     }
 
-    async fn run(&self, step: &str, program: &Path, args: &[String], timeout: Duration) -> Result<Vec<u8>, SetupError> {
-        let out = run_captured(program, args, timeout).await.map_err(|e| self.step_error(step, e.to_string()))?;
+    async fn run(
+        &self,
+        step: &str,
+        program: &Path,
+        args: &[String],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, SetupError> {
+        let out = run_captured(program, args, timeout)
+            .await
+            .map_err(|e| self.step_error(step, e.to_string()))?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
-            let tail: Vec<&str> = stderr.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect();
+            let tail: Vec<&str> = stderr
+                .lines()
+                .rev()
+                .take(12)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
             return Err(self.step_error(step, tail.join("\n")));
         }
         Ok(out.stdout)
@@ -108,21 +147,43 @@ impl Package {
             "import importlib, gpuhost_worker, {m}\nfor name in getattr({m}, 'REQUIRES', []): importlib.import_module(name)",
             m = self.module
         );
-        self.run("import self-test", &self.python(), &["-c".into(), code], Duration::from_secs(120)).await.map(|_| ())
+        self.run(
+            "import self-test",
+            &self.python(),
+            &["-c".into(), code],
+            Duration::from_secs(120),
+        )
+        .await
+        .map(|_| ())
     }
 }
 
 /// Builds or refreshes the venvs of `names` (all managed workers when empty).
-pub async fn setup(config: &Config, names: &[String], force: bool, say: &dyn Fn(&str)) -> Result<Vec<(String, Outcome)>, SetupError> {
-    let names: Vec<String> = if names.is_empty() { config.workers.keys().cloned().collect() } else { names.to_vec() };
+pub async fn setup(
+    config: &Config,
+    names: &[String],
+    force: bool,
+    say: &dyn Fn(&str),
+) -> Result<Vec<(String, Outcome)>, SetupError> {
+    let names: Vec<String> = if names.is_empty() {
+        config.workers.keys().cloned().collect()
+    } else {
+        names.to_vec()
+    };
     let mut done = Vec::new();
     for name in names {
         let Some(pkg) = Package::of(config, &name)? else {
-            say(&format!("[{name}] not a package in {} (custom command): skipped", config.workers_dir.display()));
+            say(&format!(
+                "[{name}] not a package in {} (custom command): skipped",
+                config.workers_dir.display()
+            ));
             done.push((name, Outcome::NotManaged));
             continue;
         };
-        if !force && pkg.state().is_some_and(|s| s.inputs == pkg.inputs()) && pkg.self_test().await.is_ok() {
+        if !force
+            && pkg.state().is_some_and(|s| s.inputs == pkg.inputs())
+            && pkg.self_test().await.is_ok()
+        {
             say(&format!("[{name}] up to date"));
             done.push((name, Outcome::UpToDate));
             continue;
@@ -140,43 +201,98 @@ async fn build(config: &Config, pkg: &Package, say: &dyn Fn(&str)) -> Result<(),
     let timeout = Duration::from_secs_f64(config.setup.timeout_s);
     let venv = pkg.venv().display().to_string();
     let _ = std::fs::remove_file(pkg.venv().join(STATE_FILE));
-    let (sdk, home) = (pkg.sdk.display().to_string(), format!("{}[test]", pkg.home.display()));
+    let (sdk, home) = (
+        pkg.sdk.display().to_string(),
+        format!("{}[test]", pkg.home.display()),
+    );
     let installer = match find_program("uv") {
         Some(uv) => {
             say(&format!("[{}] creating {venv} (uv)", pkg.name));
-            pkg.run("uv venv", &uv, &["venv".into(), "--allow-existing".into(), venv.clone()], timeout).await?;
-            say(&format!("[{}] installing {} and the worker SDK (uv pip)…", pkg.name, pkg.home.display()));
+            pkg.run(
+                "uv venv",
+                &uv,
+                &["venv".into(), "--allow-existing".into(), venv.clone()],
+                timeout,
+            )
+            .await?;
+            say(&format!(
+                "[{}] installing {} and the worker SDK (uv pip)…",
+                pkg.name,
+                pkg.home.display()
+            ));
             let python = pkg.python().display().to_string();
-            let args = ["pip", "install", "--python", &python, "-e", &sdk, "-e", &home].map(String::from);
+            let args = [
+                "pip", "install", "--python", &python, "-e", &sdk, "-e", &home,
+            ]
+            .map(String::from);
             pkg.run("uv pip install", &uv, &args, timeout).await?;
             "uv"
         }
         None => {
-            let python = find_program(&config.setup.python)
-                .ok_or_else(|| pkg.step_error("venv", format!("{} not found", config.setup.python)))?;
-            say(&format!("[{}] creating {venv} ({})", pkg.name, python.display()));
-            pkg.run("python -m venv", &python, &["-m".into(), "venv".into(), venv.clone()], timeout).await?;
-            say(&format!("[{}] installing {} and the worker SDK (pip; first time takes minutes)…", pkg.name, pkg.home.display()));
-            let args = ["-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", &sdk, "-e", &home].map(String::from);
-            pkg.run("pip install", &pkg.python(), &args, timeout).await?;
+            let python = find_program(&config.setup.python).ok_or_else(|| {
+                pkg.step_error("venv", format!("{} not found", config.setup.python))
+            })?;
+            say(&format!(
+                "[{}] creating {venv} ({})",
+                pkg.name,
+                python.display()
+            ));
+            pkg.run(
+                "python -m venv",
+                &python,
+                &["-m".into(), "venv".into(), venv.clone()],
+                timeout,
+            )
+            .await?;
+            say(&format!(
+                "[{}] installing {} and the worker SDK (pip; first time takes minutes)…",
+                pkg.name,
+                pkg.home.display()
+            ));
+            let args = [
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "-e",
+                &sdk,
+                "-e",
+                &home,
+            ]
+            .map(String::from);
+            pkg.run("pip install", &pkg.python(), &args, timeout)
+                .await?;
             "pip"
         }
     };
     say(&format!("[{}] checking imports…", pkg.name));
     pkg.self_test().await?;
     let freeze = pkg
-        .run("pip freeze", &pkg.python(), &["-m".into(), "pip".into(), "freeze".into()], timeout)
+        .run(
+            "pip freeze",
+            &pkg.python(),
+            &["-m".into(), "pip".into(), "freeze".into()],
+            timeout,
+        )
         .await
         .unwrap_or_default();
-    let state = State { inputs: pkg.inputs(), resolved: fingerprint(&[&freeze]), installer: installer.into() };
+    let state = State {
+        inputs: pkg.inputs(),
+        resolved: fingerprint(&[&freeze]),
+        installer: installer.into(),
+    };
     let json = serde_json::to_vec_pretty(&state).expect("state serializes");
-    std::fs::write(pkg.venv().join(STATE_FILE), json).map_err(|e| pkg.step_error("write state", e.to_string()))
+    std::fs::write(pkg.venv().join(STATE_FILE), json)
+        .map_err(|e| pkg.step_error("write state", e.to_string()))
 }
 
 /// Before serving: builds venvs that do not exist yet, refuses stale or broken ones.
 pub async fn ensure(config: &Config, say: &dyn Fn(&str)) -> Result<(), SetupError> {
     for name in config.workers.keys() {
-        let Some(pkg) = Package::of(config, name)? else { continue };
+        let Some(pkg) = Package::of(config, name)? else {
+            continue;
+        };
         if !pkg.venv().exists() {
             say(&format!("[{name}] no venv yet: running setup"));
             setup(config, std::slice::from_ref(name), false, say).await?;
@@ -186,19 +302,25 @@ pub async fn ensure(config: &Config, say: &dyn Fn(&str)) -> Result<(), SetupErro
             None => {
                 return Err(SetupError::Stale {
                     worker: name.clone(),
-                    problem: format!("{} exists but was not completed by `gpuhost setup` (broken?)", pkg.venv().display()),
+                    problem: format!(
+                        "{} exists but was not completed by `gpuhost setup` (broken?)",
+                        pkg.venv().display()
+                    ),
                 })
             }
-            Some(state) if state.inputs != pkg.inputs() => {
-                return Err(SetupError::Stale {
-                    worker: name.clone(),
-                    problem: "its venv is stale: pyproject.toml (or the SDK's) changed since the last setup".into(),
-                })
-            }
+            Some(state) if state.inputs != pkg.inputs() => return Err(SetupError::Stale {
+                worker: name.clone(),
+                problem:
+                    "its venv is stale: pyproject.toml (or the SDK's) changed since the last setup"
+                        .into(),
+            }),
             Some(_) => {}
         }
         if let Err(e) = pkg.self_test().await {
-            return Err(SetupError::Stale { worker: name.clone(), problem: format!("its venv is broken ({e})") });
+            return Err(SetupError::Stale {
+                worker: name.clone(),
+                problem: format!("its venv is broken ({e})"),
+            });
         }
     }
     Ok(())

@@ -44,14 +44,21 @@ pub fn build(stages: &Map<String, Value>) -> Option<Value> {
         .and_then(|d| d.get("turns"))
         .and_then(|t| serde_json::from_value(t.clone()).ok())
         .unwrap_or_default();
-    let source = stages.get("aligner").filter(|a| a.get("segments").is_some()).unwrap_or(asr);
+    let source = stages
+        .get("aligner")
+        .filter(|a| a.get("segments").is_some())
+        .unwrap_or(asr);
     let mut words = words_of(source);
     for w in &mut words {
         w.speaker = speaker_for(w, &turns);
     }
     let segments = group(words);
     let mut speakers: Vec<String> = Vec::new();
-    for s in segments.iter().filter_map(|s| s.speaker.clone()).chain(turns.iter().map(|t| t.speaker.clone())) {
+    for s in segments
+        .iter()
+        .filter_map(|s| s.speaker.clone())
+        .chain(turns.iter().map(|t| t.speaker.clone()))
+    {
         if !speakers.contains(&s) {
             speakers.push(s);
         }
@@ -71,17 +78,36 @@ fn number(v: &Value, key: &str) -> Option<f64> {
 
 /// Every word of a stage result shaped like `{segments: [{words: [...]}]}`.
 fn words_of(result: &Value) -> Vec<Word> {
-    let segments = result.get("segments").and_then(Value::as_array).cloned().unwrap_or_default();
+    let segments = result
+        .get("segments")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let mut out = Vec::new();
     for seg in &segments {
-        for w in seg.get("words").and_then(Value::as_array).into_iter().flatten() {
-            let (Some(start), Some(end)) = (number(w, "start"), number(w, "end")) else { continue };
+        for w in seg
+            .get("words")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let (Some(start), Some(end)) = (number(w, "start"), number(w, "end")) else {
+                continue;
+            };
             let text = w.get("word").and_then(Value::as_str).unwrap_or("").trim();
             if text.is_empty() {
                 continue;
             }
-            let score = number(w, "score").or_else(|| number(w, "probability")).unwrap_or(0.0);
-            out.push(Word { word: text.to_string(), start, end: end.max(start), score, speaker: None });
+            let score = number(w, "score")
+                .or_else(|| number(w, "probability"))
+                .unwrap_or(0.0);
+            out.push(Word {
+                word: text.to_string(),
+                start,
+                end: end.max(start),
+                score,
+                speaker: None,
+            });
         }
     }
     out.sort_by(|a, b| a.start.total_cmp(&b.start));
@@ -91,13 +117,24 @@ fn words_of(result: &Value) -> Vec<Word> {
 /// The turn overlapping the word most; when none overlaps, the nearest one.
 fn speaker_for(word: &Word, turns: &[Turn]) -> Option<String> {
     let overlap = |t: &Turn| (word.end.min(t.end) - word.start.max(t.start)).max(0.0);
-    let best = turns.iter().max_by(|a, b| overlap(a).total_cmp(&overlap(b)))?;
+    let best = turns
+        .iter()
+        .max_by(|a, b| overlap(a).total_cmp(&overlap(b)))?;
     if overlap(best) > 0.0 {
         return Some(best.speaker.clone());
     }
     let mid = (word.start + word.end) / 2.0;
-    let distance = |t: &Turn| if mid < t.start { t.start - mid } else { (mid - t.end).max(0.0) };
-    turns.iter().min_by(|a, b| distance(a).total_cmp(&distance(b))).map(|t| t.speaker.clone())
+    let distance = |t: &Turn| {
+        if mid < t.start {
+            t.start - mid
+        } else {
+            (mid - t.end).max(0.0)
+        }
+    };
+    turns
+        .iter()
+        .min_by(|a, b| distance(a).total_cmp(&distance(b)))
+        .map(|t| t.speaker.clone())
 }
 
 fn group(words: Vec<Word>) -> Vec<Segment> {
@@ -161,7 +198,11 @@ mod tests {
         assert_eq!(segs[0].text, "Hello there.");
         assert_eq!(segs[0].speaker.as_deref(), Some("SPEAKER_00"));
         assert_eq!(segs[1].text, "General Kenobi");
-        assert_eq!(segs[1].words[1].speaker.as_deref(), Some("SPEAKER_01"), "past the last turn: nearest");
+        assert_eq!(
+            segs[1].words[1].speaker.as_deref(),
+            Some("SPEAKER_01"),
+            "past the last turn: nearest"
+        );
         assert_eq!(out["speakers"], json!(["SPEAKER_00", "SPEAKER_01"]));
         assert_eq!(out["language"], "en");
     }

@@ -10,14 +10,24 @@ fn repo() -> PathBuf {
 }
 
 fn run(what: &str, cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     // The summary line of each pytest run shows up in `cargo test`'s output.
-    if let Some(summary) = stdout.lines().rev().find(|l| l.contains(" passed") || l.contains(" failed")) {
+    if let Some(summary) = stdout
+        .lines()
+        .rev()
+        .find(|l| l.contains(" passed") || l.contains(" failed"))
+    {
         eprintln!("{what}: {summary}");
     }
-    assert!(out.status.success(), "{what} failed ({})\n--- stdout\n{stdout}\n--- stderr\n{stderr}", out.status);
+    assert!(
+        out.status.success(),
+        "{what} failed ({})\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
 }
 
 /// A venv with `packages` at `dir/.venv`, made once.
@@ -26,8 +36,19 @@ fn venv(dir: &Path, packages: &[&str]) -> PathBuf {
     let marker = dir.join(".venv/.gpuhost-test-ready");
     let wanted = packages.join(" ");
     if std::fs::read_to_string(&marker).ok().as_deref() != Some(wanted.as_str()) {
-        run("python3 -m venv", Command::new("python3").args(["-m", "venv"]).arg(dir.join(".venv")));
-        run("pip install", Command::new(&python).args(["-m", "pip", "install", "-q", "--disable-pip-version-check"]).args(packages).current_dir(dir));
+        run(
+            "python3 -m venv",
+            Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(dir.join(".venv")),
+        );
+        run(
+            "pip install",
+            Command::new(&python)
+                .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+                .args(packages)
+                .current_dir(dir),
+        );
         std::fs::write(&marker, wanted).unwrap();
     }
     python
@@ -38,11 +59,19 @@ fn python_suites() {
     // 1. The worker SDK in its own venv.
     let sdk = repo().join("protocol/sdk");
     let python = venv(&sdk, &["-e", ".[test]"]);
-    run("SDK pytest", Command::new(&python).args(["-m", "pytest", "-q", "tests"]).current_dir(&sdk));
+    run(
+        "SDK pytest",
+        Command::new(&python)
+            .args(["-m", "pytest", "-q", "tests"])
+            .current_dir(&sdk),
+    );
 
     // 2. Every worker package, in the venv `gpuhost setup` builds (idempotent).
     let gpuhost = env!("CARGO_BIN_EXE_gpuhost");
-    run("gpuhost setup", Command::new(gpuhost).arg("setup").current_dir(repo()));
+    run(
+        "gpuhost setup",
+        Command::new(gpuhost).arg("setup").current_dir(repo()),
+    );
     let mut workers: Vec<PathBuf> = std::fs::read_dir(repo().join("workers"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -54,7 +83,9 @@ fn python_suites() {
         let name = dir.file_name().unwrap().to_string_lossy().to_string();
         run(
             &format!("{name} pytest"),
-            Command::new(dir.join(".venv/bin/python")).args(["-m", "pytest", "-q", "tests"]).current_dir(dir),
+            Command::new(dir.join(".venv/bin/python"))
+                .args(["-m", "pytest", "-q", "tests"])
+                .current_dir(dir),
         );
     }
 
@@ -63,6 +94,9 @@ fn python_suites() {
     let python = venv(&speech, &["pytest>=7", "openai>=1.40"]);
     run(
         "speech end-to-end pytest",
-        Command::new(&python).args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "."]).env("GPUHOST_BIN", gpuhost).current_dir(&speech),
+        Command::new(&python)
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "."])
+            .env("GPUHOST_BIN", gpuhost)
+            .current_dir(&speech),
     );
 }

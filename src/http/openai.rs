@@ -28,7 +28,11 @@ impl From<ApiError> for OpenAiError {
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        let kind = if self.0.status.is_client_error() { "invalid_request_error" } else { "server_error" };
+        let kind = if self.0.status.is_client_error() {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
         let body = json!({"error": {"message": self.0.message, "type": kind, "param": null, "code": self.0.code}});
         (self.0.status, Json(body)).into_response()
     }
@@ -43,8 +47,12 @@ struct Form {
     granularities: Vec<String>,
 }
 
-pub async fn transcriptions(State(app): State<AppState>, request: Request) -> Result<Response, OpenAiError> {
-    let dir = job::job_dir().map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
+pub async fn transcriptions(
+    State(app): State<AppState>,
+    request: Request,
+) -> Result<Response, OpenAiError> {
+    let dir = job::job_dir()
+        .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
     let form = read_form(request, dir.path(), app.config.limits.max_upload_bytes).await?;
     let format = form.response_format.as_deref().unwrap_or("json");
     if !["json", "text", "srt", "verbose_json", "vtt"].contains(&format) {
@@ -53,30 +61,52 @@ pub async fn transcriptions(State(app): State<AppState>, request: Request) -> Re
         ))
         .into());
     }
-    let file = form.file.ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing"))?;
+    let file = form
+        .file
+        .ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing"))?;
     let options = JobOptions {
         language: form.language.filter(|l| !l.is_empty()),
         prompt: form.prompt.filter(|p| !p.is_empty()),
         ..JobOptions::default()
     };
     let stages = app.config.pipeline.stages.clone();
-    let prepared = PreparedJob::from_upload(&app.config, dir, file, options, stages).await.map_err(ApiError::from)?;
+    let prepared = PreparedJob::from_upload(&app.config, dir, file, options, stages)
+        .await
+        .map_err(ApiError::from)?;
     let duration = prepared.info.seconds;
     let result = final_result(start_job(app, prepared)).await?;
-    let text = result.get("text").and_then(Value::as_str).unwrap_or("").to_string();
+    let text = result
+        .get("text")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
     Ok(match format {
-        "text" => ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text + "\n").into_response(),
-        "srt" => ([(header::CONTENT_TYPE, Format::Srt.content_type())], render(&result, Format::Srt)).into_response(),
-        "vtt" => ([(header::CONTENT_TYPE, Format::Vtt.content_type())], render(&result, Format::Vtt)).into_response(),
-        "verbose_json" => Json(verbose(&result, duration, &form.granularities, text)).into_response(),
+        "text" => (
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            text + "\n",
+        )
+            .into_response(),
+        "srt" => (
+            [(header::CONTENT_TYPE, Format::Srt.content_type())],
+            render(&result, Format::Srt),
+        )
+            .into_response(),
+        "vtt" => (
+            [(header::CONTENT_TYPE, Format::Vtt.content_type())],
+            render(&result, Format::Vtt),
+        )
+            .into_response(),
+        "verbose_json" => {
+            Json(verbose(&result, duration, &form.granularities, text)).into_response()
+        }
         _ => Json(json!({ "text": text })).into_response(),
     })
 }
 
 async fn read_form(request: Request, dir: &std::path::Path, limit: u64) -> Result<Form, ApiError> {
-    let mut multipart = Multipart::from_request(request, &())
-        .await
-        .map_err(|e| ApiError::bad_request(format!("send multipart/form-data: {}", e.body_text())))?;
+    let mut multipart = Multipart::from_request(request, &()).await.map_err(|e| {
+        ApiError::bad_request(format!("send multipart/form-data: {}", e.body_text()))
+    })?;
     let mut form = Form::default();
     while let Some(field) = multipart
         .next_field()
@@ -88,15 +118,19 @@ async fn read_form(request: Request, dir: &std::path::Path, limit: u64) -> Resul
             form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?);
             continue;
         }
-        let value = field
-            .text()
-            .await
-            .map_err(|e| ApiError::bad_request(format!("invalid multipart field `{name}`: {}", e.body_text())))?;
+        let value = field.text().await.map_err(|e| {
+            ApiError::bad_request(format!(
+                "invalid multipart field `{name}`: {}",
+                e.body_text()
+            ))
+        })?;
         match name.as_str() {
             "language" => form.language = Some(value),
             "prompt" => form.prompt = Some(value),
             "response_format" => form.response_format = Some(value),
-            "timestamp_granularities[]" | "timestamp_granularities" => form.granularities.push(value),
+            "timestamp_granularities[]" | "timestamp_granularities" => {
+                form.granularities.push(value)
+            }
             _ => {} // model, temperature, …: accepted and ignored, as clients send them
         }
     }
@@ -120,7 +154,11 @@ fn language_name(code: &str) -> &str {
 }
 
 fn verbose(result: &Value, duration: f64, granularities: &[String], text: String) -> Value {
-    let segments = result.get("segments").and_then(Value::as_array).cloned().unwrap_or_default();
+    let segments = result
+        .get("segments")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let language = result.get("language").and_then(Value::as_str).unwrap_or("");
     let mut body = json!({
         "task": "transcribe",

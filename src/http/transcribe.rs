@@ -48,13 +48,19 @@ pub async fn transcribe(
         None => Ok(ndjson_response(events)),
         Some(format) => {
             let result = final_result(events).await?;
-            Ok(([(header::CONTENT_TYPE, format.content_type())], render(&result, format)).into_response())
+            Ok((
+                [(header::CONTENT_TYPE, format.content_type())],
+                render(&result, format),
+            )
+                .into_response())
         }
     }
 }
 
 /// Waits for the final event: the result, or the job's error as an HTTP error.
-pub async fn final_result(mut events: mpsc::Receiver<ClientEvent>) -> Result<serde_json::Value, ApiError> {
+pub async fn final_result(
+    mut events: mpsc::Receiver<ClientEvent>,
+) -> Result<serde_json::Value, ApiError> {
     while let Some(event) = events.recv().await {
         match event {
             ClientEvent::Result { result } => return Ok(result),

@@ -68,9 +68,13 @@ pub async fn collect_field(
     limit: u64,
 ) -> Result<Source, ApiError> {
     let too_large = |what: &str| {
-        ApiError::too_large(format!("{what} exceeds the upload limit of {limit} bytes (limits.max_upload_bytes)"))
+        ApiError::too_large(format!(
+            "{what} exceeds the upload limit of {limit} bytes (limits.max_upload_bytes)"
+        ))
     };
-    collect(field, spill, limit).await.map_err(|e| e.into_api(&too_large))
+    collect(field, spill, limit)
+        .await
+        .map_err(|e| e.into_api(&too_large))
 }
 
 enum WriteError {

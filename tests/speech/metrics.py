@@ -5,7 +5,8 @@
   0.25 s collar around every reference turn boundary excluded, best speaker mapping.
 - Word boundary error: |start - true start| and |end - true end| of every correctly recognized word
   (matched by the WER alignment); the median is reported.
-- Speaker-attributed word accuracy: matched words whose speaker maps to the true speaker.
+- Speaker-attributed word accuracy: of the correctly recognized words, those whose speaker maps
+  to the true speaker.
 """
 import itertools
 import re
@@ -125,7 +126,7 @@ def word_timing(truth, result):
         errors += [abs(ref[i][1] - hyp[j][1]), abs(ref[i][2] - hyp[j][2])]
         correct += mapping.get(hyp[j][3]) == ref[i][3]
     median = statistics.median(errors) if errors else float("inf")
-    return median, correct / max(1, len(ref))
+    return median, correct / max(1, len(pairs))
 
 
 def evaluate(truth, result):
