@@ -489,6 +489,18 @@ mod tests {
     }
 
     #[test]
+    fn example_config_is_valid_and_matches_defaults() {
+        let text = include_str!("../gpuhost.example.toml");
+        let c = Config::from_toml(text, ".".into()).unwrap();
+        let d = Config::default();
+        assert_eq!(c.listen, d.listen);
+        assert_eq!(c.pipeline.stages, d.pipeline.stages);
+        assert_eq!(c.gpu.status.quiet_period_s, d.gpu.status.quiet_period_s);
+        assert_eq!(c.limits.max_upload_bytes, d.limits.max_upload_bytes);
+        assert_eq!(c.workers["asr"].load_timeout_s, d.workers["asr"].load_timeout_s);
+    }
+
+    #[test]
     fn non_loopback_needs_token() {
         let err = Config::from_toml("listen = \"0.0.0.0:9090\"\n", ".".into()).unwrap_err();
         assert!(err.to_string().contains("without a token"));
