@@ -497,7 +497,10 @@ mod tests {
         assert_eq!(c.pipeline.stages, d.pipeline.stages);
         assert_eq!(c.gpu.status.quiet_period_s, d.gpu.status.quiet_period_s);
         assert_eq!(c.limits.max_upload_bytes, d.limits.max_upload_bytes);
-        assert_eq!(c.workers["asr"].load_timeout_s, d.workers["asr"].load_timeout_s);
+        assert_eq!(
+            c.workers["asr"].load_timeout_s,
+            d.workers["asr"].load_timeout_s
+        );
     }
 
     #[test]

@@ -14,4 +14,5 @@ mod integration {
     mod lifecycle;
     mod queue;
     mod seed;
+    mod setup;
 }

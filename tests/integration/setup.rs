@@ -1,0 +1,105 @@
+//! `gpuhost setup` and the serve-time venv check, with a tiny SDK worker package.
+
+use std::process::Command;
+
+use super::support::*;
+
+fn package(root: &std::path::Path) {
+    let pkg = root.join("workers/tiny");
+    std::fs::create_dir_all(pkg.join("src/gpuhost_tiny")).unwrap();
+    std::fs::write(
+        pkg.join("pyproject.toml"),
+        "[build-system]\nrequires = [\"setuptools>=61\"]\nbuild-backend = \"setuptools.build_meta\"\n\
+         [project]\nname = \"gpuhost-tiny\"\nversion = \"0.1.0\"\ndependencies = []\n\
+         [project.optional-dependencies]\ntest = []\n[tool.setuptools.packages.find]\nwhere = [\"src\"]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        pkg.join("src/gpuhost_tiny/__init__.py"),
+        "REQUIRES = [\"json\"]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        pkg.join("src/gpuhost_tiny/__main__.py"),
+        "import sys\nfrom gpuhost_worker import Worker, serve\n\
+         class Tiny(Worker):\n    model = 'tiny'\n    def run(self, job, progress):\n        progress(1.0, 'done')\n        return {'seconds': job['duration']}\n\
+         sys.exit(serve(Tiny()))\n",
+    )
+    .unwrap();
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\nworkers_dir = \"workers\"\n[setup]\nsdk_dir = {:?}\n[pipeline]\nstages = [\"tiny\"]\n[workers.tiny]\n",
+        repo().join("protocol/sdk").display().to_string()
+    );
+    std::fs::write(root.join("gpuhost.toml"), config).unwrap();
+}
+
+fn gpuhost(root: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+        .args(args)
+        .arg("--config")
+        .arg(root.join("gpuhost.toml"))
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    package(&root);
+    let first = tokio::task::spawn_blocking({
+        let root = root.clone();
+        move || gpuhost(&root, &["setup"])
+    })
+    .await
+    .unwrap();
+    let log = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{log}");
+    assert!(
+        log.contains("[tiny] creating") && log.contains("[tiny] ready in"),
+        "{log}"
+    );
+    let state: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.join("workers/tiny/.venv/gpuhost-setup.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["inputs"].as_str().unwrap().len(), 16);
+    assert_eq!(state["resolved"].as_str().unwrap().len(), 16);
+
+    let again = gpuhost(&root, &["setup"]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("[tiny] up to date"));
+
+    // The SDK worker in its venv serves a real job through the host.
+    let config = gpuhost::Config::load(&root.join("gpuhost.toml"), true).unwrap();
+    gpuhost::setup::ensure(&config, &|_| {}).await.unwrap();
+    let server = gpuhost::bind(config).await.unwrap();
+    let url = format!("http://{}", server.local_addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    let response = reqwest::Client::new()
+        .post(format!("{url}/transcribe"))
+        .body(wav(0.5, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    let events = read_events(response).await;
+    assert_eq!(result_of(&events)["stages"]["tiny"]["seconds"], 0.5);
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+
+    // A changed pyproject.toml makes the venv stale: serve refuses and says how to fix it.
+    let pyproject = root.join("workers/tiny/pyproject.toml");
+    let text = std::fs::read_to_string(&pyproject)
+        .unwrap()
+        .replace("dependencies = []", "dependencies = [] # changed");
+    std::fs::write(&pyproject, text).unwrap();
+    let refused = gpuhost(&root, &["serve"]);
+    let log = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        log.contains("stale") && log.contains("run `gpuhost setup tiny`"),
+        "{log}"
+    );
+}
