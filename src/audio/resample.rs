@@ -1,17 +1,20 @@
-//! A streaming windowed-sinc resampler (mono f32): constant memory for any input length.
+//! A streaming polyphase windowed-sinc resampler (mono f32): constant memory for any input
+//! length. Integer rates have a rational ratio L/M, so the kernel is precomputed for each of the
+//! L output phases and every output sample is one dot product.
 
 use std::f64::consts::PI;
 
 /// Zero crossings of the sinc kept on each side of the centre, at the lower of the two rates.
 const ZERO_CROSSINGS: f64 = 16.0;
-/// Kernel table entries per input sample of distance (linear interpolation between them).
-const TABLE_STEPS: f64 = 512.0;
 
 pub struct Resampler {
-    /// Input samples per output sample.
-    step: f64,
-    /// Half width of the kernel, in input samples.
+    /// Output phases (L) and input step (M): output n sits at input position n·M/L.
+    up: u64,
+    down: u64,
+    /// Half width of the kernel, in input samples; each phase has `2 * half` taps.
     half: i64,
+    /// `up` rows of `2 * half` coefficients, for input offsets `-half + 1 ..= half`.
+    bank: Vec<f32>,
     buf: Vec<f32>,
     /// Absolute input index of `buf[0]`.
     buf_start: i64,
@@ -19,30 +22,43 @@ pub struct Resampler {
     next_out: u64,
     /// Input samples seen so far.
     seen: i64,
-    /// The windowed-sinc kernel sampled at `1 / TABLE_STEPS` steps of distance, from 0 to `half`.
-    table: Vec<f64>,
     /// Same rate in and out: copy.
     passthrough: bool,
 }
 
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 impl Resampler {
     pub fn new(from_hz: u32, to_hz: u32) -> Resampler {
-        let step = f64::from(from_hz) / f64::from(to_hz);
-        let cutoff = (1.0 / step).min(1.0) * 0.97;
+        let (from, to) = (u64::from(from_hz.max(1)), u64::from(to_hz.max(1)));
+        let g = gcd(from, to);
+        let (up, down) = (to / g, from / g);
+        let cutoff = (to as f64 / from as f64).min(1.0) * 0.97;
         let half = (ZERO_CROSSINGS / cutoff).ceil() as i64;
-        let entries = (half as f64 * TABLE_STEPS) as usize + 2;
-        let table = (0..entries)
-            .map(|i| kernel(i as f64 / TABLE_STEPS, cutoff, half))
-            .collect();
+        let taps = 2 * half as usize;
+        let mut bank = Vec::with_capacity(up as usize * taps);
+        for p in 0..up {
+            let frac = p as f64 / up as f64;
+            for j in (-half + 1)..=half {
+                bank.push(kernel(frac - j as f64, cutoff, half) as f32);
+            }
+        }
         Resampler {
-            step,
+            up,
+            down,
             half,
+            bank,
             buf: Vec::new(),
             buf_start: 0,
             next_out: 0,
             seen: 0,
-            table,
-            passthrough: from_hz == to_hz,
+            passthrough: from == to,
         }
     }
 
@@ -57,12 +73,12 @@ impl Resampler {
         self.drain(out, self.seen);
     }
 
-    /// Flushes the tail (as if followed by silence); the output has `ceil(n / step)` samples.
+    /// Flushes the tail (as if followed by silence); the output has `ceil(n * L / M)` samples.
     pub fn finish(&mut self, out: &mut Vec<f32>) {
         if self.passthrough {
             return;
         }
-        let total_out = (self.seen as f64 / self.step).ceil() as u64;
+        let total_out = (self.seen as u64 * self.up).div_ceil(self.down);
         let pad = vec![0.0; (self.half + 1) as usize];
         self.buf.extend_from_slice(&pad);
         let available = self.seen + pad.len() as i64;
@@ -72,43 +88,54 @@ impl Resampler {
     }
 
     fn drain(&mut self, out: &mut Vec<f32>, available: i64) {
+        let taps = 2 * self.half as usize;
         loop {
-            let t = self.next_out as f64 * self.step;
-            let centre = t.floor() as i64;
+            let pos = self.next_out * self.down;
+            let centre = (pos / self.up) as i64;
             if centre + self.half >= available {
                 break;
             }
-            let mut acc = 0.0f64;
-            for i in (centre - self.half + 1)..=(centre + self.half) {
-                let x = i - self.buf_start;
-                if x < 0 || i < 0 {
-                    continue;
-                }
-                let d = t - i as f64;
-                acc += f64::from(self.buf[x as usize]) * self.lookup(d);
-            }
-            out.push(acc as f32);
+            let row = &self.bank[(pos % self.up) as usize * taps..][..taps];
+            let first = centre - self.half + 1;
+            let value = if first >= self.buf_start {
+                let start = (first - self.buf_start) as usize;
+                dot(&self.buf[start..start + taps], row)
+            } else {
+                // The first outputs reach before the start: those inputs are silence.
+                (0..taps)
+                    .filter(|&j| first + j as i64 >= self.buf_start)
+                    .map(|j| self.buf[(first + j as i64 - self.buf_start) as usize] * row[j])
+                    .sum()
+            };
+            out.push(value);
             self.next_out += 1;
         }
-        let keep_from =
-            ((self.next_out as f64 * self.step).floor() as i64 - self.half).max(self.buf_start);
-        let drop_n = (keep_from - self.buf_start) as usize;
+        let next_centre = (self.next_out * self.down / self.up) as i64;
+        let keep_from = (next_centre - self.half + 1).max(self.buf_start);
+        let drop_n = ((keep_from - self.buf_start) as usize).min(self.buf.len());
         if drop_n > 0 {
-            self.buf.drain(..drop_n.min(self.buf.len()));
+            self.buf.drain(..drop_n);
             self.buf_start += drop_n as i64;
         }
     }
+}
 
-    /// The kernel at distance `d`, interpolated from the table.
-    fn lookup(&self, d: f64) -> f64 {
-        let pos = d.abs() * TABLE_STEPS;
-        let i = pos as usize;
-        if i + 1 >= self.table.len() {
-            return 0.0;
+/// A dot product with independent accumulators, so the compiler can vectorize it.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
         }
-        let frac = pos - i as f64;
-        self.table[i] + (self.table[i + 1] - self.table[i]) * frac
     }
+    acc.iter().sum::<f32>() + tail
 }
 
 /// Hann-windowed sinc low-pass at `cutoff` (relative to the input Nyquist), `half` samples wide.

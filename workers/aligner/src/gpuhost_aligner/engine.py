@@ -48,6 +48,8 @@ class SphinxAligner:
             config["loglevel"] = "FATAL"
             self._decoders.append(Decoder(config))
         self._rng = np.random.default_rng(0)
+        # The setting that aligned the last piece goes first: a recording's channel does not change.
+        self._preferred = 0
 
     def _ensure_words(self, tokens):
         for t in set(tokens):
@@ -61,7 +63,9 @@ class SphinxAligner:
         pad = (self._rng.standard_normal(int(PAD_S * RATE)) * noise_level).astype(np.int16)
         padded = np.concatenate([pad, audio, pad]).tobytes()
         text = " ".join(tokens)
-        for decoder in self._decoders:
+        order = [self._preferred] + [i for i in range(len(self._decoders)) if i != self._preferred]
+        for i in order:
+            decoder = self._decoders[i]
             try:
                 decoder.set_align_text(text)
                 decoder.start_utt()
@@ -73,6 +77,7 @@ class SphinxAligner:
             names = [s.word.split("(")[0] for s in words]
             if names != tokens:
                 continue  # partial alignment: try the next beam setting
+            self._preferred = i
             return [(s.start_frame * FRAME_S - PAD_S, (s.end_frame + 1) * FRAME_S - PAD_S, s.prob) for s in words]
         return None
 
