@@ -67,13 +67,29 @@ class Embedder:
         spec = np.abs(np.fft.rfft(frames, n=512)) ** 2
         return np.log10(spec @ self.mel.T + 1e-10).astype(np.float32)
 
-    def embed(self, feats: np.ndarray) -> np.ndarray:
-        """L2-normalised d-vector of a run of feature frames (≥ 1 window, padded when short)."""
+    @staticmethod
+    def windows(feats: np.ndarray) -> np.ndarray:
+        """The encoder's 80-frame windows (stride 40) over a run of frames, padded when short."""
         if feats.shape[0] < 80:
             feats = np.concatenate([feats, np.zeros((80 - feats.shape[0], 40), np.float32)])
         n = 1 + (feats.shape[0] - 80) // 40
-        windows = np.stack([feats[i * 40:i * 40 + 80] for i in range(n)])
-        emb = self.session.run(None, {"mel_window": windows})[0]
+        return np.stack([feats[i * 40:i * 40 + 80] for i in range(n)])
+
+    def embed_many(self, runs: list) -> np.ndarray:
+        """One L2-normalised d-vector per run of feature frames: the mean of its windows'
+        normalised embeddings. All windows go through the encoder in one batched call."""
+        if not runs:
+            return np.zeros((0, 256), np.float32)
+        per_run = [self.windows(f) for f in runs]
+        emb = self.session.run(None, {"mel_window": np.concatenate(per_run)})[0]
         emb /= np.linalg.norm(emb, axis=-1, keepdims=True) + 1e-12
-        mean = emb.mean(axis=0)
-        return mean / (np.linalg.norm(mean) + 1e-12)
+        out, i = [], 0
+        for w in per_run:
+            mean = emb[i:i + len(w)].mean(axis=0)
+            out.append(mean / (np.linalg.norm(mean) + 1e-12))
+            i += len(w)
+        return np.array(out)
+
+    def embed(self, feats: np.ndarray) -> np.ndarray:
+        """L2-normalised d-vector of one run of feature frames."""
+        return self.embed_many([feats])[0]

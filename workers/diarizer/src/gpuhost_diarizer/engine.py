@@ -1,7 +1,8 @@
 """Diarization: who spoke when. No protocol code here.
 
 Default engine (CPU, no torch): silero VAD finds speech; regions are cut into segments of at most
-~4 s; each segment gets a d-vector (mean of 1.5 s windows, 0.75 s hop) and its median F0; the
+~4 s; each segment gets a d-vector (mean of the encoder's 0.8 s windows, 0.4 s stride, all
+segments in one batched ONNX call) and its median F0; the
 segments are clustered (speaker count automatic unless given; see cluster.py) and consecutive
 segments of one speaker become turns. Production engine: pyannote.audio on CUDA.
 """
@@ -14,7 +15,7 @@ import numpy as np
 from .cluster import THRESHOLD, cluster, distances
 from .embed import RATE, Embedder, Vad
 
-WIN_S, HOP_S, SEGMENT_S = 1.5, 0.75, 4.0
+SEGMENT_S = 4.0
 
 
 def read_wav(path: str) -> np.ndarray:
@@ -62,31 +63,21 @@ class VadDvectorDiarizer:
     def __init__(self, threshold: float = THRESHOLD):
         self.vad, self.embedder, self.threshold = Vad(), Embedder(), threshold
 
-    def embed_segment(self, feats: np.ndarray, start: float, end: float) -> np.ndarray:
-        vectors, t = [], start
-        while True:
-            we = min(t + WIN_S, end)
-            ws = max(start, we - WIN_S)
-            vectors.append(self.embedder.embed(feats[int(ws * 100):max(int(we * 100), int(ws * 100) + 1)]))
-            if we >= end:
-                break
-            t += HOP_S
-        mean = np.mean(vectors, axis=0)
-        return mean / (np.linalg.norm(mean) + 1e-12)
-
     def diarize(self, audio: np.ndarray, num_speakers=None, min_speakers=None, max_speakers=None,
                 progress=None) -> dict:
         regions = self.vad.regions(audio)
         segments = segments_of(regions)
         feats = self.embedder.features(audio)
-        embeddings, pitches = [], []
+        pitches = []
         for i, (start, end) in enumerate(segments):
-            embeddings.append(self.embed_segment(feats, start, end))
             pitches.append(median_f0(audio[int(start * RATE):int(end * RATE)]))
             if progress:
-                progress((i + 1) / len(segments) * 0.95, f"segment {i + 1}/{len(segments)}")
+                progress((i + 1) / len(segments) * 0.5, f"pitch of segment {i + 1}/{len(segments)}")
+        embeddings = self.embedder.embed_many([feats[int(s * 100):max(int(e * 100), int(s * 100) + 1)] for s, e in segments])
+        if progress:
+            progress(0.95, f"{len(segments)} segments embedded")
         if segments:
-            dist = distances(np.array(embeddings), np.array(pitches))
+            dist = distances(embeddings, np.array(pitches))
             labels = cluster(dist, num_speakers, min_speakers, max_speakers, self.threshold)
         else:
             labels = []
