@@ -7,6 +7,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+mod gpu;
+mod worker;
+
+pub use gpu::{GpuBackendChoice, GpuConfig, GpuStatusConfig, WatchConfig};
+pub use worker::{Mode, WorkerConfig, WorkerSpec};
+
 /// Everything gpuhost can be told. Unknown keys are rejected so a typo never silently
 /// falls back to a default.
 #[derive(Debug, Clone, Deserialize)]
@@ -29,103 +35,11 @@ pub struct Config {
     pub base_dir: PathBuf,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Started at serve time and kept loaded between jobs.
-    Resident,
-    /// Spawned for one job and exits after it, freeing all its memory.
-    Oneshot,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct WorkerConfig {
-    /// Full argv. Default: `<workers_dir>/<name>/.venv/bin/python -m <module>`.
-    pub command: Vec<String>,
-    /// Python module for the default command. Default: `gpuhost_<name>`.
-    pub module: Option<String>,
-    /// Working directory. Default: `<workers_dir>/<name>` when it exists, else the base dir.
-    pub cwd: Option<PathBuf>,
-    pub env: BTreeMap<String, String>,
-    pub mode: Mode,
-    /// VRAM the worker holds while loaded (documentation and `/workers`; not enforced).
-    pub vram_mib: u64,
-    pub load_timeout_s: f64,
-    pub job_timeout_s: f64,
-    /// Time between SIGTERM and SIGKILL when stopping the worker.
-    pub stop_grace_s: f64,
-    /// Engine name handed to the worker (`GPUHOST_ENGINE`); the worker picks its default when unset.
-    pub engine: Option<String>,
-    /// Free-form options: given to the worker at start as JSON (`GPUHOST_OPTIONS`) and merged
-    /// into every job as top-level fields (the job's own fields win).
-    pub options: serde_json::Map<String, serde_json::Value>,
-}
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PipelineConfig {
     /// Worker names run in order for `POST /transcribe`.
     pub stages: Vec<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct GpuConfig {
-    /// How many pipeline jobs may hold the GPU at once.
-    pub max_concurrent_jobs: usize,
-    /// Index of the GPU reported as `gpu` in `/status`.
-    pub device: usize,
-    pub status: GpuStatusConfig,
-    /// Services whose command lines are watched to tell `loading` from `busy`.
-    pub watch: Vec<WatchConfig>,
-}
-
-/// Which way GPU status is sampled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum GpuBackendChoice {
-    /// NVML, then nvidia-smi, then none.
-    Auto,
-    Nvml,
-    NvidiaSmi,
-    None,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct GpuStatusConfig {
-    pub backend: GpuBackendChoice,
-    /// `libnvidia-ml.so.1` to load; empty probes the usual places (WSL's `/usr/lib/wsl/lib/` too).
-    pub nvml_library: String,
-    /// `nvidia-smi` to run; empty means `NVIDIA_SMI_PATH`, then PATH, then the usual places.
-    pub nvidia_smi: String,
-    pub interval_s: f64,
-    /// A snapshot older than this reads as `unknown`.
-    pub stale_after_s: f64,
-    /// A `nvidia-smi` call running longer than this is killed and the sample fails.
-    pub timeout_s: f64,
-    /// Where `/proc` is (tests use a fake one).
-    pub proc_root: PathBuf,
-    /// Leave command lines out of `/status` even for token holders.
-    pub hide_commands: bool,
-    /// Idle needs utilization at most this…
-    pub idle_utilization_pct: u32,
-    /// …and memory use at most this (MiB; the display and driver take some)…
-    pub idle_memory_mib: u64,
-    /// …continuously for this long.
-    pub quiet_period_s: f64,
-}
-
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct WatchConfig {
-    pub name: String,
-    /// Substring matched against full command lines.
-    pub pattern: String,
-    /// Answers 2xx once the service serves; matched but not healthy means `loading`.
-    #[serde(default)]
-    pub health_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -164,57 +78,10 @@ impl Default for Config {
     }
 }
 
-impl Default for WorkerConfig {
-    fn default() -> Self {
-        WorkerConfig {
-            command: Vec::new(),
-            module: None,
-            cwd: None,
-            env: BTreeMap::new(),
-            mode: Mode::Resident,
-            vram_mib: 0,
-            load_timeout_s: 600.0,
-            job_timeout_s: 3600.0,
-            stop_grace_s: 5.0,
-            engine: None,
-            options: serde_json::Map::new(),
-        }
-    }
-}
-
 impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
             stages: vec!["diarizer".into(), "asr".into(), "aligner".into()],
-        }
-    }
-}
-
-impl Default for GpuConfig {
-    fn default() -> Self {
-        GpuConfig {
-            max_concurrent_jobs: 1,
-            device: 0,
-            status: GpuStatusConfig::default(),
-            watch: Vec::new(),
-        }
-    }
-}
-
-impl Default for GpuStatusConfig {
-    fn default() -> Self {
-        GpuStatusConfig {
-            backend: GpuBackendChoice::Auto,
-            nvml_library: String::new(),
-            nvidia_smi: String::new(),
-            interval_s: 1.0,
-            stale_after_s: 5.0,
-            timeout_s: 2.0,
-            proc_root: PathBuf::from("/proc"),
-            hide_commands: false,
-            idle_utilization_pct: 5,
-            idle_memory_mib: 1024,
-            quiet_period_s: 10.0,
         }
     }
 }
@@ -269,21 +136,6 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("invalid config: {0}")]
     Invalid(String),
-}
-
-/// A worker's resolved launch description.
-#[derive(Debug, Clone)]
-pub struct WorkerSpec {
-    pub name: String,
-    pub argv: Vec<String>,
-    pub cwd: PathBuf,
-    pub env: BTreeMap<String, String>,
-    pub mode: Mode,
-    pub vram_mib: u64,
-    pub load_timeout: Duration,
-    pub job_timeout: Duration,
-    pub stop_grace: Duration,
-    pub options: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Config {

@@ -71,6 +71,24 @@ async fn serve() -> Served {
     served
 }
 
+/// Waits until one worker of the served binary is busy with a job.
+async fn wait_busy(url: &str) {
+    let workers = format!("{url}/workers");
+    wait_for("a worker to be busy", Duration::from_secs(20), || {
+        let workers = workers.clone();
+        async move {
+            let Ok(r) = reqwest::get(&workers).await else {
+                return false;
+            };
+            let w: serde_json::Value = r.json().await.unwrap_or_default();
+            w["workers"]
+                .as_array()
+                .is_some_and(|ws| ws.iter().any(|w| w["state"] == "busy"))
+        }
+    })
+    .await;
+}
+
 fn signal(pid: u32, sig: i32) {
     // SAFETY: plain kill(2).
     unsafe {
@@ -94,7 +112,7 @@ async fn sigterm_stops_every_worker_and_ends_running_jobs() {
             .unwrap();
         read_events(response).await
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_busy(&served.url).await;
     signal(served.child.id(), libc::SIGTERM);
     let started = Instant::now();
     let status = tokio::task::spawn_blocking(move || served.child.wait().map(|s| (s, served)))
@@ -130,7 +148,7 @@ async fn sigkill_of_the_host_takes_workers_within_two_seconds() {
             .send()
             .await;
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_busy(&served.url).await;
     signal(served.child.id(), libc::SIGKILL);
     served.child.wait().unwrap();
     let killed = Instant::now();

@@ -1,0 +1,93 @@
+//! GPU sections of the config: `[gpu]`, `[gpu.status]` and `[[gpu.watch]]`.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GpuConfig {
+    /// How many pipeline jobs may hold the GPU at once.
+    pub max_concurrent_jobs: usize,
+    /// Index of the GPU reported as `gpu` in `/status`.
+    pub device: usize,
+    pub status: GpuStatusConfig,
+    /// Services whose command lines are watched to tell `loading` from `busy`.
+    pub watch: Vec<WatchConfig>,
+}
+
+/// Which way GPU status is sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuBackendChoice {
+    /// NVML, then nvidia-smi, then none.
+    Auto,
+    Nvml,
+    NvidiaSmi,
+    None,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GpuStatusConfig {
+    pub backend: GpuBackendChoice,
+    /// `libnvidia-ml.so.1` to load; empty probes the usual places (WSL's `/usr/lib/wsl/lib/` too).
+    pub nvml_library: String,
+    /// `nvidia-smi` to run; empty means `NVIDIA_SMI_PATH`, then PATH, then the usual places.
+    pub nvidia_smi: String,
+    pub interval_s: f64,
+    /// A snapshot older than this reads as `unknown`.
+    pub stale_after_s: f64,
+    /// A `nvidia-smi` call running longer than this is killed and the sample fails.
+    pub timeout_s: f64,
+    /// Where `/proc` is (tests use a fake one).
+    pub proc_root: PathBuf,
+    /// Leave command lines out of `/status` even for token holders.
+    pub hide_commands: bool,
+    /// Idle needs utilization at most this…
+    pub idle_utilization_pct: u32,
+    /// …and memory use at most this (MiB; the display and driver take some)…
+    pub idle_memory_mib: u64,
+    /// …continuously for this long.
+    pub quiet_period_s: f64,
+}
+
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchConfig {
+    pub name: String,
+    /// Substring matched against full command lines.
+    pub pattern: String,
+    /// Answers 2xx once the service serves; matched but not healthy means `loading`.
+    #[serde(default)]
+    pub health_url: Option<String>,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig {
+            max_concurrent_jobs: 1,
+            device: 0,
+            status: GpuStatusConfig::default(),
+            watch: Vec::new(),
+        }
+    }
+}
+
+impl Default for GpuStatusConfig {
+    fn default() -> Self {
+        GpuStatusConfig {
+            backend: GpuBackendChoice::Auto,
+            nvml_library: String::new(),
+            nvidia_smi: String::new(),
+            interval_s: 1.0,
+            stale_after_s: 5.0,
+            timeout_s: 2.0,
+            proc_root: PathBuf::from("/proc"),
+            hide_commands: false,
+            idle_utilization_pct: 5,
+            idle_memory_mib: 1024,
+            quiet_period_s: 10.0,
+        }
+    }
+}

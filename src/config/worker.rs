@@ -1,0 +1,73 @@
+//! Worker sections of the config: `[workers.<name>]`, the run mode, and the resolved `WorkerSpec`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Started at serve time and kept loaded between jobs.
+    Resident,
+    /// Spawned for one job and exits after it, freeing all its memory.
+    Oneshot,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkerConfig {
+    /// Full argv. Default: `<workers_dir>/<name>/.venv/bin/python -m <module>`.
+    pub command: Vec<String>,
+    /// Python module for the default command. Default: `gpuhost_<name>`.
+    pub module: Option<String>,
+    /// Working directory. Default: `<workers_dir>/<name>` when it exists, else the base dir.
+    pub cwd: Option<PathBuf>,
+    pub env: BTreeMap<String, String>,
+    pub mode: Mode,
+    /// VRAM the worker holds while loaded (documentation and `/workers`; not enforced).
+    pub vram_mib: u64,
+    pub load_timeout_s: f64,
+    pub job_timeout_s: f64,
+    /// Time between SIGTERM and SIGKILL when stopping the worker.
+    pub stop_grace_s: f64,
+    /// Engine name handed to the worker (`GPUHOST_ENGINE`); the worker picks its default when unset.
+    pub engine: Option<String>,
+    /// Free-form options: given to the worker at start as JSON (`GPUHOST_OPTIONS`) and merged
+    /// into every job as top-level fields (the job's own fields win).
+    pub options: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            command: Vec::new(),
+            module: None,
+            cwd: None,
+            env: BTreeMap::new(),
+            mode: Mode::Resident,
+            vram_mib: 0,
+            load_timeout_s: 600.0,
+            job_timeout_s: 3600.0,
+            stop_grace_s: 5.0,
+            engine: None,
+            options: serde_json::Map::new(),
+        }
+    }
+}
+
+/// A worker's resolved launch description.
+#[derive(Debug, Clone)]
+pub struct WorkerSpec {
+    pub name: String,
+    pub argv: Vec<String>,
+    pub cwd: PathBuf,
+    pub env: BTreeMap<String, String>,
+    pub mode: Mode,
+    pub vram_mib: u64,
+    pub load_timeout: Duration,
+    pub job_timeout: Duration,
+    pub stop_grace: Duration,
+    pub options: serde_json::Map<String, serde_json::Value>,
+}
