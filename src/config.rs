@@ -177,7 +177,8 @@ impl Config {
     }
 
     fn finish(mut self, base_dir: PathBuf) -> Result<Config, ConfigError> {
-        self.base_dir = base_dir;
+        // Absolute, so that paths stay right for workers started in their own folders.
+        self.base_dir = std::path::absolute(&base_dir).unwrap_or(base_dir);
         if let Ok(token) = std::env::var("GPUHOST_TOKEN") {
             self.token = Some(token);
         }

@@ -34,6 +34,8 @@ pub(super) struct Actor {
     pending: VecDeque<(JobRequest, Reply)>,
     /// Failures since the last successful load; drives the backoff.
     failures: u32,
+    /// Why the last load failed, for jobs that find the worker down.
+    load_error: Option<JobError>,
 }
 
 /// What interrupted a load.
@@ -55,6 +57,7 @@ impl Actor {
             life: Life::Down { retry_at },
             pending: VecDeque::new(),
             failures: 0,
+            load_error: None,
         }
     }
 
@@ -140,6 +143,7 @@ impl Actor {
             Err(e) => {
                 tracing::error!(worker = %self.spec.name, error = %e, "worker failed to load");
                 self.went_down(e.to_string());
+                self.load_error = Some(e.clone());
                 // Whoever was waiting for this load hears why it failed.
                 for (_, reply) in self.pending.drain(..) {
                     let _ = reply.send(Err(e.clone()));
@@ -160,11 +164,14 @@ impl Actor {
                 return Err(stop);
             }
             if let Life::Down { .. } = self.life {
-                let reason = self.status.borrow().last_error.clone().unwrap_or_default();
-                let _ = reply.send(Err(JobError::Unavailable {
-                    worker: self.spec.name.clone(),
-                    reason,
-                }));
+                let error = self
+                    .load_error
+                    .clone()
+                    .unwrap_or_else(|| JobError::Unavailable {
+                        worker: self.spec.name.clone(),
+                        reason: "it is not running".into(),
+                    });
+                let _ = reply.send(Err(error));
                 return Ok(());
             }
         }
