@@ -61,20 +61,8 @@ async fn health(State(app): State<AppState>) -> Json<Value> {
         "uptime_s": crate::pipeline::round3(app.started.elapsed().as_secs_f64()),
         "workers": { "total": statuses.len(), "ready": ready, "loading": loading },
         "queue": { "running": app.queue.running(), "waiting": app.queue.waiting() },
-        "gpu": gpu_health(&app),
+        "gpu": app.gpu.health(),
     }))
-}
-
-/// Whether GPU sampling works, without revealing processes.
-fn gpu_health(app: &AppState) -> Value {
-    let view = app.gpu.view(&[]);
-    let sampling = match (&view.error, view.backend.active) {
-        (_, "none") => "unavailable",
-        (Some(_), _) => "failing",
-        (None, _) if view.sampled_at.is_none() => "starting",
-        (None, _) => "ok",
-    };
-    json!({ "backend": view.backend.active, "sampling": sampling, "decision": view.decision, "error": view.error })
 }
 
 async fn workers(State(app): State<AppState>) -> Json<Value> {

@@ -88,8 +88,6 @@ impl Pipeline {
             }
             job.insert("results".into(), Value::Object(results.clone()));
             job.insert("_stage".into(), stage.clone().into());
-            let mut fields = self.supervisor.options(stage);
-            fields.extend(job);
 
             let _ = events
                 .send(ClientEvent::Stage {
@@ -101,7 +99,7 @@ impl Pipeline {
             let started = Instant::now();
             let (tx, mut rx) = mpsc::channel(1024);
             let request = JobRequest {
-                job: fields,
+                job,
                 output_path: dir.join(format!("{stage}.result.json")),
                 events: tx,
             };

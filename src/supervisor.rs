@@ -9,8 +9,6 @@ use crate::worker::{WorkerHandle, WorkerStatus};
 
 pub struct Supervisor {
     workers: BTreeMap<String, WorkerHandle>,
-    /// `[workers.<name>] options`, merged into every job of that worker.
-    options: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
     /// Actor tasks, joined on shutdown. std Mutex: only taken briefly, never across `.await`.
     tasks: std::sync::Mutex<Vec<JoinHandle<()>>>,
 }
@@ -21,7 +19,6 @@ impl Supervisor {
     pub fn start(config: &Config, force_oneshot: bool) -> Supervisor {
         let mut workers = BTreeMap::new();
         let mut tasks = Vec::new();
-        let mut options = BTreeMap::new();
         for name in config.workers.keys() {
             let mut spec = config
                 .worker_spec(name)
@@ -29,25 +26,18 @@ impl Supervisor {
             if force_oneshot {
                 spec.mode = Mode::Oneshot;
             }
-            options.insert(name.clone(), spec.options.clone());
             let (handle, task) = WorkerHandle::spawn(spec);
             workers.insert(name.clone(), handle);
             tasks.push(task);
         }
         Supervisor {
             workers,
-            options,
             tasks: std::sync::Mutex::new(tasks),
         }
     }
 
     pub fn get(&self, name: &str) -> Option<&WorkerHandle> {
         self.workers.get(name)
-    }
-
-    /// The configured options of worker `name` (empty when none).
-    pub fn options(&self, name: &str) -> serde_json::Map<String, serde_json::Value> {
-        self.options.get(name).cloned().unwrap_or_default()
     }
 
     pub fn statuses(&self) -> Vec<WorkerStatus> {

@@ -6,7 +6,7 @@ pub mod lines;
 mod session;
 
 use std::path::PathBuf;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -51,8 +51,6 @@ pub struct WorkerStatus {
     pub state_since: Instant,
     #[serde(skip)]
     pub process_started: Option<Instant>,
-    #[serde(skip)]
-    pub state_since_wall: SystemTime,
 }
 
 impl WorkerStatus {
@@ -73,7 +71,6 @@ impl WorkerStatus {
             last_error: None,
             state_since: Instant::now(),
             process_started: None,
-            state_since_wall: SystemTime::now(),
         }
     }
 
@@ -88,7 +85,8 @@ impl WorkerStatus {
 /// One job for one worker.
 #[derive(Debug)]
 pub struct JobRequest {
-    /// The job object; the host adds `_output_path` and `_protocol`.
+    /// The job object. The worker's configured `options` are merged under it, and the host adds
+    /// `_output_path` and `_protocol`.
     pub job: serde_json::Map<String, Value>,
     /// Where the worker must write its result.
     pub output_path: PathBuf,

@@ -10,7 +10,7 @@ mod measure;
 mod servers;
 
 use measure::{percentile, Sample};
-use servers::{Anchor, Gpuhost};
+use servers::{Anchor, Gpuhost, Server};
 
 const NOOP_JOBS: usize = 300;
 const THROUGHPUT_JOBS: usize = 400;
@@ -109,7 +109,7 @@ fn main() {
 }
 
 /// Runs `/status` load for 3 s; with `busy`, a long job holds the GPU lock meanwhile.
-async fn status_load<S: servers::StatusServer>(
+async fn status_load<S: Server>(
     client: &reqwest::Client,
     server: &S,
     connections: usize,

@@ -7,11 +7,42 @@ use std::time::{Duration, Instant};
 
 pub const TOKEN: &str = "bench-token";
 
-pub trait StatusServer {
-    fn status_url(&self) -> String;
+/// What both servers under test offer the benchmark.
+pub trait Server {
+    fn served(&self) -> &Served;
     fn long_job_url(&self) -> String;
+    fn status_url(&self) -> String {
+        format!("{}/status", self.served().base)
+    }
     fn token(&self) -> &str {
         TOKEN
+    }
+    fn rss_mib(&self) -> f64 {
+        rss_mib(self.served().child.id())
+    }
+}
+
+/// A server process and its base URL; SIGTERMed (then killed) when stopped.
+pub struct Served {
+    child: Child,
+    base: String,
+}
+
+impl Served {
+    /// Spawns `command` and waits until `/health` on `port` answers.
+    async fn start(mut command: Command, port: u16) -> Served {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let base = format!("http://127.0.0.1:{port}");
+        wait_healthy(&format!("{base}/health"), &mut child).await;
+        Served { child, base }
+    }
+
+    pub fn stop(self) {
+        stop(self.child)
     }
 }
 
@@ -89,8 +120,7 @@ fn stop(mut child: Child) {
 }
 
 pub struct Anchor {
-    child: Child,
-    base: String,
+    served: Served,
 }
 
 impl Anchor {
@@ -132,7 +162,8 @@ impl Anchor {
     pub async fn start() -> Anchor {
         let port = free_port();
         let dir = anchor_dir();
-        let mut child = Command::new(Anchor::python())
+        let mut command = Command::new(Anchor::python());
+        command
             .args([
                 "-m",
                 "uvicorn",
@@ -147,35 +178,27 @@ impl Anchor {
             .current_dir(&dir)
             .env("WORKER_CMD", worker_argv().join(" "))
             .env("NVIDIA_SMI_PATH", dir.join("fake-nvidia-smi"))
-            .env("GPU_API_TOKEN", TOKEN)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let base = format!("http://127.0.0.1:{port}");
-        wait_healthy(&format!("{base}/health"), &mut child).await;
-        Anchor { child, base }
+            .env("GPU_API_TOKEN", TOKEN);
+        Anchor {
+            served: Served::start(command, port).await,
+        }
     }
 
     pub fn transcribe_url(&self, work_ms: u32, log_lines: u32) -> String {
         format!(
             "{}/transcribe?work_ms={work_ms}&log_lines={log_lines}",
-            self.base
+            self.served.base
         )
     }
 
-    pub fn rss_mib(&self) -> f64 {
-        rss_mib(self.child.id())
-    }
-
     pub fn stop(self) {
-        stop(self.child)
+        self.served.stop()
     }
 }
 
-impl StatusServer for Anchor {
-    fn status_url(&self) -> String {
-        format!("{}/status", self.base)
+impl Server for Anchor {
+    fn served(&self) -> &Served {
+        &self.served
     }
     fn long_job_url(&self) -> String {
         self.transcribe_url(20_000, 0)
@@ -183,8 +206,7 @@ impl StatusServer for Anchor {
 }
 
 pub struct Gpuhost {
-    child: Child,
-    base: String,
+    served: Served,
     _dir: tempfile::TempDir,
 }
 
@@ -207,16 +229,13 @@ impl Gpuhost {
         );
         let path = dir.path().join("gpuhost.toml");
         std::fs::write(&path, config).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gpuhost"));
+        command
             .args(["serve", "--config"])
             .arg(&path)
-            .env("GPUHOST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let base = format!("http://127.0.0.1:{port}");
-        wait_healthy(&format!("{base}/health"), &mut child).await;
+            .env("GPUHOST_LOG", "warn");
+        let served = Served::start(command, port).await;
+        let base = served.base.clone();
         // Wait until every worker is loaded.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
@@ -235,29 +254,21 @@ impl Gpuhost {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        Gpuhost {
-            child,
-            base,
-            _dir: dir,
-        }
+        Gpuhost { served, _dir: dir }
     }
 
     pub fn transcribe_url(&self, stage: &str) -> String {
-        format!("{}/transcribe?stages={stage}", self.base)
-    }
-
-    pub fn rss_mib(&self) -> f64 {
-        rss_mib(self.child.id())
+        format!("{}/transcribe?stages={stage}", self.served.base)
     }
 
     pub fn stop(self) {
-        stop(self.child)
+        self.served.stop()
     }
 }
 
-impl StatusServer for Gpuhost {
-    fn status_url(&self) -> String {
-        format!("{}/status", self.base)
+impl Server for Gpuhost {
+    fn served(&self) -> &Served {
+        &self.served
     }
     fn long_job_url(&self) -> String {
         self.transcribe_url("long")

@@ -19,13 +19,11 @@ pub async fn run(config: &gpuhost::Config, worker: &str, job: &Path) -> anyhow::
     } else {
         std::fs::read_to_string(job).with_context(|| format!("reading {}", job.display()))?
     };
-    let serde_json::Value::Object(mut fields) =
+    let serde_json::Value::Object(fields) =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", job.display()))?
     else {
         bail!("the job must be a JSON object");
     };
-    let mut merged = spec.options.clone();
-    merged.append(&mut fields);
     let dir = tempfile::tempdir()?;
     let (handle, task) = WorkerHandle::spawn(spec);
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
@@ -36,7 +34,7 @@ pub async fn run(config: &gpuhost::Config, worker: &str, job: &Path) -> anyhow::
     });
     let outcome = handle
         .run(JobRequest {
-            job: merged,
+            job: fields,
             output_path: dir.path().join("result.json"),
             events: tx,
         })

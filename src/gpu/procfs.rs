@@ -111,18 +111,32 @@ impl ProcFs {
         out
     }
 
-    /// Every visible process whose command line contains `pattern`.
-    pub fn find(&self, pattern: &str, skip: u32) -> Vec<u32> {
+    /// For each pattern, the visible processes (but `skip`) whose command line contains it.
+    /// One pass over the tree, however many patterns.
+    pub fn find(&self, patterns: &[&str], skip: u32) -> Vec<Vec<u32>> {
+        let mut found = vec![Vec::new(); patterns.len()];
+        if patterns.is_empty() {
+            return found;
+        }
         let Ok(entries) = std::fs::read_dir(&self.root) else {
-            return Vec::new();
+            return found;
         };
         let mut pids: Vec<u32> = entries
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
             .filter(|&pid| pid != skip)
-            .filter(|&pid| self.cmdline(pid).is_some_and(|c| c.contains(pattern)))
             .collect();
         pids.sort_unstable();
-        pids
+        for pid in pids {
+            let Some(cmdline) = self.cmdline(pid) else {
+                continue;
+            };
+            for (pattern, hits) in patterns.iter().zip(&mut found) {
+                if cmdline.contains(pattern) {
+                    hits.push(pid);
+                }
+            }
+        }
+        found
     }
 }
 
@@ -169,6 +183,9 @@ mod tests {
         assert_eq!(p.command(500).from_pid, None);
         assert!(p.command(9999).note.unwrap().contains("not visible"));
         assert_eq!(p.lineage(502), [502, 501, 500, 1]);
-        assert_eq!(p.find("vllm", 0), [500]);
+        assert_eq!(
+            p.find(&["vllm", "init", "nothing"], 0),
+            [vec![500], vec![1], vec![]]
+        );
     }
 }

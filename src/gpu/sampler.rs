@@ -66,6 +66,16 @@ pub struct StatusView {
     pub error: Option<String>,
 }
 
+/// The part of the GPU status `/health` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuHealth {
+    pub backend: &'static str,
+    /// `ok`, `starting`, `failing` or `unavailable`.
+    pub sampling: &'static str,
+    pub decision: Decision,
+    pub error: Option<String>,
+}
+
 pub struct GpuMonitor {
     snapshot: watch::Receiver<Arc<Snapshot>>,
     pub report: BackendReport,
@@ -149,21 +159,48 @@ impl GpuMonitor {
         }
     }
 
+    /// The decision, reason and error of `snap` as of now: a stale snapshot reads `unknown`.
+    fn verdict(&self, snap: &Snapshot) -> (Decision, String, Option<String>, bool) {
+        let age = snap.taken.map(|t| t.elapsed()).unwrap_or_default();
+        if snap.taken.is_some() && age > self.stale_after {
+            let why = format!(
+                "the last GPU sample is {:.1} s old (stale after {:.0} s)",
+                age.as_secs_f64(),
+                self.stale_after.as_secs_f64()
+            );
+            return (Decision::Unknown, why.clone(), Some(why), true);
+        }
+        (
+            snap.decision,
+            snap.reason.clone(),
+            snap.error.clone(),
+            false,
+        )
+    }
+
+    /// Whether sampling works, for the open `/health`: no processes, no command lines.
+    pub fn health(&self) -> GpuHealth {
+        let snap = Arc::clone(&self.snapshot.borrow());
+        let (decision, _, error, _) = self.verdict(&snap);
+        let sampling = match (&error, self.report.active) {
+            (_, "none") => "unavailable",
+            (Some(_), _) => "failing",
+            (None, _) if snap.taken.is_none() => "starting",
+            (None, _) => "ok",
+        };
+        GpuHealth {
+            backend: self.report.active,
+            sampling,
+            decision,
+            error,
+        }
+    }
+
     /// The snapshot as of now, with staleness applied.
     pub fn view(&self, workers: &[WorkerStatus]) -> StatusView {
         let snap = Arc::clone(&self.snapshot.borrow());
         let age = snap.taken.map(|t| t.elapsed());
-        let stale = age.is_some_and(|a| a > self.stale_after);
-        let (decision, reason, error) = if stale {
-            let age = age.unwrap_or_default().as_secs_f64();
-            let why = format!(
-                "the last GPU sample is {age:.1} s old (stale after {:.0} s)",
-                self.stale_after.as_secs_f64()
-            );
-            (Decision::Unknown, why.clone(), Some(why))
-        } else {
-            (snap.decision, snap.reason.clone(), snap.error.clone())
-        };
+        let (decision, reason, error, stale) = self.verdict(&snap);
         let gpu = if error.is_some() {
             None
         } else {
@@ -294,10 +331,10 @@ impl Sampler {
     /// Finds each watched service among all processes (a service may not have touched the GPU
     /// yet) and asks its health URL.
     async fn watched(&self, processes: &[GpuProcess]) -> Vec<WatchState> {
-        let me = std::process::id();
+        let patterns: Vec<&str> = self.watch.iter().map(|w| w.pattern.as_str()).collect();
+        let found = self.procfs.find(&patterns, std::process::id());
         let mut out = Vec::new();
-        for w in &self.watch {
-            let mut pids = self.procfs.find(&w.pattern, me);
+        for (w, mut pids) in self.watch.iter().zip(found) {
             for p in processes
                 .iter()
                 .filter(|p| p.watch.as_deref() == Some(&w.name))

@@ -17,18 +17,13 @@ pub const SPILL_BYTES: usize = 8 * 1024 * 1024;
 
 /// Receives the upload; `spill` is where a large one goes.
 pub async fn receive(request: Request, spill: &Path, limit: u64) -> Result<Source, ApiError> {
-    let too_large = |what: &str| {
-        ApiError::too_large(format!(
-            "{what} exceeds the upload limit of {limit} bytes (limits.max_upload_bytes)"
-        ))
-    };
     let declared = request
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit) {
-        return Err(too_large("the request body"));
+        return Err(too_large("the request body", limit));
     }
     let is_multipart = request
         .headers()
@@ -39,7 +34,7 @@ pub async fn receive(request: Request, spill: &Path, limit: u64) -> Result<Sourc
         let stream = Body::into_data_stream(request.into_body());
         return collect(stream, spill, limit)
             .await
-            .map_err(|e| e.into_api(&too_large));
+            .map_err(|e| e.into_api(limit));
     }
     let mut multipart = Multipart::from_request(request, &())
         .await
@@ -56,7 +51,7 @@ pub async fn receive(request: Request, spill: &Path, limit: u64) -> Result<Sourc
         if field.name() == Some("file") {
             return collect(field, spill, limit)
                 .await
-                .map_err(|e| e.into_api(&too_large));
+                .map_err(|e| e.into_api(limit));
         }
     }
 }
@@ -67,14 +62,15 @@ pub async fn collect_field(
     spill: &Path,
     limit: u64,
 ) -> Result<Source, ApiError> {
-    let too_large = |what: &str| {
-        ApiError::too_large(format!(
-            "{what} exceeds the upload limit of {limit} bytes (limits.max_upload_bytes)"
-        ))
-    };
     collect(field, spill, limit)
         .await
-        .map_err(|e| e.into_api(&too_large))
+        .map_err(|e| e.into_api(limit))
+}
+
+fn too_large(what: &str, limit: u64) -> ApiError {
+    ApiError::too_large(format!(
+        "{what} exceeds the upload limit of {limit} bytes (limits.max_upload_bytes)"
+    ))
 }
 
 enum WriteError {
@@ -84,9 +80,9 @@ enum WriteError {
 }
 
 impl WriteError {
-    fn into_api(self, too_large: &dyn Fn(&str) -> ApiError) -> ApiError {
+    fn into_api(self, limit: u64) -> ApiError {
         match self {
-            WriteError::TooLarge => too_large("the upload"),
+            WriteError::TooLarge => too_large("the upload", limit),
             WriteError::Body(e) => ApiError::bad_request(format!("reading the upload failed: {e}")),
             WriteError::Io(e) => ApiError::internal(format!("cannot store the upload: {e}")),
         }

@@ -190,8 +190,11 @@ impl Actor {
             let Life::Up(session) = life else {
                 unreachable!("loaded above")
             };
+            // Configured options first; the job's own fields win.
+            let mut job = spec.options.clone();
+            job.extend(request.job.clone());
             let run = session.run(
-                &request.job,
+                &job,
                 &request.output_path,
                 &request.events,
                 spec.job_timeout,
@@ -311,7 +314,6 @@ impl Actor {
         self.status.send_modify(|s| {
             s.state = state;
             s.state_since = std::time::Instant::now();
-            s.state_since_wall = std::time::SystemTime::now();
             also(s);
         });
     }
