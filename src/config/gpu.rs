@@ -31,7 +31,8 @@ pub enum GpuBackendChoice {
 #[serde(default, deny_unknown_fields)]
 pub struct GpuStatusConfig {
     pub backend: GpuBackendChoice,
-    /// `libnvidia-ml.so.1` to load; empty probes the usual places (WSL's `/usr/lib/wsl/lib/` too).
+    /// `libnvidia-ml.so.1` to load; empty means `GPUHOST_NVML_LIBRARY`, then the usual places
+    /// (WSL's `/usr/lib/wsl/lib/` too).
     pub nvml_library: String,
     /// `nvidia-smi` to run; empty means `NVIDIA_SMI_PATH`, then PATH, then the usual places.
     pub nvidia_smi: String,

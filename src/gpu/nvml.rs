@@ -35,13 +35,10 @@ impl std::fmt::Debug for NvmlBackend {
 }
 
 impl NvmlBackend {
-    /// Loads NVML from `configured`, or the first of the usual places that works.
+    /// Loads NVML from `configured`, else `GPUHOST_NVML_LIBRARY`, else the first usual place that works.
     pub fn open(configured: &str) -> Result<NvmlBackend, String> {
-        let candidates: Vec<&str> = if configured.is_empty() {
-            USUAL_PLACES.to_vec()
-        } else {
-            vec![configured]
-        };
+        let from_env = std::env::var("GPUHOST_NVML_LIBRARY").unwrap_or_default();
+        let candidates = candidates(configured, &from_env);
         let mut errors = Vec::new();
         for library in candidates {
             match Nvml::builder()
@@ -111,9 +108,25 @@ impl NvmlBackend {
     }
 }
 
+/// Libraries to try: the configured one, else the environment's, else the usual places.
+fn candidates<'a>(configured: &'a str, from_env: &'a str) -> Vec<&'a str> {
+    match (configured, from_env) {
+        ("", "") => USUAL_PLACES.to_vec(),
+        ("", env) => vec![env],
+        (configured, _) => vec![configured],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_beats_environment_beats_usual_places() {
+        assert_eq!(candidates("/c/lib.so", "/e/lib.so"), ["/c/lib.so"]);
+        assert_eq!(candidates("", "/e/lib.so"), ["/e/lib.so"]);
+        assert!(candidates("", "").contains(&"/usr/lib/wsl/lib/libnvidia-ml.so.1"));
+    }
 
     #[test]
     fn missing_library_is_a_clear_error() {
