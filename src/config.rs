@@ -228,6 +228,7 @@ impl Config {
                 ("load_timeout_s", w.load_timeout_s),
                 ("job_timeout_s", w.job_timeout_s),
                 ("stop_grace_s", w.stop_grace_s),
+                ("cancel_grace_s", w.cancel_grace_s),
             ] {
                 if !(value.is_finite() && value > 0.0) {
                     return Err(ConfigError::Invalid(format!(
@@ -300,6 +301,7 @@ impl Config {
             load_timeout: Duration::from_secs_f64(w.load_timeout_s),
             job_timeout: Duration::from_secs_f64(w.job_timeout_s),
             stop_grace: Duration::from_secs_f64(w.stop_grace_s),
+            cancel_grace: Duration::from_secs_f64(w.cancel_grace_s),
             options: w.options.clone(),
         })
     }

@@ -163,6 +163,11 @@ pub fn render(app: &App) -> String {
             &[("worker", w.name.clone()), ("outcome", "error".into())],
             w.jobs_failed as f64,
         );
+        out.sample(
+            "gpuhost_worker_jobs_total",
+            &[("worker", w.name.clone()), ("outcome", "cancelled".into())],
+            w.jobs_cancelled as f64,
+        );
     }
     out.family(
         "gpuhost_worker_restarts_total",
@@ -194,6 +199,11 @@ pub fn render(app: &App) -> String {
         &[("outcome", "error".into())],
         failed as f64,
     );
+    out.sample(
+        "gpuhost_jobs_total",
+        &[("outcome", "cancelled".into())],
+        stats.cancelled.load(Ordering::Relaxed) as f64,
+    );
     out.family(
         "gpuhost_job_duration_seconds",
         "histogram",
@@ -209,7 +219,7 @@ pub fn render(app: &App) -> String {
     out.sample(
         "gpuhost_job_duration_seconds_bucket",
         &[("le", "+Inf".into())],
-        (ok + failed) as f64,
+        stats.total() as f64,
     );
     out.sample(
         "gpuhost_job_duration_seconds_sum",
@@ -219,7 +229,7 @@ pub fn render(app: &App) -> String {
     out.sample(
         "gpuhost_job_duration_seconds_count",
         &[],
-        (ok + failed) as f64,
+        stats.total() as f64,
     );
     out.0
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::protocol::{ClientEvent, StageStatus, WorkerEvent};
 use crate::supervisor::Supervisor;
@@ -35,7 +36,7 @@ pub enum PipelineError {
     Stage { stage: String, source: JobError },
     #[error("unknown stage `{0}`")]
     UnknownStage(String),
-    #[error("the client went away; later stages were skipped")]
+    #[error("the client went away; the job was abandoned")]
     Cancelled,
 }
 
@@ -98,10 +99,12 @@ impl Pipeline {
                 .await;
             let started = Instant::now();
             let (tx, mut rx) = mpsc::channel(1024);
+            let cancel = CancellationToken::new();
             let request = JobRequest {
                 job,
                 output_path: dir.join(format!("{stage}.result.json")),
                 events: tx,
+                cancel: cancel.clone(),
             };
             let run = worker.run(request);
             tokio::pin!(run);
@@ -110,8 +113,13 @@ impl Pipeline {
                     biased;
                     Some(event) = rx.recv() => forward(stage, event, events).await,
                     outcome = &mut run => break outcome,
+                    // The client went away: free the GPU as soon as the worker allows.
+                    _ = events.closed(), if !cancel.is_cancelled() => cancel.cancel(),
                 }
             };
+            if cancel.is_cancelled() {
+                return Err(PipelineError::Cancelled);
+            }
             while let Ok(event) = rx.try_recv() {
                 forward(stage, event, events).await;
             }

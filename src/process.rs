@@ -171,6 +171,16 @@ impl ProcessGroup {
         }
     }
 
+    /// Sends `signal` to the group leader only (the worker itself, not its helpers).
+    pub fn signal_leader(&self, signal: libc::c_int) {
+        if self.exited.is_none() {
+            // SAFETY: plain syscall; the leader is our unreaped child, so the pid is not reused.
+            unsafe {
+                libc::kill(self.pid as libc::pid_t, signal);
+            }
+        }
+    }
+
     /// Waits for the leader to exit. Cancel-safe.
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
         if let Some(status) = self.exited {

@@ -19,6 +19,9 @@ pub struct ReadyInfo {
     pub model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// The worker abandons a job on `SIGINT` and answers `error` with kind `cancelled`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancel: bool,
     /// Anything else the worker wants shown in `/workers`.
     #[serde(flatten)]
     pub extra: serde_json::Map<String, Value>,

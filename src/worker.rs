@@ -11,6 +11,7 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{Mode, WorkerSpec};
 use crate::protocol::{ReadyInfo, WorkerEvent};
@@ -45,6 +46,8 @@ pub struct WorkerStatus {
     pub vram_mib: u64,
     pub jobs_done: u64,
     pub jobs_failed: u64,
+    /// Jobs given up because their client went away (not failures).
+    pub jobs_cancelled: u64,
     pub restarts: u64,
     pub last_error: Option<String>,
     #[serde(skip)]
@@ -67,6 +70,7 @@ impl WorkerStatus {
             vram_mib: spec.vram_mib,
             jobs_done: 0,
             jobs_failed: 0,
+            jobs_cancelled: 0,
             restarts: 0,
             last_error: None,
             state_since: Instant::now(),
@@ -92,6 +96,9 @@ pub struct JobRequest {
     pub output_path: PathBuf,
     /// Progress and log events of this job (dropped when the receiver lags or is gone).
     pub events: mpsc::Sender<WorkerEvent>,
+    /// Cancelled when nobody wants the result any more: a worker that supports it abandons
+    /// the job (`SIGINT`), one that does not finishes it.
+    pub cancel: CancellationToken,
 }
 
 /// Messages the worker actor takes.
@@ -124,6 +131,9 @@ pub enum JobError {
     BadOutput { worker: String, reason: String },
     #[error("worker `{worker}` is shutting down")]
     ShuttingDown { worker: String },
+    /// The job was abandoned because nobody wanted its result any more.
+    #[error("worker `{worker}` abandoned the job: the client went away{}", if *.killed { " (it did not stop in time and was restarted)" } else { "" })]
+    Cancelled { worker: String, killed: bool },
 }
 
 impl JobError {
@@ -136,6 +146,7 @@ impl JobError {
             JobError::Failed { .. } => "job_failed",
             JobError::BadOutput { .. } => "bad_output",
             JobError::ShuttingDown { .. } => "shutting_down",
+            JobError::Cancelled { .. } => "cancelled",
         }
     }
 }

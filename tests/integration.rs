@@ -5,6 +5,7 @@ mod integration {
     pub mod support;
 
     mod audio_formats;
+    mod cancel;
     mod cli;
     mod dashboard;
     mod faults;

@@ -37,6 +37,7 @@ pub async fn run(config: &gpuhost::Config, worker: &str, job: &Path) -> anyhow::
             job: fields,
             output_path: dir.path().join("result.json"),
             events: tx,
+            cancel: Default::default(),
         })
         .await;
     handle.stop().await;

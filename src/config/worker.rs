@@ -32,6 +32,9 @@ pub struct WorkerConfig {
     pub job_timeout_s: f64,
     /// Time between SIGTERM and SIGKILL when stopping the worker.
     pub stop_grace_s: f64,
+    /// How long a worker that supports cancelling gets to abandon a job whose client went away
+    /// before it is killed and restarted.
+    pub cancel_grace_s: f64,
     /// Engine name handed to the worker (`GPUHOST_ENGINE`); the worker picks its default when unset.
     pub engine: Option<String>,
     /// Free-form options: given to the worker at start as JSON (`GPUHOST_OPTIONS`) and merged
@@ -51,6 +54,7 @@ impl Default for WorkerConfig {
             load_timeout_s: 600.0,
             job_timeout_s: 3600.0,
             stop_grace_s: 5.0,
+            cancel_grace_s: 10.0,
             engine: None,
             options: serde_json::Map::new(),
         }
@@ -69,5 +73,6 @@ pub struct WorkerSpec {
     pub load_timeout: Duration,
     pub job_timeout: Duration,
     pub stop_grace: Duration,
+    pub cancel_grace: Duration,
     pub options: serde_json::Map<String, serde_json::Value>,
 }

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::session::{IdleEvent, Session};
+use super::session::{IdleEvent, JobLimits, Session};
 use super::{Control, JobError, JobRequest, WorkerState, WorkerStatus};
 use crate::config::{Mode, WorkerSpec};
 
@@ -193,12 +193,12 @@ impl Actor {
             // Configured options first; the job's own fields win.
             let mut job = spec.options.clone();
             job.extend(request.job.clone());
-            let run = session.run(
-                &job,
-                &request.output_path,
-                &request.events,
-                spec.job_timeout,
-            );
+            let limits = JobLimits {
+                timeout: spec.job_timeout,
+                cancel: &request.cancel,
+                cancel_grace: spec.cancel_grace,
+            };
+            let run = session.run(&job, &request.output_path, &request.events, limits);
             tokio::pin!(run);
             // Keep answering control messages while the job runs: a Stop must not wait for it.
             let mut stop = None;
@@ -225,10 +225,13 @@ impl Actor {
         }
         let broken = matches!(
             outcome,
-            Err(JobError::Crashed { .. } | JobError::Timeout { .. })
+            Err(JobError::Crashed { .. }
+                | JobError::Timeout { .. }
+                | JobError::Cancelled { killed: true, .. })
         );
         self.status.send_modify(|s| match &outcome {
             Ok(_) => s.jobs_done += 1,
+            Err(JobError::Cancelled { .. }) => s.jobs_cancelled += 1,
             Err(e) => {
                 s.jobs_failed += 1;
                 s.last_error = Some(e.to_string());

@@ -11,6 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::lines::LineReader;
 use super::JobError;
@@ -32,6 +33,24 @@ pub(super) struct Session {
     stderr: Option<LineReader<ChildStderr>>,
     tail: VecDeque<String>,
     pub ready: ReadyInfo,
+}
+
+/// How long a job may take, and how it is called off.
+pub(super) struct JobLimits<'a> {
+    pub timeout: Duration,
+    pub cancel: &'a CancellationToken,
+    pub cancel_grace: Duration,
+}
+
+/// Where a running job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Someone waits for the result.
+    Running,
+    /// Nobody does, and the worker was interrupted: it has `cancel_grace` to answer.
+    Cancelling,
+    /// Nobody does, but the worker cannot cancel: it runs to the end (or the job timeout).
+    Finishing,
 }
 
 /// Something that happened while the worker sat idle.
@@ -100,13 +119,14 @@ impl Session {
         self.group.pid()
     }
 
-    /// Sends one job and follows it to `done`, `error`, a crash or the timeout.
+    /// Sends one job and follows it to `done`, `error`, a crash or the timeout. When `cancel`
+    /// fires, a worker that supports cancelling gets `SIGINT` and `cancel_grace` to give the job up.
     pub async fn run(
         &mut self,
         job: &serde_json::Map<String, Value>,
         output: &Path,
         events: &mpsc::Sender<WorkerEvent>,
-        timeout: Duration,
+        limits: JobLimits<'_>,
     ) -> Result<Value, JobError> {
         let mut job = job.clone();
         job.insert("_output_path".into(), output.display().to_string().into());
@@ -118,7 +138,8 @@ impl Session {
             let exit = self.collect_exit().await;
             return Err(self.crashed(format!("{exit}; writing the job failed: {e}")));
         }
-        let deadline = Instant::now() + timeout;
+        let mut deadline = Instant::now() + limits.timeout;
+        let mut phase = Phase::Running;
         loop {
             tokio::select! {
                 biased;
@@ -130,6 +151,9 @@ impl Session {
                     }
                     Some(Signal::Error(failure)) => {
                         self.drain_stderr(events);
+                        if phase == Phase::Cancelling {
+                            return Err(JobError::Cancelled { worker: self.name.clone(), killed: false });
+                        }
                         return Err(JobError::Failed { worker: self.name.clone(), message: failure.message });
                     }
                     Some(_) => tracing::warn!(worker = %self.name, line = line.as_deref().unwrap_or(""),
@@ -139,9 +163,25 @@ impl Session {
                         return Err(self.crashed(exit));
                     }
                 },
+                _ = limits.cancel.cancelled(), if phase == Phase::Running => {
+                    phase = Phase::Finishing;
+                    if self.ready.cancel {
+                        tracing::info!(worker = %self.name, "nobody wants the result any more: interrupting the job");
+                        self.group.signal_leader(libc::SIGINT);
+                        phase = Phase::Cancelling;
+                        deadline = deadline.min(Instant::now() + limits.cancel_grace);
+                    } else {
+                        tracing::info!(worker = %self.name, "nobody wants the result any more, but the worker cannot cancel: letting the job finish");
+                    }
+                }
                 _ = tokio::time::sleep_until(deadline) => {
                     self.group.kill().await;
-                    return Err(JobError::Timeout { worker: self.name.clone(), seconds: timeout.as_secs_f64() });
+                    if phase == Phase::Cancelling {
+                        tracing::warn!(worker = %self.name, grace_s = limits.cancel_grace.as_secs_f64(),
+                            "the worker did not give the job up in time; killed");
+                        return Err(JobError::Cancelled { worker: self.name.clone(), killed: true });
+                    }
+                    return Err(JobError::Timeout { worker: self.name.clone(), seconds: limits.timeout.as_secs_f64() });
                 }
             }
         }

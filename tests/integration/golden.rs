@@ -66,6 +66,7 @@ async fn replayed_transcripts_give_the_recorded_outcomes() {
             load_timeout: Duration::from_secs(20),
             job_timeout: Duration::from_secs(20),
             stop_grace: Duration::from_secs(1),
+            cancel_grace: Duration::from_secs(1),
             options: Default::default(),
         };
         let (worker, task) = WorkerHandle::spawn(spec);
@@ -91,6 +92,7 @@ async fn replayed_transcripts_give_the_recorded_outcomes() {
                     job,
                     output_path: dir.path().join(format!("out{n}.json")),
                     events: tx,
+                    cancel: Default::default(),
                 })
                 .await;
             let mut events = Vec::new();

@@ -2,57 +2,10 @@
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use gpuhost::protocol::{ClientEvent, StageStatus};
+use gpuhost::protocol::ClientEvent;
 use tokio::sync::{mpsc, oneshot};
 
 use super::support::*;
-
-/// Reads events of a streaming response one at a time.
-struct EventReader {
-    stream: futures_util::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
-    buf: Vec<u8>,
-}
-
-impl EventReader {
-    fn new(response: reqwest::Response) -> EventReader {
-        assert_eq!(response.status(), 200);
-        EventReader {
-            stream: response.bytes_stream().boxed(),
-            buf: Vec::new(),
-        }
-    }
-
-    async fn next(&mut self) -> Option<ClientEvent> {
-        loop {
-            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=i).collect();
-                return Some(serde_json::from_slice(&line).unwrap());
-            }
-            let chunk = self.stream.next().await?.unwrap();
-            self.buf.extend_from_slice(&chunk);
-        }
-    }
-
-    async fn until(&mut self, pred: impl Fn(&ClientEvent) -> bool) -> ClientEvent {
-        loop {
-            let event = self.next().await.expect("stream ended early");
-            if pred(&event) {
-                return event;
-            }
-        }
-    }
-}
-
-fn started(e: &ClientEvent) -> bool {
-    matches!(
-        e,
-        ClientEvent::Stage {
-            status: StageStatus::Started,
-            ..
-        }
-    )
-}
 
 #[tokio::test]
 async fn fifty_concurrent_requests_are_served_in_arrival_order() {

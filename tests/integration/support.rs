@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use gpuhost::protocol::ClientEvent;
+use gpuhost::protocol::{ClientEvent, StageStatus};
 use gpuhost::{AppState, Config};
 use tempfile::TempDir;
 use tokio::sync::oneshot;
@@ -288,4 +288,51 @@ pub fn read_pids(dir: &Path) -> Vec<u32> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Reads events of a streaming response one at a time.
+pub struct EventReader {
+    stream: futures_util::stream::BoxStream<'static, reqwest::Result<bytes::Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl EventReader {
+    pub fn new(response: reqwest::Response) -> EventReader {
+        assert_eq!(response.status(), 200);
+        EventReader {
+            stream: response.bytes_stream().boxed(),
+            buf: Vec::new(),
+        }
+    }
+
+    pub async fn next(&mut self) -> Option<ClientEvent> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return Some(serde_json::from_slice(&line).unwrap());
+            }
+            let chunk = self.stream.next().await?.unwrap();
+            self.buf.extend_from_slice(&chunk);
+        }
+    }
+
+    pub async fn until(&mut self, pred: impl Fn(&ClientEvent) -> bool) -> ClientEvent {
+        loop {
+            let event = self.next().await.expect("stream ended early");
+            if pred(&event) {
+                return event;
+            }
+        }
+    }
+}
+
+/// A stage began.
+pub fn started(e: &ClientEvent) -> bool {
+    matches!(
+        e,
+        ClientEvent::Stage {
+            status: StageStatus::Started,
+            ..
+        }
+    )
 }

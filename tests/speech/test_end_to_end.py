@@ -2,6 +2,7 @@
 wideband and telephone recordings of 2–3 speakers, through the three real workers."""
 import json
 import statistics
+import time
 
 import pytest
 
@@ -119,3 +120,30 @@ def test_openai_client_works_unchanged(server, recordings):
     bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong")
     with open(folder / "support_call.wav", "rb") as f, pytest.raises(openai.AuthenticationError):
         bad.audio.transcriptions.create(model="whisper-1", file=f)
+
+
+def test_client_leaving_mid_asr_cancels_the_stage_and_keeps_the_model(server, recordings):
+    folder, _ = recordings
+    before = {w["name"]: w for w in json.load(server.request("/workers"))["workers"]}
+    # Stream a transcription, and hang up once the ASR has reported its first segment.
+    r = server.request("/transcribe", (folder / "meeting.wav").read_bytes())
+    for line in r:
+        event = json.loads(line)
+        if event["type"] == "progress" and event["stage"] == "asr":
+            break
+    r.close()  # the client goes away
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        asr = {w["name"]: w for w in json.load(server.request("/workers"))["workers"]}["asr"]
+        if asr["jobs_cancelled"] > before["asr"]["jobs_cancelled"]:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the ASR job was not cancelled: {asr}")
+    assert asr["pid"] == before["asr"]["pid"] and asr["restarts"] == before["asr"]["restarts"], \
+        "the model stayed loaded"
+    aligner = {w["name"]: w for w in json.load(server.request("/workers"))["workers"]}["aligner"]
+    assert aligner["jobs_done"] == before["aligner"]["jobs_done"], "the aligner stage was skipped"
+    # The next job works.
+    events, _ = server.transcribe(folder / "support_call.wav", "?stages=asr")
+    assert "help desk" in " ".join(s["text"] for s in final(events)["segments"]).lower()

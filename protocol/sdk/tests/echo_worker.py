@@ -1,6 +1,7 @@
 """The worker behind the SDK golden transcripts: echoes `text`, reports `steps` progress events,
-fails with `fail`, and prints to stdout like a careless library would."""
+fails with `fail`, works `sleep` seconds, and prints to stdout like a careless library would."""
 import sys
+import time
 
 from gpuhost_worker import Worker, serve
 
@@ -12,6 +13,12 @@ class Echo(Worker):
     def run(self, job, progress):
         if job.get("fail"):
             raise ValueError(job["fail"])
+        if job.get("sleep"):
+            progress.log("working")
+            try:
+                time.sleep(float(job["sleep"]))
+            except Exception:  # careless model code must not swallow a cancel
+                progress.log("swallowed an exception")
         steps = int(job.get("steps", 0))
         for i in range(steps):
             partial = {"text": job.get("text")} if i + 1 == steps else None

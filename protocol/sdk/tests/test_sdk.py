@@ -30,7 +30,7 @@ def test_c_level_stdout_writes_go_to_stderr(tmp_path):
     proc = start_worker(script)
     out = tmp_path / "r.json"
     stdout, stderr = proc.communicate(json.dumps({"_output_path": str(out)}) + "\n", timeout=30)
-    assert stdout.splitlines() == ['ready {"protocol":1}', "done"]
+    assert stdout.splitlines() == ['ready {"protocol":1,"cancel":true}', "done"]
     assert "C-level noise while loading" in stderr
     assert "C-level noise during the job" in stderr
     assert "python noise" in stderr
@@ -109,3 +109,49 @@ def test_load_failure_exits_nonzero(tmp_path):
     assert proc.returncode == 2
     assert stdout == ""
     assert "weights not found" in stderr
+
+
+def _read_until(stream, text, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = stream.readline()
+        if text in line:
+            return line
+        assert line, f"stream closed before {text!r}"
+    raise AssertionError(f"no {text!r} within {timeout} s")
+
+
+def test_sigint_cancels_the_running_job_and_the_model_stays(tmp_path, echo_worker):
+    proc = echo_worker()
+    assert json.loads(proc.stdout.readline()[len("ready "):])["cancel"] is True
+    out = tmp_path / "r.json"
+    proc.stdin.write(json.dumps({"sleep": 60, "_output_path": str(out)}) + "\n")
+    proc.stdin.flush()
+    _read_until(proc.stderr, "working")
+    started = time.time()
+    proc.send_signal(signal.SIGINT)
+    line = proc.stdout.readline()
+    assert time.time() - started < 5
+    assert line.startswith("error ") and json.loads(line[6:]) == {"message": "cancelled", "kind": "cancelled"}
+    assert not out.exists(), "no result for a cancelled job"
+    proc.stdin.write(json.dumps({"text": "next", "_output_path": str(out)}) + "\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "done"
+    assert json.loads(out.read_text())["echo"] == "next"
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+    assert "swallowed" not in proc.stderr.read()
+
+
+def test_sigint_between_jobs_is_ignored(tmp_path, echo_worker):
+    proc = echo_worker()
+    assert proc.stdout.readline().startswith("ready")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)  # let the signal land while the worker waits for a job
+    assert proc.poll() is None, "the idle worker survived SIGINT"
+    out = tmp_path / "r.json"
+    proc.stdin.write(json.dumps({"text": "after", "_output_path": str(out)}) + "\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "done"
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0

@@ -1,4 +1,7 @@
 import json
+import signal
+import subprocess
+import time
 
 import pytest
 
@@ -48,3 +51,31 @@ def test_protocol_streams_partial_segments(tmp_path, speech_wav):
     events = [json.loads(l[len("@gpuhost "):]) for l in stderr.splitlines() if l.startswith("@gpuhost ")]
     assert any(e["event"] == "progress" and "text" in e.get("partial", {}) for e in events)
     assert "hello" in json.loads(out.read_text())["segments"][0]["text"].lower()
+
+
+def test_sigint_abandons_a_long_transcription_and_the_model_stays(tmp_path, speech_wav):
+    # A minute of speech: several segments, so the decoder returns to Python between them.
+    long_wav = tmp_path / "long.wav"
+    subprocess.run(["sox", speech_wav, str(long_wav), "repeat", "20"], check=True)
+    proc = start_worker("gpuhost_asr")
+    assert json.loads(proc.stdout.readline().split(" ", 1)[1])["cancel"] is True
+    out = tmp_path / "r.json"
+    proc.stdin.write(json.dumps({"audio_path": str(long_wav), "_output_path": str(out)}) + "\n")
+    proc.stdin.flush()
+    while True:  # until the first segment is out
+        line = proc.stderr.readline()
+        assert line, "worker exited"
+        if line.startswith("@gpuhost ") and json.loads(line[len("@gpuhost "):])["event"] == "progress":
+            break
+    started = time.time()
+    proc.send_signal(signal.SIGINT)
+    line = proc.stdout.readline()
+    assert line.startswith("error ") and json.loads(line[6:])["kind"] == "cancelled", line
+    assert time.time() - started < 5
+    assert not out.exists()
+    proc.stdin.write(json.dumps({"audio_path": speech_wav, "_output_path": str(out)}) + "\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == "done"
+    assert "hello" in json.loads(out.read_text())["segments"][0]["text"].lower()
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0

@@ -7,6 +7,6 @@ signal, exit when the parent dies, persistent and one-shot modes.
 from .channels import Channels
 from .options import engine, options
 from .progress import Progress
-from .runner import PROTOCOL_VERSION, Worker, serve
+from .runner import PROTOCOL_VERSION, JobCancelled, Worker, serve
 
-__all__ = ["Channels", "Progress", "PROTOCOL_VERSION", "Worker", "engine", "options", "serve"]
+__all__ = ["Channels", "JobCancelled", "Progress", "PROTOCOL_VERSION", "Worker", "engine", "options", "serve"]

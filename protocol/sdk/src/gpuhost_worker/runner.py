@@ -1,8 +1,10 @@
 """The worker loop: load once, say `ready`, then per stdin line run the job, write the result
-atomically to `_output_path`, and say `done` (or `error`, staying alive for the next job)."""
+atomically to `_output_path`, and say `done` (or `error`, staying alive for the next job).
+`SIGINT` during a job abandons it (`error` of kind `cancelled`); the model stays loaded."""
 import gc
 import json
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -12,6 +14,30 @@ from .guard import watch_parent
 from .progress import Progress
 
 PROTOCOL_VERSION = 1
+
+
+class JobCancelled(BaseException):
+    """Raised inside `Worker.run` when the host calls the job off (`SIGINT`). A `BaseException`,
+    like `KeyboardInterrupt`, so that model code catching `Exception` does not swallow it."""
+
+
+class _Job:
+    """Whether a job runs: `SIGINT` cancels only then, and is ignored between jobs."""
+
+    running = False
+
+    @classmethod
+    def on_sigint(cls, signum, frame):
+        if cls.running:
+            raise JobCancelled()
+
+
+def free_memory() -> None:
+    """Collects garbage and empties the CUDA cache when torch is loaded (`del` first)."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 class Worker:
@@ -31,10 +57,7 @@ class Worker:
     def unload(self) -> None:
         """Frees memory in-process (one-shot mode exits instead). Override to drop model
         references; the default collects garbage and empties the CUDA cache when torch is loaded."""
-        gc.collect()
-        torch = sys.modules.get("torch")
-        if torch is not None and getattr(torch, "cuda", None) is not None and torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        free_memory()
 
 
 def write_result(path: str, result) -> None:
@@ -87,7 +110,9 @@ def serve(worker: Worker, channels: Channels | None = None, oneshot: bool | None
         meta["model"] = worker.model
     if worker.device:
         meta["device"] = worker.device
+    meta["cancel"] = True
     meta.update(extra)
+    signal.signal(signal.SIGINT, _Job.on_sigint)
     channels.signal("ready", meta)
     progress = Progress(channels)
     for line in channels.jobs():
@@ -107,10 +132,22 @@ def _handle(worker: Worker, channels: Channels, progress: Progress, line: str) -
         channels.signal("error", {"message": f"bad job line: {e}", "kind": "ProtocolError"})
         return
     output = job.get("_output_path")
+    # A SIGINT raises only while `running` is set, and `running` is cleared inside the outer try:
+    # the one SIGINT the host sends per job raises at most once, always where it is caught, so
+    # exactly one signal ends every job.
     try:
-        result = worker.run(job, progress)
+        try:
+            _Job.running = True
+            result = worker.run(job, progress)
+        finally:
+            _Job.running = False
         if output:
             write_result(output, result if result is not None else {})
+    except JobCancelled:
+        free_memory()  # what the abandoned job allocated
+        channels.log("job cancelled: the host no longer wants its result", "info")
+        channels.signal("error", {"message": "cancelled", "kind": "cancelled"})
+        return
     except Exception as e:
         sys.stderr.write(traceback.format_exc())
         sys.stderr.flush()

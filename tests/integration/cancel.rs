@@ -1,0 +1,154 @@
+//! Cancelling: a client that goes away mid-stage frees the GPU as soon as its worker allows,
+//! without costing a resident worker its loaded model.
+
+use std::time::{Duration, Instant};
+
+use gpuhost::protocol::ClientEvent;
+
+use super::support::*;
+
+/// A worker that says it can cancel, with `FAKE_CANCEL` set to `mode`.
+fn cancelling_worker(name: &str, mode: &str, extra: &str) -> String {
+    fake_worker(
+        name,
+        &format!(
+            "env = {{ FAKE_CANCEL = \"{mode}\", FAKE_READY_META = '{{\"protocol\":1,\"cancel\":true}}' }}\n{extra}"
+        ),
+    )
+}
+
+/// Starts a 30 s job, waits until it runs, and hangs up.
+async fn abandon_long_job(host: &TestHost) {
+    let mut gone = EventReader::new(
+        host.post("/transcribe?language=fake:sleep=30000")
+            .body(wav(0.2, 16000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    gone.until(started).await;
+    drop(gone);
+}
+
+#[tokio::test]
+async fn a_worker_that_can_cancel_gives_up_the_job_and_stays_loaded() {
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}",
+        cancelling_worker("w", "handle", "")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let pid = host.worker("w").await["pid"].clone();
+    assert_eq!(host.worker("w").await["loaded"]["cancel"], true);
+    let left = Instant::now();
+    abandon_long_job(&host).await;
+    wait_for("the GPU to be free again", Duration::from_secs(5), || {
+        let queue = host.state.queue.clone();
+        async move { queue.running() == 0 }
+    })
+    .await;
+    assert!(
+        left.elapsed() < Duration::from_secs(5),
+        "the abandoned 30 s job was cut short"
+    );
+    let w = host.worker("w").await;
+    assert_eq!(w["pid"], pid, "no restart: the model stayed loaded");
+    assert_eq!(w["state"], "ready");
+    assert_eq!(w["jobs_cancelled"], 1);
+    assert_eq!(w["jobs_failed"], 0, "a cancelled job is not a failure");
+    assert_eq!(w["restarts"], 0);
+
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    assert_eq!(result_of(&events)["stages"]["w"]["seq"], 2);
+    let metrics = host
+        .get("/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("gpuhost_jobs_total{outcome=\"cancelled\"} 1"),
+        "{metrics}"
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_that_ignores_the_interrupt_is_killed_after_the_grace() {
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}",
+        cancelling_worker("w", "ignore", "cancel_grace_s = 0.5")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let pid = host.worker("w").await["pid"].as_u64().unwrap() as u32;
+    abandon_long_job(&host).await;
+    wait_for(
+        "the stubborn worker to be killed",
+        Duration::from_secs(5),
+        || async move { !pid_alive(pid) },
+    )
+    .await;
+    // The next job gets a fresh worker.
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    let result = result_of(&events);
+    assert_eq!(result["stages"]["w"]["seq"], 1, "a new process");
+    assert_ne!(result["stages"]["w"]["pid"].as_u64().unwrap() as u32, pid);
+    let w = host.worker("w").await;
+    assert_eq!(w["jobs_cancelled"], 1);
+    assert!(
+        w["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("did not stop in time"),
+        "{w}"
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_without_cancel_finishes_the_job_nobody_waits_for() {
+    // Original-protocol workers are never interrupted: interrupting them would kill the model.
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}",
+        fake_worker("w", "env = { FAKE_CANCEL = \"handle\" }")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let mut gone = EventReader::new(
+        host.post("/transcribe?language=fake:sleep=600")
+            .body(wav(0.2, 16000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    gone.until(started).await;
+    drop(gone);
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    assert_eq!(result_of(&events)["stages"]["w"]["seq"], 2);
+    let w = host.worker("w").await;
+    assert_eq!(w["jobs_done"], 2, "the abandoned job ran to its end");
+    assert_eq!(w["jobs_cancelled"], 0);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_cancelled_stage_skips_the_rest_of_the_pipeline() {
+    let config = format!(
+        "[pipeline]\nstages = [\"a\", \"b\"]\n{}{}",
+        cancelling_worker("a", "handle", ""),
+        fake_worker("b", "")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    abandon_long_job(&host).await;
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    let result = result_of(&events);
+    assert_eq!(result["stages"]["a"]["seq"], 2);
+    assert_eq!(
+        result["stages"]["b"]["seq"], 1,
+        "b never ran for the abandoned job"
+    );
+    assert!(!events
+        .iter()
+        .any(|e| matches!(e, ClientEvent::Error { .. })));
+    host.stop().await;
+}
