@@ -46,7 +46,7 @@ def main():
     print(f"# speech quality and speed (median of {rounds} runs resident, 1 oneshot; 2-core CPU, default engines)\n")
     print("| recording | dur s | WER | DER | boundary ms | spk words | speakers | RTF resident | RTF oneshot | resident/oneshot | host overhead |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    totals = {"wer": [], "der": [], "boundary": [], "rtf_r": [], "rtf_o": [], "ratio": [], "overhead": []}
+    totals = {}
     for name in names:
         truth = json.loads((folder / f"{name}.json").read_text())
         m = metrics.evaluate(truth, resident[name]["result"])
@@ -56,12 +56,18 @@ def main():
         print(f"| {name} | {dur:.1f} | {m['wer']:.3f} | {m['der']:.3f} | {m['boundary_ms']:.0f} | {m['speaker_words']:.3f} "
               f"| {m['speakers_found']}/{m['speakers_true']} | {r['wall'] / dur:.3f} | {o['wall'] / dur:.3f} "
               f"| {r['wall'] / o['wall']:.2f} | {overhead * 100:.2f} % |")
-        for k, v in [("wer", m["wer"]), ("der", m["der"]), ("boundary", m["boundary_ms"]), ("rtf_r", r["wall"] / dur),
-                     ("rtf_o", o["wall"] / dur), ("ratio", r["wall"] / o["wall"]), ("overhead", overhead * 100)]:
-            totals[k].append(v)
-    med = {k: statistics.median(v) for k, v in totals.items()}
-    print(f"| **median** | | {med['wer']:.3f} | {med['der']:.3f} | {med['boundary']:.0f} | | | {med['rtf_r']:.3f} "
-          f"| {med['rtf_o']:.3f} | {med['ratio']:.2f} | {med['overhead']:.2f} % |")
+        row = {"wer": m["wer"], "der": m["der"], "boundary": m["boundary_ms"], "spk": m["speaker_words"],
+               "rtf_r": r["wall"] / dur, "rtf_o": o["wall"] / dur, "ratio": r["wall"] / o["wall"],
+               "overhead": overhead * 100}
+        for group in ("all", truth["set"]):
+            for k, v in row.items():
+                totals.setdefault(group, {}).setdefault(k, []).append(v)
+    for group in ["conversation", "turn-taking", "all"]:
+        if group not in totals:
+            continue
+        med = {k: statistics.median(v) for k, v in totals[group].items()}
+        print(f"| **median, {group}** | | {med['wer']:.3f} | {med['der']:.3f} | {med['boundary']:.0f} | {med['spk']:.3f} "
+              f"| | {med['rtf_r']:.3f} | {med['rtf_o']:.3f} | {med['ratio']:.2f} | {med['overhead']:.2f} % |")
 
 
 if __name__ == "__main__":

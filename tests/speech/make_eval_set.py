@@ -3,10 +3,13 @@ exact ground truth (who spoke when, every word's start and end), in a wideband (
 narrowband telephone version (300–3400 Hz, 8 kHz, mu-law) of each.
 
 Words are synthesized one by one and joined with short pauses, so every word boundary is known
-to the sample. Stdlib only; needs `espeak-ng` and `sox` on PATH.
+to the sample. Two sets: `conversation` (turns 0.5–0.9 s apart) and `turn-taking` (short turns
+answered at once, 0–0.12 s apart, so a speaker change often has no pause at all: VAD alone cannot
+separate the speakers). Stdlib only; needs `espeak-ng` and `sox` on PATH.
 
     python3 tests/speech/make_eval_set.py OUT_DIR
-writes OUT_DIR/<name>.wav and OUT_DIR/<name>.json ({"words": [...], "turns": [...], "text": ...}).
+writes OUT_DIR/<name>.wav and OUT_DIR/<name>.json ({"words": [...], "turns": [...], "text": ...,
+"set": ...}).
 """
 import array
 import json
@@ -56,6 +59,30 @@ CONVERSATIONS = {
 }
 
 
+# Quick exchanges: the next speaker starts within 0–0.12 s.
+TURN_TAKING = {
+    "quick_exchange": [
+        ("bob", "so did the backup finish"), ("carol", "yes at four"), ("bob", "all of it"),
+        ("carol", "every disk except the old one"), ("bob", "which old one"),
+        ("carol", "the grey box under the desk"), ("bob", "right that one is broken anyway"),
+        ("carol", "then we can throw it out"), ("bob", "agreed"),
+        ("carol", "and the new drives arrive on tuesday"), ("bob", "good i will install them"),
+    ],
+    "quick_three": [
+        ("alice", "who has the keys"), ("dave", "not me"), ("carol", "i left them at the front desk"),
+        ("alice", "thanks"), ("dave", "is the van ready"), ("carol", "almost it needs fuel"),
+        ("alice", "i can fill it up on the way"), ("dave", "great then we leave at ten"),
+        ("carol", "see you there"),
+    ],
+}
+GAPS = {"conversation": (0.5, 0.9), "turn-taking": (0.0, 0.12)}
+
+
+def names() -> list:
+    """Every recording the set has, wideband and telephone."""
+    return sorted(n + s for n in [*CONVERSATIONS, *TURN_TAKING] for s in ("", "_phone"))
+
+
 def synth_word(word: str, voice: list, workdir: str) -> array.array:
     path = os.path.join(workdir, "w.wav")
     subprocess.run(["espeak-ng", *voice, "-w", path, word], check=True)
@@ -69,7 +96,7 @@ def synth_word(word: str, voice: list, workdir: str) -> array.array:
     return samples[max(0, start - 40):min(len(samples), end + 40)]
 
 
-def build(name: str, turns: list, workdir: str, rng: random.Random) -> tuple:
+def build(name: str, turns: list, workdir: str, rng: random.Random, kind: str = "conversation") -> tuple:
     audio = array.array("h", [0] * int(0.6 * RATE))
     words, truth_turns = [], []
     for speaker, sentence in turns:
@@ -83,11 +110,13 @@ def build(name: str, turns: list, workdir: str, rng: random.Random) -> tuple:
             words.append({"word": word, "start": round(start, 4), "end": round(len(audio) / RATE, 4),
                           "speaker": speaker})
         truth_turns.append({"speaker": speaker, "start": round(turn_start, 4), "end": round(len(audio) / RATE, 4)})
-        audio.extend([0] * int(rng.uniform(0.5, 0.9) * RATE))
+        audio.extend([0] * int(rng.uniform(*GAPS[kind]) * RATE))
+    if kind != "conversation":
+        audio.extend([0] * int(0.6 * RATE))
     # A little noise so the silence is not digital zero.
     noisy = array.array("h", (max(-32768, min(32767, s + rng.randint(-30, 30))) for s in audio))
     text = " ".join(s for _, s in turns)
-    return noisy, {"name": name, "words": words, "turns": truth_turns, "text": text,
+    return noisy, {"name": name, "set": kind, "words": words, "turns": truth_turns, "text": text,
                    "speakers": sorted({s for s, _ in turns}), "duration": round(len(noisy) / RATE, 4)}
 
 
@@ -103,8 +132,10 @@ def main(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     rng = random.Random(7)
     with tempfile.TemporaryDirectory() as workdir:
-        for name, turns in CONVERSATIONS.items():
-            samples, truth = build(name, turns, workdir, rng)
+        sets = [(n, t, "conversation") for n, t in CONVERSATIONS.items()]
+        sets += [(n, t, "turn-taking") for n, t in TURN_TAKING.items()]
+        for name, turns, kind in sets:
+            samples, truth = build(name, turns, workdir, rng, kind)
             wide = os.path.join(out, f"{name}.wav")
             write_wav(wide, samples)
             with open(os.path.join(out, f"{name}.json"), "w") as f:
@@ -115,7 +146,7 @@ def main(out: str) -> None:
                             "sinc", "300-3400", "gain", "-1"], check=True)
             with open(os.path.join(out, f"{name}_phone.json"), "w") as f:
                 json.dump(dict(truth, name=f"{name}_phone", narrowband=True), f, indent=1)
-    print(f"wrote {2 * len(CONVERSATIONS)} recordings to {out}")
+    print(f"wrote {len(names())} recordings to {out}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """End to end through HTTP on synthesized speech with exact ground truth (make_eval_set.py):
-wideband and telephone recordings of 2–3 speakers, through the three real workers."""
+wideband and telephone recordings of 2–3 speakers, conversations and quick turn-taking without
+pauses, through the three real workers."""
 import json
 import statistics
 import time
@@ -16,6 +17,10 @@ import metrics
 WER_WIDE_MEDIAN, WER_WIDE, WER_PHONE = 0.10, 0.15, 0.55
 DER_MAX = 0.05
 BOUNDARY_MS_MEDIAN, BOUNDARY_MS_MAX = 80, 110
+# Turn-taking recordings are there for the diarizer (speaker changes without a pause). Their
+# 1–6-word turns are hard for tiny.en (20 % wideband WER measured), and words next to a change
+# are the ones a 0.1–0.2 s boundary error gives to the wrong speaker.
+WER_QUICK, SPEAKER_WORDS, SPEAKER_WORDS_QUICK = 0.30, 0.9, 0.85
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +57,15 @@ def test_every_recording_meets_the_bounds(recordings, results):
         truth = json.loads((folder / f"{name}.json").read_text())
         m = metrics.evaluate(truth, final(results[name]))
         m["narrowband"] = bool(truth.get("narrowband"))
+        m["quick"] = truth["set"] == "turn-taking"
         report[name] = m
-        assert m["wer"] <= (WER_PHONE if m["narrowband"] else WER_WIDE), (name, m)
+        assert m["wer"] <= (WER_PHONE if m["narrowband"] else WER_QUICK if m["quick"] else WER_WIDE), (name, m)
         assert m["der"] <= DER_MAX, (name, m)
         assert m["speakers_found"] == m["speakers_true"], (name, m)
         assert m["boundary_ms"] <= BOUNDARY_MS_MAX, (name, m)
-        assert m["speaker_words"] >= 0.9, (name, m)
+        assert m["speaker_words"] >= (SPEAKER_WORDS_QUICK if m["quick"] else SPEAKER_WORDS), (name, m)
     print(json.dumps(report, indent=1))
-    wide = [m["wer"] for m in report.values() if not m["narrowband"]]
+    wide = [m["wer"] for m in report.values() if not m["narrowband"] and not m["quick"]]
     assert statistics.median(wide) <= WER_WIDE_MEDIAN, report
     assert statistics.median(m["boundary_ms"] for m in report.values()) <= BOUNDARY_MS_MEDIAN, report
 

@@ -14,6 +14,7 @@ from scipy.spatial.distance import pdist, squareform
 
 PITCH_WEIGHT = 2.0
 THRESHOLD = 0.42
+MIN_CLUSTER_S = 1.5
 
 
 def distances(embeddings: np.ndarray, log2_f0: np.ndarray, pitch_weight: float = PITCH_WEIGHT) -> np.ndarray:
@@ -37,6 +38,22 @@ def cluster(dist: np.ndarray, num: int | None = None, min_k: int | None = None, 
     z = linkage(squareform(dist, checks=False), method="average")
     k = lo if lo == hi else min(max(len(set(fcluster(z, t=threshold, criterion="distance"))), lo), hi)
     return relabel(fcluster(z, t=k, criterion="maxclust") - 1)
+
+
+def cluster_segments(dist: np.ndarray, lengths: np.ndarray, num: int | None = None, min_k: int | None = None,
+                     max_k: int | None = None, threshold: float = THRESHOLD, min_len: float = MIN_CLUSTER_S) -> np.ndarray:
+    """Like `cluster`, but only segments of at least `min_len` seconds decide the speakers (a
+    short one's d-vector comes from one padded window and would found a speaker of its own);
+    each short segment then joins the speaker whose segments it is closest to on average."""
+    long_ = np.where(lengths >= min_len)[0]
+    if len(long_) < max(2, num or 0, min_k or 0):
+        return cluster(dist, num, min_k, max_k, threshold)
+    found = cluster(dist[np.ix_(long_, long_)], num, min_k, max_k, threshold)
+    labels = np.zeros(len(dist), dtype=int)
+    labels[long_] = found
+    for i in np.where(lengths < min_len)[0]:
+        labels[i] = min(set(found.tolist()), key=lambda k: dist[i, long_[found == k]].mean())
+    return relabel(labels)
 
 
 def relabel(labels) -> np.ndarray:

@@ -90,6 +90,25 @@ class Embedder:
             i += len(w)
         return np.array(out)
 
+    def region_windows(self, feats: np.ndarray, regions: list, stride: int = 40) -> list:
+        """For each region (seconds), its encoder windows every `stride` frames: (starts, d-vectors),
+        the starts in feature frames, the d-vectors L2-normalised. One batched call for all."""
+        starts = []
+        for s, e in regions:
+            first, last = int(s * 100), int(e * 100)
+            starts.append(list(range(first, max(first + 1, last - 80 + 1), stride)))
+        flat = [a for run in starts for a in run]
+        if not flat:
+            return [([], np.zeros((0, 256), np.float32)) for _ in regions]
+        wins = np.stack([self.windows(feats[a:a + 80])[0] for a in flat])
+        emb = self.session.run(None, {"mel_window": wins})[0]
+        emb /= np.linalg.norm(emb, axis=-1, keepdims=True) + 1e-12
+        out, i = [], 0
+        for run in starts:
+            out.append((run, emb[i:i + len(run)]))
+            i += len(run)
+        return out
+
     def embed(self, feats: np.ndarray) -> np.ndarray:
         """L2-normalised d-vector of one run of feature frames."""
         return self.embed_many([feats])[0]

