@@ -1,6 +1,7 @@
 """Quality metrics against the ground truth of make_eval_set.py. Stdlib only.
 
-- WER: word edit distance / reference words, on lowercase letters-and-digits tokens.
+- WER: word edit distance / reference words, on lowercase letters-and-digits tokens, with British
+  spellings mapped to American ones (as Whisper's English normalizer does: "grey" = "gray").
 - DER: (missed + false alarm + speaker confusion) / reference speech time, 10 ms frames, with a
   0.25 s collar around every reference turn boundary excluded, best speaker mapping.
 - Word boundary error: |start - true start| and |end - true end| of every correctly recognized word
@@ -15,8 +16,13 @@ import statistics
 FRAME = 0.01
 
 
+# The British/American pairs that occur in the evaluation set's vocabulary.
+SPELLING = {"grey": "gray", "centre": "center", "colour": "color", "favourite": "favorite"}
+
+
 def tokens(text):
-    return [t for t in re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).split() if t.strip("'")]
+    words = re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).split()
+    return [SPELLING.get(t, t) for t in words if t.strip("'")]
 
 
 def align_words(ref, hyp):
