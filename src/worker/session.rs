@@ -131,6 +131,15 @@ impl Session {
         let mut job = job.clone();
         job.insert("_output_path".into(), output.display().to_string().into());
         job.insert("_protocol".into(), PROTOCOL_VERSION.into());
+        // The cancel marker: SIGINT alone can land before the worker has read the job line.
+        let cancel_marker = output.with_extension("cancel");
+        if self.ready.cancel {
+            let _ = std::fs::remove_file(&cancel_marker);
+            job.insert(
+                "_cancel_path".into(),
+                cancel_marker.display().to_string().into(),
+            );
+        }
         let mut line = Value::Object(job).to_string();
         line.push('\n');
         let _ = std::fs::remove_file(output);
@@ -167,6 +176,10 @@ impl Session {
                     phase = Phase::Finishing;
                     if self.ready.cancel {
                         tracing::info!(worker = %self.name, "nobody wants the result any more: interrupting the job");
+                        // Marker first: a worker that has not read the job yet sees it at the start.
+                        if let Err(e) = std::fs::write(&cancel_marker, b"") {
+                            tracing::warn!(worker = %self.name, error = %e, "cannot write the cancel marker");
+                        }
                         self.group.signal_leader(libc::SIGINT);
                         phase = Phase::Cancelling;
                         deadline = deadline.min(Instant::now() + limits.cancel_grace);

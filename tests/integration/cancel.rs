@@ -17,19 +17,6 @@ fn cancelling_worker(name: &str, mode: &str, extra: &str) -> String {
     )
 }
 
-/// Starts a 30 s job, waits until it runs, and hangs up.
-async fn abandon_long_job(host: &TestHost) {
-    let mut gone = EventReader::new(
-        host.post("/transcribe?language=fake:sleep=30000")
-            .body(wav(0.2, 16000, 1))
-            .send()
-            .await
-            .unwrap(),
-    );
-    gone.until(started).await;
-    drop(gone);
-}
-
 #[tokio::test]
 async fn a_worker_that_can_cancel_gives_up_the_job_and_stays_loaded() {
     let config = format!(
@@ -40,7 +27,7 @@ async fn a_worker_that_can_cancel_gives_up_the_job_and_stays_loaded() {
     let pid = host.worker("w").await["pid"].clone();
     assert_eq!(host.worker("w").await["loaded"]["cancel"], true);
     let left = Instant::now();
-    abandon_long_job(&host).await;
+    abandon_job(&host, 30_000).await;
     wait_for("the GPU to be free again", Duration::from_secs(5), || {
         let queue = host.state.queue.clone();
         async move { queue.running() == 0 }
@@ -75,6 +62,32 @@ async fn a_worker_that_can_cancel_gives_up_the_job_and_stays_loaded() {
 }
 
 #[tokio::test]
+async fn a_cancel_that_lands_before_the_worker_took_the_job_up_still_counts() {
+    // The SIGINT arrives while the worker has not armed its handler for this job yet; the
+    // marker file the host wrote first makes the worker give the job up when it starts it.
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}",
+        cancelling_worker("w", "handle", "")
+    )
+    .replace(
+        "FAKE_CANCEL = ",
+        "FAKE_START_DELAY_MS = \"1000\", FAKE_CANCEL = ",
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let pid = host.worker("w").await["pid"].clone();
+    abandon_job(&host, 30_000).await;
+    wait_for("the GPU to be free again", Duration::from_secs(6), || {
+        let queue = host.state.queue.clone();
+        async move { queue.running() == 0 }
+    })
+    .await;
+    let w = host.worker("w").await;
+    assert_eq!(w["jobs_cancelled"], 1);
+    assert_eq!(w["pid"], pid, "given up, not killed");
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_worker_that_ignores_the_interrupt_is_killed_after_the_grace() {
     let config = format!(
         "[pipeline]\nstages = [\"w\"]\n{}",
@@ -82,7 +95,7 @@ async fn a_worker_that_ignores_the_interrupt_is_killed_after_the_grace() {
     );
     let host = TestHost::start(&config).await.ready().await;
     let pid = host.worker("w").await["pid"].as_u64().unwrap() as u32;
-    abandon_long_job(&host).await;
+    abandon_job(&host, 30_000).await;
     wait_for(
         "the stubborn worker to be killed",
         Duration::from_secs(5),
@@ -114,15 +127,7 @@ async fn a_worker_without_cancel_finishes_the_job_nobody_waits_for() {
         fake_worker("w", "env = { FAKE_CANCEL = \"handle\" }")
     );
     let host = TestHost::start(&config).await.ready().await;
-    let mut gone = EventReader::new(
-        host.post("/transcribe?language=fake:sleep=600")
-            .body(wav(0.2, 16000, 1))
-            .send()
-            .await
-            .unwrap(),
-    );
-    gone.until(started).await;
-    drop(gone);
+    abandon_job(&host, 600).await;
     let events = host.transcribe("", wav(0.2, 16000, 1)).await;
     assert_eq!(result_of(&events)["stages"]["w"]["seq"], 2);
     let w = host.worker("w").await;
@@ -139,7 +144,7 @@ async fn a_cancelled_stage_skips_the_rest_of_the_pipeline() {
         fake_worker("b", "")
     );
     let host = TestHost::start(&config).await.ready().await;
-    abandon_long_job(&host).await;
+    abandon_job(&host, 30_000).await;
     let events = host.transcribe("", wav(0.2, 16000, 1)).await;
     let result = result_of(&events);
     assert_eq!(result["stages"]["a"]["seq"], 2);

@@ -86,6 +86,7 @@ async fn replayed_transcripts_give_the_recorded_outcomes() {
             };
             job.remove("_output_path");
             job.remove("_protocol");
+            job.remove("_cancel_path");
             let (tx, mut rx) = tokio::sync::mpsc::channel(64);
             let outcome = worker
                 .run(JobRequest {

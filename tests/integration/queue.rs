@@ -121,15 +121,7 @@ async fn client_leaving_while_running_never_keeps_the_gpu() {
         fake_worker("b", "")
     );
     let host = TestHost::start(&config).await.ready().await;
-    let mut gone = EventReader::new(
-        host.post("/transcribe?language=fake:sleep=700")
-            .body(wav(0.2, 16000, 1))
-            .send()
-            .await
-            .unwrap(),
-    );
-    gone.until(started).await;
-    drop(gone);
+    abandon_job(&host, 700).await;
     // The next client gets the GPU once stage `a` of the abandoned job is over; `b` is skipped.
     let events = host.transcribe("", wav(0.2, 16000, 1)).await;
     let result = result_of(&events);

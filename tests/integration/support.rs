@@ -336,3 +336,16 @@ pub fn started(e: &ClientEvent) -> bool {
         }
     )
 }
+
+/// Starts a fake job that works `sleep_ms`, waits until its first stage runs, and hangs up.
+pub async fn abandon_job(host: &TestHost, sleep_ms: u64) {
+    let mut gone = EventReader::new(
+        host.post(&format!("/transcribe?language=fake:sleep={sleep_ms}"))
+            .body(wav(0.2, 16000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    gone.until(started).await;
+    drop(gone);
+}

@@ -155,3 +155,17 @@ def test_sigint_between_jobs_is_ignored(tmp_path, echo_worker):
     assert proc.stdout.readline().strip() == "done"
     proc.stdin.close()
     assert proc.wait(timeout=10) == 0
+
+
+def test_a_job_cancelled_before_it_was_read_is_given_up_at_once(tmp_path, echo_worker):
+    # The host cancelled while the job line was still in the pipe: its marker file exists.
+    proc = echo_worker()
+    assert proc.stdout.readline().startswith("ready")
+    marker, out = tmp_path / "job.cancel", tmp_path / "r.json"
+    marker.touch()
+    jobs = [{"sleep": 60, "_output_path": str(out), "_cancel_path": str(marker)},
+            {"text": "next", "_output_path": str(out), "_cancel_path": str(tmp_path / "next.cancel")}]
+    stdout, _ = proc.communicate("\n".join(json.dumps(j) for j in jobs) + "\n", timeout=20)
+    lines = stdout.splitlines()
+    assert json.loads(lines[0][len("error "):])["kind"] == "cancelled"
+    assert lines[1] == "done" and json.loads(out.read_text())["echo"] == "next"

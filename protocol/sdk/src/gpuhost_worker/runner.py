@@ -138,6 +138,10 @@ def _handle(worker: Worker, channels: Channels, progress: Progress, line: str) -
     try:
         try:
             _Job.running = True
+            # The host's SIGINT may have come before this job was read: it left a marker too.
+            cancel_path = job.get("_cancel_path")
+            if cancel_path and os.path.exists(cancel_path):
+                raise JobCancelled()
             result = worker.run(job, progress)
         finally:
             _Job.running = False
