@@ -4,8 +4,9 @@ real-time factor resident vs oneshot, with the host's own overhead.
 
     cargo build --release && python3 benches/quality.py      (GPUHOST_BIN overrides the binary)
 
-Host overhead = request wall time − Σ stage times the host measured (job sent → `done`), i.e.
-intake, queueing, merging and streaming, as a share of the summed stage times.
+Host overhead = request wall time − the time the pipeline's stages ran (first stage's job sent →
+last stage's `done`, as the host measured it: `pipeline_seconds`), i.e. intake, queueing, merging
+and streaming, as a share of that time.
 """
 import json
 import statistics
@@ -29,7 +30,7 @@ def run(mode, folder, names, rounds):
             for _ in range(rounds):
                 events, wall = server.transcribe(folder / f"{name}.wav")
                 result = events[-1]["result"]
-                samples.append((wall, sum(result["timings"].values()), result))
+                samples.append((wall, result["pipeline_seconds"], result))
             wall = statistics.median(s[0] for s in samples)
             stage = statistics.median(s[1] for s in samples)
             rows[name] = {"wall": wall, "stages": stage, "result": samples[0][2]}

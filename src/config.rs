@@ -40,6 +40,54 @@ pub struct Config {
 pub struct PipelineConfig {
     /// Worker names run in order for `POST /transcribe`.
     pub stages: Vec<String>,
+    /// Groups of consecutive stages that run at the same time when all their workers are
+    /// resident (each sees the results of the stages before its group). Default: diarizer and
+    /// asr together, when the pipeline has both.
+    pub parallel: Option<Vec<Vec<String>>>,
+}
+
+impl PipelineConfig {
+    /// The parallel groups in effect.
+    pub fn parallel_groups(&self) -> Vec<Vec<String>> {
+        match &self.parallel {
+            Some(groups) => groups.clone(),
+            None => {
+                let default = ["diarizer", "asr"];
+                if default.iter().all(|d| self.stages.iter().any(|s| s == d)) {
+                    vec![default.map(String::from).to_vec()]
+                } else {
+                    Vec::new()
+                }
+            }
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let mut seen = std::collections::BTreeSet::new();
+        for group in self.parallel.iter().flatten() {
+            let at: Vec<usize> = group
+                .iter()
+                .map(|name| {
+                    self.stages.iter().position(|s| s == name).ok_or_else(|| {
+                        format!(
+                            "[pipeline] parallel names `{name}`, which is not in [pipeline] stages"
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            if at.windows(2).any(|w| w[1] != w[0] + 1) {
+                return Err(format!(
+                    "[pipeline] parallel group {group:?} must list consecutive stages in pipeline order"
+                ));
+            }
+            if let Some(twice) = group.iter().find(|name| !seen.insert(name.as_str())) {
+                return Err(format!(
+                    "[pipeline] parallel names `{twice}` more than once"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -82,6 +130,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
             stages: vec!["diarizer".into(), "asr".into(), "aligner".into()],
+            parallel: None,
         }
     }
 }
@@ -195,6 +244,7 @@ impl Config {
                 )));
             }
         }
+        self.pipeline.validate().map_err(ConfigError::Invalid)?;
         if self.gpu.max_concurrent_jobs == 0 {
             return Err(ConfigError::Invalid(
                 "[gpu] max_concurrent_jobs must be at least 1".into(),
@@ -373,5 +423,26 @@ mod tests {
     fn stage_must_name_a_worker() {
         let err = Config::from_toml("[pipeline]\nstages = [\"nope\"]\n", ".".into()).unwrap_err();
         assert!(err.to_string().contains("`nope`"), "{err}");
+    }
+
+    #[test]
+    fn parallel_groups_default_and_checks() {
+        let d = Config::default();
+        assert_eq!(d.pipeline.parallel_groups(), [["diarizer", "asr"]]);
+        let only_asr = Config::from_toml("[pipeline]\nstages = [\"asr\"]\n", ".".into()).unwrap();
+        assert!(only_asr.pipeline.parallel_groups().is_empty());
+        let off = Config::from_toml("[pipeline]\nparallel = []\n", ".".into()).unwrap();
+        assert!(off.pipeline.parallel_groups().is_empty());
+        for (toml, says) in [
+            ("parallel = [[\"asr\", \"ocr\"]]", "`ocr`"),
+            ("parallel = [[\"diarizer\", \"aligner\"]]", "consecutive"),
+            (
+                "parallel = [[\"diarizer\", \"asr\"], [\"asr\", \"aligner\"]]",
+                "more than once",
+            ),
+        ] {
+            let err = Config::from_toml(&format!("[pipeline]\n{toml}\n"), ".".into()).unwrap_err();
+            assert!(err.to_string().contains(says), "{toml}: {err}");
+        }
     }
 }

@@ -67,7 +67,7 @@ impl App {
         Arc::new(App {
             gpu: gpu::GpuMonitor::start(&config, Arc::clone(&supervisor)),
             queue: GpuQueue::new(config.gpu.max_concurrent_jobs),
-            pipeline: Pipeline::new(Arc::clone(&supervisor)),
+            pipeline: Pipeline::new(Arc::clone(&supervisor), config.pipeline.parallel_groups()),
             supervisor,
             config: Arc::new(config),
             stats: JobStats::default(),
@@ -85,6 +85,7 @@ impl App {
         if let Some(mut transcript) = transcript {
             transcript["duration"] = result["duration"].take();
             transcript["timings"] = result["timings"].take();
+            transcript["pipeline_seconds"] = result["pipeline_seconds"].take();
             result = transcript;
         }
         result["audio"] = serde_json::json!({

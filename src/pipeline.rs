@@ -1,5 +1,6 @@
-//! Runs a job through the configured stages, one worker after another, turning worker events
-//! into client events. Each stage sees the audio path and every earlier stage's result.
+//! Runs a job through the configured stages, turning worker events into client events. Stages
+//! run one after another, except that a `parallel` group of resident workers runs together; each
+//! stage sees the audio path and the result of every stage before its group.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Mode;
 use crate::protocol::{ClientEvent, StageStatus, WorkerEvent};
 use crate::supervisor::Supervisor;
 use crate::worker::{JobError, JobRequest};
@@ -41,6 +43,17 @@ pub enum PipelineError {
 }
 
 impl PipelineError {
+    /// A stage given up because a sibling stage failed.
+    fn called_off(&self) -> bool {
+        matches!(
+            self,
+            PipelineError::Stage {
+                source: JobError::Cancelled { .. },
+                ..
+            }
+        )
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             PipelineError::Stage { source, .. } => source.code(),
@@ -52,14 +65,47 @@ impl PipelineError {
 
 pub struct Pipeline {
     supervisor: Arc<Supervisor>,
+    /// Groups of consecutive stages that may run at the same time (config `[pipeline] parallel`).
+    parallel: Vec<Vec<String>>,
 }
 
 impl Pipeline {
-    pub fn new(supervisor: Arc<Supervisor>) -> Pipeline {
-        Pipeline { supervisor }
+    pub fn new(supervisor: Arc<Supervisor>, parallel: Vec<Vec<String>>) -> Pipeline {
+        Pipeline {
+            supervisor,
+            parallel,
+        }
     }
 
-    /// Runs `stages` in order on the normalized audio at `audio` (inside the job folder `dir`).
+    /// `stages` cut into steps: consecutive stages of one parallel group run together when all
+    /// their workers are resident (oneshot workers exist to hold one model at a time).
+    pub fn plan(&self, stages: &[String]) -> Vec<Vec<String>> {
+        let resident = |stage: &str| {
+            self.supervisor
+                .get(stage)
+                .is_some_and(|w| w.status().mode == Mode::Resident)
+        };
+        let grouped = |a: &str, b: &str| {
+            self.parallel
+                .iter()
+                .any(|g| g.iter().any(|s| s == a) && g.iter().any(|s| s == b))
+        };
+        let mut steps: Vec<Vec<String>> = Vec::new();
+        for stage in stages {
+            match steps.last_mut() {
+                Some(step)
+                    if resident(stage) && step.iter().all(|s| grouped(s, stage) && resident(s)) =>
+                {
+                    step.push(stage.clone())
+                }
+                _ => steps.push(vec![stage.clone()]),
+            }
+        }
+        steps
+    }
+
+    /// Runs `stages` on the normalized audio at `audio` (inside the job folder `dir`), step by
+    /// step (see `plan`). A stage that fails calls off the others of its step.
     pub async fn run(
         &self,
         dir: &Path,
@@ -71,14 +117,11 @@ impl Pipeline {
     ) -> Result<Value, PipelineError> {
         let mut results = Map::new();
         let mut timings = Map::new();
-        for stage in stages {
+        let started = Instant::now();
+        for step in self.plan(stages) {
             if events.is_closed() {
                 return Err(PipelineError::Cancelled);
             }
-            let worker = self
-                .supervisor
-                .get(stage)
-                .ok_or_else(|| PipelineError::UnknownStage(stage.clone()))?;
             let mut job = Map::new();
             let audio_path = Value::from(audio.display().to_string());
             job.insert("audio_path".into(), audio_path.clone());
@@ -88,61 +131,111 @@ impl Pipeline {
                 job.extend(opts);
             }
             job.insert("results".into(), Value::Object(results.clone()));
-            job.insert("_stage".into(), stage.clone().into());
 
-            let _ = events
-                .send(ClientEvent::Stage {
-                    stage: stage.clone(),
-                    status: StageStatus::Started,
-                    seconds: None,
-                })
-                .await;
-            let started = Instant::now();
-            let (tx, mut rx) = mpsc::channel(1024);
             let cancel = CancellationToken::new();
-            let request = JobRequest {
-                job,
-                output_path: dir.join(format!("{stage}.result.json")),
-                events: tx,
-                cancel: cancel.clone(),
-            };
-            let run = worker.run(request);
-            tokio::pin!(run);
-            let outcome = loop {
-                tokio::select! {
-                    biased;
-                    Some(event) = rx.recv() => forward(stage, event, events).await,
-                    outcome = &mut run => break outcome,
-                    // The client went away: free the GPU as soon as the worker allows.
-                    _ = events.closed(), if !cancel.is_cancelled() => cancel.cancel(),
+            let runs = step.iter().map(|stage| {
+                let (job, cancel) = (job.clone(), cancel.clone());
+                async move {
+                    let outcome = self.stage(dir, stage, job, events, &cancel).await;
+                    if outcome.is_err() {
+                        cancel.cancel(); // the step has failed: free the GPU from the others
+                    }
+                    outcome
                 }
-            };
-            if cancel.is_cancelled() {
+            });
+            let outcomes = futures_util::future::join_all(runs).await;
+            if events.is_closed() {
                 return Err(PipelineError::Cancelled);
             }
-            while let Ok(event) = rx.try_recv() {
-                forward(stage, event, events).await;
+            // Report the failure that started it all, not the stages it called off.
+            let mut failure: Option<PipelineError> = None;
+            for (stage, outcome) in step.iter().zip(outcomes) {
+                match outcome {
+                    Ok((result, seconds)) => {
+                        timings.insert(stage.clone(), json!(round3(seconds)));
+                        results.insert(stage.clone(), result);
+                    }
+                    Err(e)
+                        if failure
+                            .as_ref()
+                            .map_or(true, |f| f.called_off() && !e.called_off()) =>
+                    {
+                        failure = Some(e)
+                    }
+                    Err(_) => {}
+                }
             }
-            let seconds = started.elapsed().as_secs_f64();
-            let result = outcome.map_err(|source| PipelineError::Stage {
-                stage: stage.clone(),
-                source,
-            })?;
-            let _ = events
-                .send(ClientEvent::Stage {
-                    stage: stage.clone(),
-                    status: StageStatus::Done,
-                    seconds: Some(seconds),
-                })
-                .await;
-            timings.insert(stage.clone(), json!(round3(seconds)));
-            results.insert(stage.clone(), result);
+            if let Some(e) = failure {
+                return Err(e);
+            }
         }
         Ok(json!({
             "duration": round3(duration),
             "stages": results,
             "timings": timings,
+            "pipeline_seconds": round3(started.elapsed().as_secs_f64()),
         }))
+    }
+
+    /// One stage: its events go to the client; the client leaving or `cancel` calls it off.
+    async fn stage(
+        &self,
+        dir: &Path,
+        stage: &str,
+        mut job: Map<String, Value>,
+        events: &mpsc::Sender<ClientEvent>,
+        cancel: &CancellationToken,
+    ) -> Result<(Value, f64), PipelineError> {
+        let worker = self
+            .supervisor
+            .get(stage)
+            .ok_or_else(|| PipelineError::UnknownStage(stage.to_string()))?;
+        job.insert("_stage".into(), stage.into());
+        let _ = events
+            .send(ClientEvent::Stage {
+                stage: stage.to_string(),
+                status: StageStatus::Started,
+                seconds: None,
+            })
+            .await;
+        let started = Instant::now();
+        let (tx, mut rx) = mpsc::channel(1024);
+        let request = JobRequest {
+            job,
+            output_path: dir.join(format!("{stage}.result.json")),
+            events: tx,
+            cancel: cancel.clone(),
+        };
+        let run = worker.run(request);
+        tokio::pin!(run);
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                Some(event) = rx.recv() => forward(stage, event, events).await,
+                outcome = &mut run => break outcome,
+                // The client went away: free the GPU as soon as the worker allows.
+                _ = events.closed(), if !cancel.is_cancelled() => cancel.cancel(),
+            }
+        };
+        while let Ok(event) = rx.try_recv() {
+            forward(stage, event, events).await;
+        }
+        if events.is_closed() {
+            return Err(PipelineError::Cancelled);
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let result = outcome.map_err(|source| PipelineError::Stage {
+            stage: stage.to_string(),
+            source,
+        })?;
+        let _ = events
+            .send(ClientEvent::Stage {
+                stage: stage.to_string(),
+                status: StageStatus::Done,
+                seconds: Some(seconds),
+            })
+            .await;
+        Ok((result, seconds))
     }
 }
 

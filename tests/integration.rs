@@ -13,6 +13,7 @@ mod integration {
     pub mod gpu_status;
     mod http_api;
     mod lifecycle;
+    mod parallel;
     mod queue;
     mod seed;
     mod setup;

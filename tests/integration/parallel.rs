@@ -1,0 +1,102 @@
+//! Parallel stages: a `[pipeline] parallel` group of resident workers runs at the same time, sees
+//! only the results before it, and a failure in it calls off its siblings.
+
+use std::time::Duration;
+
+use gpuhost::protocol::{ClientEvent, StageStatus};
+
+use super::support::*;
+
+fn position(events: &[ClientEvent], stage: &str, status: StageStatus) -> usize {
+    events
+        .iter()
+        .position(|e| matches!(e, ClientEvent::Stage { stage: s, status: st, .. } if s == stage && *st == status))
+        .unwrap_or_else(|| panic!("no {stage} {status:?} in {events:?}"))
+}
+
+#[tokio::test]
+async fn a_parallel_group_runs_together_and_the_next_stage_sees_both() {
+    let config = format!(
+        "[pipeline]\nstages = [\"a\", \"b\", \"c\"]\nparallel = [[\"a\", \"b\"]]\n{}{}{}",
+        fake_worker("a", ""),
+        fake_worker("b", ""),
+        fake_worker("c", "")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = host
+        .transcribe("?language=fake:sleep=300", wav(0.2, 16000, 1))
+        .await;
+    let result = result_of(&events);
+    // Both started before either finished.
+    let a_done = position(&events, "a", StageStatus::Done);
+    let b_done = position(&events, "b", StageStatus::Done);
+    assert!(position(&events, "b", StageStatus::Started) < a_done);
+    assert!(position(&events, "a", StageStatus::Started) < b_done);
+    let stages = &result["stages"];
+    assert_eq!(stages["a"]["earlier"], serde_json::json!([]));
+    assert_eq!(
+        stages["b"]["earlier"],
+        serde_json::json!([]),
+        "b does not wait for a"
+    );
+    assert_eq!(stages["c"]["earlier"], serde_json::json!(["a", "b"]));
+    let stage_sum: f64 = ["a", "b", "c"]
+        .iter()
+        .map(|s| result["timings"][s].as_f64().unwrap())
+        .sum();
+    let wall = result["pipeline_seconds"].as_f64().unwrap();
+    assert!(
+        wall < stage_sum - 0.2,
+        "overlapped: {wall} s wall, {stage_sum} s of stages"
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_failing_stage_calls_off_its_parallel_sibling() {
+    let config = format!(
+        "[pipeline]\nstages = [\"a\", \"b\"]\nparallel = [[\"a\", \"b\"]]\n{}{}",
+        fake_worker("a", "env = { FAKE_EXTRA = \"sleep=200+error\" }"),
+        fake_worker(
+            "b",
+            "env = { FAKE_EXTRA = \"sleep=30000\", FAKE_CANCEL = \"handle\", FAKE_READY_META = '{\"protocol\":1,\"cancel\":true}' }"
+        ),
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = tokio::time::timeout(
+        Duration::from_secs(10),
+        host.transcribe("", wav(0.2, 16000, 1)),
+    )
+    .await
+    .expect("b was called off, not waited for");
+    let (code, message) = error_of(&events);
+    assert_eq!(
+        code, "job_failed",
+        "a's failure is reported, not b's cancel"
+    );
+    assert!(message.contains("stage `a`"), "{message}");
+    let b = host.worker("b").await;
+    assert_eq!(b["jobs_cancelled"], 1);
+    assert_eq!(b["restarts"], 0);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn oneshot_workers_never_run_together() {
+    // Oneshot exists to hold one model at a time: a parallel group of them runs in sequence.
+    let config = format!(
+        "[pipeline]\nstages = [\"a\", \"b\"]\nparallel = [[\"a\", \"b\"]]\n{}{}",
+        fake_worker("a", "mode = \"oneshot\""),
+        fake_worker("b", "mode = \"oneshot\"")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    assert!(
+        position(&events, "a", StageStatus::Done) < position(&events, "b", StageStatus::Started)
+    );
+    assert_eq!(
+        result_of(&events)["stages"]["b"]["earlier"],
+        serde_json::json!(["a"])
+    );
+    host.stop().await;
+}
