@@ -61,10 +61,7 @@ pub fn render(app: &App) -> String {
         Decision::Busy,
         Decision::Unknown,
     ] {
-        let name = serde_json::to_value(d)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default();
+        let name = serde_name(d);
         out.sample(
             "gpuhost_gpu_decision",
             &[("decision", name)],
@@ -136,10 +133,7 @@ pub fn render(app: &App) -> String {
             WorkerState::Idle,
             WorkerState::Stopped,
         ] {
-            let name = serde_json::to_value(s)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default();
+            let name = serde_name(s);
             out.sample(
                 "gpuhost_worker_state",
                 &[("worker", w.name.clone()), ("state", name)],
@@ -232,4 +226,13 @@ pub fn render(app: &App) -> String {
         stats.total() as f64,
     );
     out.0
+}
+
+/// The name serde gives an enum variant (`"idle"`, `"ready"`): the label value a client also
+/// sees in the JSON endpoints.
+fn serde_name(value: impl serde::Serialize) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_default()
 }

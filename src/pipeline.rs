@@ -220,9 +220,6 @@ impl Pipeline {
         while let Ok(event) = rx.try_recv() {
             forward(stage, event, events).await;
         }
-        if events.is_closed() {
-            return Err(PipelineError::Cancelled);
-        }
         let seconds = started.elapsed().as_secs_f64();
         let result = outcome.map_err(|source| PipelineError::Stage {
             stage: stage.to_string(),

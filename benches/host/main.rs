@@ -33,16 +33,7 @@ fn main() {
 
         let a = measure::job_latency(&client, &anchor.transcribe_url(0, 0), &wav, NOOP_JOBS).await;
         let g = measure::job_latency(&client, &host.transcribe_url("seed"), &wav, NOOP_JOBS).await;
-        rows.push(row(
-            "no-op job latency p50 (ms)",
-            percentile(&g, 50.0),
-            percentile(&a, 50.0),
-        ));
-        rows.push(row(
-            "no-op job latency p99 (ms)",
-            percentile(&g, 99.0),
-            percentile(&a, 99.0),
-        ));
+        rows.extend(percentile_rows("no-op job latency", &g, &a));
 
         let a = measure::throughput(
             &client,
@@ -70,16 +61,7 @@ fn main() {
             measure::log_latency(&client, &anchor.transcribe_url(200, 20), &wav, LOG_JOBS).await;
         let g =
             measure::log_latency(&client, &host.transcribe_url("seedlog"), &wav, LOG_JOBS).await;
-        rows.push(row(
-            "stderr line → client p50 (ms)",
-            percentile(&g, 50.0),
-            percentile(&a, 50.0),
-        ));
-        rows.push(row(
-            "stderr line → client p99 (ms)",
-            percentile(&g, 99.0),
-            percentile(&a, 99.0),
-        ));
+        rows.extend(percentile_rows("stderr line → client", &g, &a));
 
         rows.push(row("idle host RSS (MiB)", host.rss_mib(), anchor.rss_mib()));
 
@@ -135,6 +117,17 @@ async fn status_load<S: Server>(
         job.abort();
     }
     out
+}
+
+/// p50 and p99 rows (ms) of one latency measured on both servers.
+fn percentile_rows(name: &str, gpuhost: &[f64], anchor: &[f64]) -> [String; 2] {
+    [50.0, 99.0].map(|p| {
+        row(
+            &format!("{name} p{p} (ms)"),
+            percentile(gpuhost, p),
+            percentile(anchor, p),
+        )
+    })
 }
 
 fn row(name: &str, gpuhost: f64, anchor: f64) -> String {

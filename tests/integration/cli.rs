@@ -36,12 +36,7 @@ fn run_one_job_on_one_worker() {
         .arg(&job)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let result = json_stdout(&out);
     assert_eq!(result["worker"], "b");
     assert_eq!(result["audio_path"], "/x.wav");
     assert!(String::from_utf8_lossy(&out.stderr).contains("\"fraction\":1.0"));
@@ -104,12 +99,7 @@ async fn transcribe_through_a_server() {
     })
     .await
     .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let result = json_stdout(&out);
     assert!(result["stages"].get("a").is_none());
     assert_eq!(result["stages"]["b"]["worker"], "b");
 
@@ -127,4 +117,14 @@ async fn transcribe_through_a_server() {
     assert!(!denied.status.success());
     assert!(String::from_utf8_lossy(&denied.stderr).contains("401"));
     host.stop().await;
+}
+
+/// The JSON a successful command printed on stdout.
+fn json_stdout(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -72,12 +72,7 @@ async fn upload_limits() {
     ))
     .await;
     // Declared too large: refused before reading.
-    let big = host
-        .post("/transcribe")
-        .body(wav(2.0, 16000, 1))
-        .send()
-        .await
-        .unwrap();
+    let big = host.post_body("/transcribe", wav(2.0, 16000, 1)).await;
     let msg = json_error(big, 413, "payload_too_large").await;
     assert!(msg.contains("20000 bytes"), "{msg}");
     // Chunked, no Content-Length: refused while streaming.
@@ -85,19 +80,11 @@ async fn upload_limits() {
         (0..10).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![0u8; 4096]))),
     );
     let chunked = host
-        .post("/transcribe")
-        .body(reqwest::Body::wrap_stream(chunks))
-        .send()
-        .await
-        .unwrap();
+        .post_body("/transcribe", reqwest::Body::wrap_stream(chunks))
+        .await;
     json_error(chunked, 413, "payload_too_large").await;
     // Small file, long audio (8 kHz keeps it under the byte limit).
-    let long = host
-        .post("/transcribe")
-        .body(wav(1.1, 8000, 1))
-        .send()
-        .await
-        .unwrap();
+    let long = host.post_body("/transcribe", wav(1.1, 8000, 1)).await;
     let msg = json_error(long, 413, "audio_too_long").await;
     assert!(msg.contains("at most 1 s"), "{msg}");
     host.stop().await;
@@ -106,29 +93,19 @@ async fn upload_limits() {
 #[tokio::test]
 async fn empty_and_undecodable_uploads() {
     let host = TestHost::start(&config("[audio]\nffmpeg = \"\"")).await;
-    let empty = host
-        .post("/transcribe")
-        .body(Vec::new())
-        .send()
-        .await
-        .unwrap();
+    let empty = host.post_body("/transcribe", Vec::new()).await;
     json_error(empty, 400, "empty_upload").await;
     let text = host
-        .post("/transcribe")
-        .body(b"this is not audio at all, just text".to_vec())
-        .send()
-        .await
-        .unwrap();
+        .post_body(
+            "/transcribe",
+            b"this is not audio at all, just text".to_vec(),
+        )
+        .await;
     let msg = json_error(text, 415, "undecodable_audio").await;
     assert!(msg.contains("unrecognized container format"), "{msg}");
     let mut truncated = wav(0.5, 16000, 1);
     truncated.truncate(40);
-    let cut = host
-        .post("/transcribe")
-        .body(truncated)
-        .send()
-        .await
-        .unwrap();
+    let cut = host.post_body("/transcribe", truncated).await;
     json_error(cut, 415, "undecodable_audio").await;
     host.stop().await;
 }
@@ -137,36 +114,27 @@ async fn empty_and_undecodable_uploads() {
 async fn bad_queries_and_routes() {
     let host = TestHost::start(&config("")).await;
     let r = host
-        .post("/transcribe?stages=w,ocr")
-        .body(wav(0.2, 16000, 1))
-        .send()
-        .await
-        .unwrap();
+        .post_body("/transcribe?stages=w,ocr", wav(0.2, 16000, 1))
+        .await;
     let msg = json_error(r, 400, "bad_request").await;
     assert!(
         msg.contains("`ocr`") && msg.contains("pipeline is: w"),
         "{msg}"
     );
     let r = host
-        .post("/transcribe?num_speakers=two")
-        .body(wav(0.2, 16000, 1))
-        .send()
-        .await
-        .unwrap();
+        .post_body("/transcribe?num_speakers=two", wav(0.2, 16000, 1))
+        .await;
     json_error(r, 400, "bad_request").await;
     let r = host
-        .post("/transcribe?min_speakers=3&max_speakers=2")
-        .body(wav(0.2, 16000, 1))
-        .send()
-        .await
-        .unwrap();
+        .post_body(
+            "/transcribe?min_speakers=3&max_speakers=2",
+            wav(0.2, 16000, 1),
+        )
+        .await;
     json_error(r, 400, "bad_request").await;
     let r = host
-        .post("/transcribe?colour=blue")
-        .body(wav(0.2, 16000, 1))
-        .send()
-        .await
-        .unwrap();
+        .post_body("/transcribe?colour=blue", wav(0.2, 16000, 1))
+        .await;
     let msg = json_error(r, 400, "bad_request").await;
     assert!(msg.contains("colour"), "{msg}");
     json_error(host.get("/nope").send().await.unwrap(), 404, "not_found").await;

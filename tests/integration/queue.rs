@@ -65,20 +65,11 @@ async fn client_leaving_the_queue_is_gone_at_once() {
     let config = format!("[pipeline]\nstages = [\"w\"]\n{}", fake_worker("w", ""));
     let host = TestHost::start(&config).await.ready().await;
     let mut a = EventReader::new(
-        host.post("/transcribe?language=fake:sleep=1500")
-            .body(wav(0.2, 16000, 1))
-            .send()
-            .await
-            .unwrap(),
+        host.post_body("/transcribe?language=fake:sleep=1500", wav(0.2, 16000, 1))
+            .await,
     );
     a.until(started).await;
-    let mut b = EventReader::new(
-        host.post("/transcribe")
-            .body(wav(0.2, 16000, 1))
-            .send()
-            .await
-            .unwrap(),
-    );
+    let mut b = EventReader::new(host.post_body("/transcribe", wav(0.2, 16000, 1)).await);
     assert_eq!(b.next().await, Some(ClientEvent::Queued { position: 1 }));
     assert_eq!(host.state.queue.waiting(), 1);
     drop(b);
@@ -92,13 +83,7 @@ async fn client_leaving_the_queue_is_gone_at_once() {
         },
     )
     .await;
-    let mut c = EventReader::new(
-        host.post("/transcribe")
-            .body(wav(0.2, 16000, 1))
-            .send()
-            .await
-            .unwrap(),
-    );
+    let mut c = EventReader::new(host.post_body("/transcribe", wav(0.2, 16000, 1)).await);
     assert_eq!(c.next().await, Some(ClientEvent::Queued { position: 1 }));
     let mut c_events = Vec::new();
     while let Some(e) = c.next().await {

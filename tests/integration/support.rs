@@ -152,6 +152,15 @@ impl TestHost {
         }
     }
 
+    /// POSTs `body` to `path_and_query` (with the token) and returns the response.
+    pub async fn post_body(
+        &self,
+        path_and_query: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Response {
+        self.post(path_and_query).body(body).send().await.unwrap()
+    }
+
     pub fn get(&self, path: &str) -> reqwest::RequestBuilder {
         let req = self.client().get(format!("{}{}", self.url, path));
         match &self.token {
@@ -162,12 +171,7 @@ impl TestHost {
 
     /// Posts audio to /transcribe and collects every event (asserting the NDJSON framing).
     pub async fn transcribe(&self, query: &str, body: Vec<u8>) -> Vec<ClientEvent> {
-        let response = self
-            .post(&format!("/transcribe{query}"))
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let response = self.post_body(&format!("/transcribe{query}"), body).await;
         assert_eq!(response.status(), 200, "{:?}", response.text().await);
         assert_eq!(response.headers()["content-type"], "application/x-ndjson");
         read_events(response).await
@@ -340,11 +344,11 @@ pub fn started(e: &ClientEvent) -> bool {
 /// Starts a fake job that works `sleep_ms`, waits until its first stage runs, and hangs up.
 pub async fn abandon_job(host: &TestHost, sleep_ms: u64) {
     let mut gone = EventReader::new(
-        host.post(&format!("/transcribe?language=fake:sleep={sleep_ms}"))
-            .body(wav(0.2, 16000, 1))
-            .send()
-            .await
-            .unwrap(),
+        host.post_body(
+            &format!("/transcribe?language=fake:sleep={sleep_ms}"),
+            wav(0.2, 16000, 1),
+        )
+        .await,
     );
     gone.until(started).await;
     drop(gone);

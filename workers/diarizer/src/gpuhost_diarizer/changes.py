@@ -59,10 +59,11 @@ def change_points(starts: list, emb: np.ndarray, pitch: PitchTrack, energy: np.n
     frame of each window) and their L2-normalised d-vectors `emb`; `energy` per feature frame."""
     if len(starts) < 3:
         return []
-    ends = np.array(starts) + WINDOW_FRAMES
+    begins = np.array(starts)
+    ends = begins + WINDOW_FRAMES
     scored = []
     for b in starts[1:]:
-        left, right = np.where(ends <= b)[0][-2:], np.where(np.array(starts) >= b)[0][:2]
+        left, right = np.where(ends <= b)[0][-2:], np.where(begins >= b)[0][:2]
         if not len(left) or not len(right):
             continue
         lv, rv = emb[left].mean(axis=0), emb[right].mean(axis=0)

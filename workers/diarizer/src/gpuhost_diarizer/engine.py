@@ -63,16 +63,18 @@ class VadDvectorDiarizer:
             progress(0.3, f"{len(regions)} speech regions")
         windows = self.embedder.region_windows(feats, regions)
         energy = feats.max(axis=1)
-        segments, changes = [], 0
-        for region, (starts, emb) in zip(regions, windows):
-            cuts = change_points(starts, emb, pitch, energy, region, self.change_threshold)
+        segments, owners, changes = [], [], 0  # owners[i]: the windows of segment i's region
+        for region, region_windows in zip(regions, windows):
+            cuts = change_points(*region_windows, pitch, energy, region, self.change_threshold)
             changes += len(cuts)
             edges = [region[0], *cuts, region[1]]
-            segments += segments_of(list(zip(edges, edges[1:])))
+            pieces = segments_of(list(zip(edges, edges[1:])))
+            segments += pieces
+            owners += [region_windows] * len(pieces)
         if progress:
             progress(0.8, f"{changes} speaker changes inside regions, {len(segments)} segments")
         if segments:
-            embeddings = self.segment_embeddings(segments, regions, windows, feats)
+            embeddings = self.segment_embeddings(segments, owners, feats)
             pitches = np.array([pitch.median(s, e) for s, e in segments])
             lengths = np.array([e - s for s, e in segments])
             labels = cluster_segments(distances(embeddings, pitches), lengths, num_speakers, min_speakers,
@@ -83,19 +85,16 @@ class VadDvectorDiarizer:
         return {"engine": self.name, "turns": turns, "speakers": sorted({t["speaker"] for t in turns}),
                 "speech_regions": [[round(s, 3), round(e, 3)] for s, e in regions]}
 
-    def segment_embeddings(self, segments: list, regions: list, windows: list, feats: np.ndarray) -> np.ndarray:
-        """Each segment's d-vector: the mean of the region windows that lie inside it; a segment
+    def segment_embeddings(self, segments: list, owners: list, feats: np.ndarray) -> np.ndarray:
+        """Each segment's d-vector: the mean of its region's windows that lie inside it; a segment
         too short for any gets its own (padded) windows, all of those in one batched call."""
         out = [None] * len(segments)
-        for i, (s, e) in enumerate(segments):
-            for (rs, re_), (starts, emb) in zip(regions, windows):
-                if rs <= s and e <= re_:
-                    inside = [j for j, a in enumerate(starts) if a >= int(s / FRAME_S) - 1
-                              and a + WINDOW_FRAMES <= int(e / FRAME_S) + 1]
-                    if inside:
-                        mean = emb[inside].mean(axis=0)
-                        out[i] = mean / (np.linalg.norm(mean) + 1e-12)
-                    break
+        for i, ((s, e), (starts, emb)) in enumerate(zip(segments, owners)):
+            inside = [j for j, a in enumerate(starts)
+                      if a >= int(s / FRAME_S) - 1 and a + WINDOW_FRAMES <= int(e / FRAME_S) + 1]
+            if inside:
+                mean = emb[inside].mean(axis=0)
+                out[i] = mean / (np.linalg.norm(mean) + 1e-12)
         short = [i for i, v in enumerate(out) if v is None]
         if short:
             runs = [feats[int(segments[i][0] * 100):max(int(segments[i][1] * 100), int(segments[i][0] * 100) + 1)]
