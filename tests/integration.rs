@@ -13,8 +13,8 @@ mod integration {
     pub mod gpu_status;
     mod http_api;
     mod lifecycle;
+    mod original_protocol;
     mod parallel;
     mod queue;
-    mod seed;
     mod setup;
 }

@@ -9,10 +9,18 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Runs a step that later steps need: stops the test when it fails.
 fn run(what: &str, cmd: &mut Command) {
+    if let Err(failure) = try_run(what, cmd) {
+        panic!("{failure}");
+    }
+}
+
+/// Runs one suite; a failure is returned, so the other suites still run.
+fn try_run(what: &str, cmd: &mut Command) -> Result<(), String> {
     let out = cmd
         .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+        .map_err(|e| format!("{what}: cannot start: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     // The summary line of each pytest run shows up in `cargo test`'s output.
@@ -23,11 +31,14 @@ fn run(what: &str, cmd: &mut Command) {
     {
         eprintln!("{what}: {summary}");
     }
-    assert!(
-        out.status.success(),
-        "{what} failed ({})\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
-        out.status
-    );
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} failed ({})\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+            out.status
+        ))
+    }
 }
 
 /// A venv with `packages` at `dir/.venv`, made once.
@@ -59,11 +70,16 @@ fn python_suites() {
     // 1. The worker SDK in its own venv.
     let sdk = repo().join("protocol/sdk");
     let python = venv(&sdk, &["-e", ".[test]"]);
-    run(
-        "SDK pytest",
+    // Every suite runs even when one before it failed; the test fails at the end with all of them.
+    let mut failures = Vec::new();
+    failures.extend(
+        try_run(
+            "SDK pytest",
         Command::new(&python)
-            .args(["-m", "pytest", "-q", "tests"])
-            .current_dir(&sdk),
+                .args(["-m", "pytest", "-q", "tests"])
+                .current_dir(&sdk),
+        )
+        .err(),
     );
 
     // 2. Every worker package, in the venv `gpuhost setup` builds (idempotent).
@@ -81,22 +97,34 @@ fn python_suites() {
     assert_eq!(workers.len(), 3, "{workers:?}");
     for dir in &workers {
         let name = dir.file_name().unwrap().to_string_lossy().to_string();
-        run(
-            &format!("{name} pytest"),
-            Command::new(dir.join(".venv/bin/python"))
-                .args(["-m", "pytest", "-q", "tests"])
-                .current_dir(dir),
+        failures.extend(
+            try_run(
+                &format!("{name} pytest"),
+                Command::new(dir.join(".venv/bin/python"))
+                    .args(["-m", "pytest", "-q", "tests"])
+                    .current_dir(dir),
+            )
+            .err(),
         );
     }
 
     // 3. End to end through HTTP on synthesized speech with ground truth, incl. the openai client.
     let speech = repo().join("tests/speech");
     let python = venv(&speech, &["pytest>=7", "openai>=1.40"]);
-    run(
-        "speech end-to-end pytest",
-        Command::new(&python)
-            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "."])
-            .env("GPUHOST_BIN", gpuhost)
-            .current_dir(&speech),
+    failures.extend(
+        try_run(
+            "speech end-to-end pytest",
+            Command::new(&python)
+                .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "."])
+                .env("GPUHOST_BIN", gpuhost)
+                .current_dir(&speech),
+        )
+        .err(),
+    );
+    assert!(
+        failures.is_empty(),
+        "{} Python suite(s) failed:\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
     );
 }

@@ -18,6 +18,10 @@ const THROUGHPUT_CLIENTS: usize = 8;
 const LOG_JOBS: usize = 10;
 
 fn main() {
+    if let Err(why) = servers::anchor_available() {
+        println!("skipped: {why}");
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

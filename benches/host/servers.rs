@@ -51,13 +51,20 @@ fn repo() -> PathBuf {
 }
 
 fn anchor_dir() -> PathBuf {
-    let dir = repo().join("../shared/bench/seed_anchor");
-    assert!(
-        dir.join("server.py").exists(),
-        "{} is missing",
-        dir.display()
-    );
-    dir
+    repo().join("../shared/bench/seed_anchor")
+}
+
+/// Whether the seed anchor (the baseline) sits beside the checkout; the bench needs it.
+pub fn anchor_available() -> Result<(), String> {
+    let dir = anchor_dir();
+    if dir.join("server.py").exists() && dir.join("worker.py").exists() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the seed anchor is not at {}: this benchmark compares gpuhost with it side by side, so it needs shared/ beside the checkout",
+            dir.display()
+        ))
+    }
 }
 
 fn free_port() -> u16 {

@@ -1,4 +1,4 @@
-//! GPU status with a fake `nvidia-smi` (the seed anchor's, behind a per-test wrapper) and a fake
+//! GPU status with a fake `nvidia-smi` (`tests/fixtures/fake_nvidia_smi.py`, behind a per-test wrapper) and a fake
 //! `/proc`: every line of host code runs for real.
 
 use std::path::PathBuf;
@@ -17,11 +17,11 @@ pub struct FakeGpu {
 impl FakeGpu {
     pub fn new(state: &str) -> FakeGpu {
         let dir = tempfile::tempdir().unwrap();
-        let fake = repo().join("../shared/bench/seed_anchor/fake-nvidia-smi");
-        assert!(fake.exists(), "{} is missing", fake.display());
+        let fake = fixture("fake_nvidia_smi.py");
         let d = dir.path().display().to_string();
         let script = format!(
-            "#!/bin/sh\nexport FAKE_GPU_STATE={d}/state\n[ -f {d}/fail ] && export FAKE_NVIDIA_SMI_FAIL=1\n[ -f {d}/hang ] && export FAKE_NVIDIA_SMI_HANG=30\nexec bash {} \"$@\"\n",
+            "#!/bin/sh\nexport FAKE_GPU_STATE={d}/state\n[ -f {d}/fail ] && export FAKE_NVIDIA_SMI_FAIL=1\n[ -f {d}/hang ] && export FAKE_NVIDIA_SMI_HANG=30\nexec {} {} \"$@\"\n",
+            python(),
             fake.display()
         );
         let smi = dir.path().join("nvidia-smi");
@@ -324,7 +324,7 @@ async fn several_gpus_and_the_configured_device() {
     assert_eq!(s["gpus"].as_array().unwrap().len(), 2);
     assert_eq!(
         s["gpus"][1]["uuid"],
-        "GPU-00000000-0000-0000-0000-000000000001"
+        "GPU-fa4e0000-0000-4000-8000-000000000001"
     );
     assert_eq!(s["gpu"]["name"], "NVIDIA H200");
     assert_eq!(s["processes"][0]["gpu_index"], 1);

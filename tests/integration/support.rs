@@ -19,15 +19,9 @@ pub fn fixture(name: &str) -> PathBuf {
     repo().join("tests/fixtures").join(name)
 }
 
-/// The seed anchor's original-protocol worker, beside the checkout.
-pub fn seed_worker() -> PathBuf {
-    let path = repo().join("../shared/bench/seed_anchor/worker.py");
-    assert!(
-        path.exists(),
-        "{} is missing: the shared/ folder must sit beside the checkout",
-        path.display()
-    );
-    path
+/// The project's original-protocol worker (stdlib only, no SDK).
+pub fn original_worker() -> PathBuf {
+    fixture("original_worker.py")
 }
 
 pub fn python() -> String {
