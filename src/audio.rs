@@ -1,6 +1,7 @@
 //! Audio intake: decode any upload (symphonia, then `ffmpeg` for what it cannot read), downmix
 //! and resample to the 16 kHz mono PCM16 WAV every worker receives.
 
+mod limits;
 mod resample;
 mod wav;
 
@@ -29,6 +30,9 @@ pub enum AudioError {
     Empty,
     #[error("cannot decode the upload as audio: {0}")]
     Undecodable(String),
+    /// Decodable perhaps, but declaring a format intake refuses (no decoder fallback is tried).
+    #[error("unsupported audio format: {0}")]
+    BadFormat(String),
     #[error("audio is {seconds:.0} s long; this server accepts at most {max:.0} s (limits.max_audio_seconds)")]
     TooLong { seconds: f64, max: f64 },
     #[error("cannot write the normalized audio: {0}")]
@@ -47,6 +51,19 @@ impl Source {
         match self {
             Source::Memory(b) => Ok(b.len() as u64),
             Source::File(p) => Ok(std::fs::metadata(p)?.len()),
+        }
+    }
+
+    /// The first `n` bytes (fewer when the upload is shorter).
+    fn head(&self, n: usize) -> std::io::Result<Vec<u8>> {
+        match self {
+            Source::Memory(b) => Ok(b[..b.len().min(n)].to_vec()),
+            Source::File(p) => {
+                use std::io::Read;
+                let mut head = Vec::with_capacity(n);
+                File::open(p)?.take(n as u64).read_to_end(&mut head)?;
+                Ok(head)
+            }
         }
     }
 
@@ -81,15 +98,29 @@ pub async fn normalize(
     }
     let (inp, out) = (input.clone(), output.to_path_buf());
     let decoded = tokio::task::spawn_blocking(move || {
+        limits::check_riff_header(&inp.head(64 * 1024)?)?;
         if let Source::Memory(bytes) = &inp {
             if let Some(info) = wav::copy_if_normalized(bytes, &out, TARGET_RATE)? {
                 return check_length(info, max_seconds);
             }
         }
-        decode_with_symphonia(&inp, &out, max_seconds)
+        // A decoder bug must cost this request only, and its message stays in the server log.
+        std::panic::catch_unwind(|| decode_with_symphonia(&inp, &out, max_seconds)).unwrap_or_else(
+            |_| {
+                tracing::warn!("the audio decoder panicked on an upload");
+                Err(AudioError::Undecodable(
+                    "the decoder failed on this file (it is corrupt or not audio)".into(),
+                ))
+            },
+        )
     })
     .await
-    .map_err(|e| AudioError::Undecodable(format!("decoder panicked: {e}")))?;
+    .unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "the audio intake task failed");
+        Err(AudioError::Undecodable(
+            "the decoder failed on this file (it is corrupt or not audio)".into(),
+        ))
+    });
     match decoded {
         Err(AudioError::Undecodable(why)) => match find_program(ffmpeg) {
             Some(ffmpeg) => {
@@ -143,6 +174,12 @@ fn decode_with_symphonia(
         .find(|t| t.codec_params.codec != CODEC_TYPE_NULL && t.codec_params.sample_rate.is_some())
         .ok_or_else(|| AudioError::Undecodable("the file has no audio track".into()))?;
     let track_id = track.id;
+    let params = &track.codec_params;
+    limits::check_format(
+        params.sample_rate.unwrap_or(TARGET_RATE),
+        params.channels.map_or(1, |c| c.count()),
+        params.bits_per_sample.or(params.bits_per_coded_sample),
+    )?;
     if let (Some(frames), Some(rate)) =
         (track.codec_params.n_frames, track.codec_params.sample_rate)
     {
@@ -183,7 +220,8 @@ fn decode_with_symphonia(
             Err(e) => return Err(undecodable("decoding failed", e)),
         };
         let spec = *decoded.spec();
-        let channels = spec.channels.count().max(1);
+        let channels = spec.channels.count();
+        limits::check_format(spec.rate, channels, None)?;
         let (resampler, _, _) = resampler
             .get_or_insert_with(|| (Resampler::new(spec.rate, TARGET_RATE), spec.rate, channels));
         let mut buf = SampleBuffer::<f32>::new(decoded.capacity() as u64, spec);

@@ -8,9 +8,11 @@ use std::time::Duration;
 use serde::Deserialize;
 
 mod gpu;
+mod http;
 mod worker;
 
 pub use gpu::{GpuBackendChoice, GpuConfig, GpuStatusConfig, WatchConfig};
+pub use http::HttpConfig;
 pub use worker::{Mode, WorkerConfig, WorkerSpec};
 
 /// Everything gpuhost can be told. Unknown keys are rejected so a typo never silently
@@ -28,6 +30,7 @@ pub struct Config {
     pub pipeline: PipelineConfig,
     pub gpu: GpuConfig,
     pub limits: LimitsConfig,
+    pub http: HttpConfig,
     pub audio: AudioConfig,
     pub setup: SetupConfig,
     /// Folder the config file was read from; relative paths resolve against it.
@@ -93,8 +96,16 @@ impl PipelineConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitsConfig {
+    /// Largest request body, every multipart field included.
     pub max_upload_bytes: u64,
     pub max_audio_seconds: f64,
+    /// Longest text field of a form (`prompt`, `language`, …) and `prompt` query value.
+    pub max_field_bytes: usize,
+    /// Jobs waiting for the GPU at most; beyond it `/transcribe` answers 429 with `Retry-After`.
+    pub max_queue: usize,
+    /// Where job folders go (default: the system temp dir). Leftovers of a host that died are
+    /// swept from here at start.
+    pub temp_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -119,6 +130,7 @@ impl Default for Config {
             pipeline: PipelineConfig::default(),
             gpu: GpuConfig::default(),
             limits: LimitsConfig::default(),
+            http: HttpConfig::default(),
             audio: AudioConfig::default(),
             setup: SetupConfig::default(),
             base_dir: PathBuf::from("."),
@@ -140,6 +152,9 @@ impl Default for LimitsConfig {
         LimitsConfig {
             max_upload_bytes: 512 * 1024 * 1024,
             max_audio_seconds: 4.0 * 3600.0,
+            max_field_bytes: 8 * 1024,
+            max_queue: 64,
+            temp_dir: None,
         }
     }
 }
@@ -171,6 +186,14 @@ impl Default for AudioConfig {
         AudioConfig {
             ffmpeg: "ffmpeg".into(),
         }
+    }
+}
+
+fn base_dir_join(base: &Path, path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        base.join(path)
     }
 }
 
@@ -228,10 +251,24 @@ impl Config {
     fn finish(mut self, base_dir: PathBuf) -> Result<Config, ConfigError> {
         // Absolute, so that paths stay right for workers started in their own folders.
         self.base_dir = std::path::absolute(&base_dir).unwrap_or(base_dir);
-        if let Ok(token) = std::env::var("GPUHOST_TOKEN") {
+        // An empty GPUHOST_TOKEN is "not set", never "no token": it must not turn auth off.
+        if let Some(token) = std::env::var("GPUHOST_TOKEN")
+            .ok()
+            .filter(|t| !t.trim().is_empty())
+        {
             self.token = Some(token);
         }
-        self.token = self.token.take().filter(|t| !t.is_empty());
+        // Surrounding whitespace (a newline from a secrets file) is never part of a token.
+        self.token = self.token.take().map(|t| t.trim().to_string());
+        if self.token.as_deref() == Some("") {
+            return Err(ConfigError::Invalid(
+                "`token` is empty or only whitespace: set a real token or remove the key".into(),
+            ));
+        }
+        if let Some(dir) = self.limits.temp_dir.take() {
+            self.limits.temp_dir =
+                Some(std::path::absolute(base_dir_join(&self.base_dir, &dir)).unwrap_or(dir));
+        }
         self.validate()?;
         Ok(self)
     }
@@ -245,6 +282,12 @@ impl Config {
             }
         }
         self.pipeline.validate().map_err(ConfigError::Invalid)?;
+        self.http.validate().map_err(ConfigError::Invalid)?;
+        if self.limits.max_queue == 0 {
+            return Err(ConfigError::Invalid(
+                "[limits] max_queue must be at least 1".into(),
+            ));
+        }
         if self.gpu.max_concurrent_jobs == 0 {
             return Err(ConfigError::Invalid(
                 "[gpu] max_concurrent_jobs must be at least 1".into(),
@@ -294,6 +337,14 @@ impl Config {
             )));
         }
         Ok(())
+    }
+
+    /// Where job folders are created.
+    pub fn temp_dir(&self) -> PathBuf {
+        self.limits
+            .temp_dir
+            .clone()
+            .unwrap_or_else(std::env::temp_dir)
     }
 
     pub fn resolve(&self, path: &Path) -> PathBuf {

@@ -3,7 +3,9 @@
 mod auth;
 mod dashboard;
 pub mod error;
+mod health;
 mod openai;
+mod origin;
 mod status;
 mod transcribe;
 mod upload;
@@ -18,7 +20,6 @@ pub use auth::token_matches;
 pub use error::ApiError;
 pub use transcribe::{ndjson_response, TranscribeQuery};
 
-use crate::worker::WorkerState;
 use crate::AppState;
 
 /// Builds the router over `state`.
@@ -33,36 +34,20 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::require_token,
         ));
-    Router::new()
-        .route("/health", get(health))
+    // Browser defences cover everything but the probes (load balancers call those by address).
+    let browsed = Router::new()
         .route("/", get(dashboard::page))
         .merge(protected)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), origin::check));
+    Router::new()
+        .route("/health", get(health::health))
+        .route("/ready", get(health::ready))
+        .merge(browsed)
         // Uploads are limited while streaming (limits.max_upload_bytes), not by axum's buffer cap.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)
-}
-
-/// Open: liveness plus a summary that reveals no paths or command lines.
-async fn health(State(app): State<AppState>) -> Json<Value> {
-    let statuses = app.supervisor.statuses();
-    let ready = statuses
-        .iter()
-        .filter(|s| matches!(s.state, WorkerState::Ready | WorkerState::Busy))
-        .count();
-    let loading = statuses
-        .iter()
-        .filter(|s| s.state == WorkerState::Starting)
-        .count();
-    Json(json!({
-        "status": "ok",
-        "version": env!("CARGO_PKG_VERSION"),
-        "uptime_s": crate::pipeline::round3(app.started.elapsed().as_secs_f64()),
-        "workers": { "total": statuses.len(), "ready": ready, "loading": loading },
-        "queue": { "running": app.queue.running(), "waiting": app.queue.waiting() },
-        "gpu": app.gpu.health(),
-    }))
 }
 
 async fn workers(State(app): State<AppState>) -> Json<Value> {

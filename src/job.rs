@@ -21,9 +21,108 @@ pub struct PreparedJob {
     pub stages: Vec<String>,
 }
 
-/// A fresh job folder under the system temp dir.
-pub fn job_dir() -> std::io::Result<tempfile::TempDir> {
-    tempfile::Builder::new().prefix("gpuhost-job-").tempdir()
+/// Job folders are `gpuhost-job-<host pid>-<random>`: the pid tells a live host's folders from
+/// the leftovers of one that died.
+const JOB_PREFIX: &str = "gpuhost-job-";
+
+/// A fresh job folder in the configured temp dir.
+pub fn job_dir(config: &Config) -> std::io::Result<tempfile::TempDir> {
+    let dir = config.temp_dir();
+    std::fs::create_dir_all(&dir)?;
+    tempfile::Builder::new()
+        .prefix(&format!("{JOB_PREFIX}{}-", std::process::id()))
+        .tempdir_in(dir)
+}
+
+/// Removes job folders left behind by hosts that are no longer running (a crash or SIGKILL
+/// skips the cleanup a finished job does). Returns how many were removed.
+pub fn sweep_stale(temp_dir: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(temp_dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(JOB_PREFIX)) else {
+            continue;
+        };
+        let owner = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        let stale = match owner {
+            Some(pid) => {
+                pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            }
+            // Older hosts named folders without their pid: stale once an hour old.
+            None => entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > std::time::Duration::from_secs(3600)),
+        };
+        if stale
+            && entry.file_type().is_ok_and(|t| t.is_dir())
+            && std::fs::remove_dir_all(entry.path()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Whether job folders can be made in `temp_dir` now (it exists, is writable, has room for a
+/// small file). `Err` says why not.
+pub fn temp_dir_usable(temp_dir: &std::path::Path) -> Result<(), String> {
+    use std::io::Write;
+    let mut probe = tempfile::Builder::new()
+        .prefix(".gpuhost-probe-")
+        .tempfile_in(temp_dir)
+        .map_err(|e| format!("cannot create files in the temp dir: {e}"))?;
+    probe
+        .write_all(&[0u8; 4096])
+        .and_then(|()| probe.as_file().sync_data())
+        .map_err(|e| format!("cannot write to the temp dir: {e}"))
+}
+
+/// Replaces the job folder's path in a message meant for a client: paths on the server are
+/// none of its business.
+pub fn redact(message: &str, dir: &std::path::Path) -> String {
+    message.replace(&dir.display().to_string(), "<job>")
+}
+
+/// The GPU queue is full: come back later.
+#[derive(Debug)]
+pub struct QueueFull {
+    /// A guess at when a place frees up, from recent job durations.
+    pub retry_after_s: u64,
+    pub max_queue: usize,
+}
+
+impl QueueFull {
+    pub fn check(app: &AppState) -> Result<(), QueueFull> {
+        if app.queue.waiting() >= app.config.limits.max_queue {
+            return Err(QueueFull::now(app));
+        }
+        Ok(())
+    }
+
+    fn now(app: &AppState) -> QueueFull {
+        let jobs = app.stats.total();
+        let mean_s = if jobs == 0 {
+            10.0
+        } else {
+            app.stats
+                .busy_micros
+                .load(std::sync::atomic::Ordering::Relaxed) as f64
+                / 1e6
+                / jobs as f64
+        };
+        let ahead = (app.queue.waiting() + app.queue.running()) as f64;
+        let slots = app.config.gpu.max_concurrent_jobs.max(1) as f64;
+        QueueFull {
+            retry_after_s: (mean_s * ahead / slots).ceil().clamp(1.0, 3600.0) as u64,
+            max_queue: app.config.limits.max_queue,
+        }
+    }
 }
 
 impl PreparedJob {
@@ -88,11 +187,19 @@ pub fn check_speakers(o: &JobOptions) -> Result<(), String> {
 
 /// Spawns the job: it waits in the queue, runs, and sends events until its final one. The
 /// receiver dropping (client gone) makes it leave the queue, or skip the stages not yet started.
-pub fn start_job(app: AppState, job: PreparedJob) -> mpsc::Receiver<ClientEvent> {
+/// `Err` when `limits.max_queue` requests wait already.
+pub fn start_job(
+    app: AppState,
+    job: PreparedJob,
+) -> Result<mpsc::Receiver<ClientEvent>, QueueFull> {
+    let waiter = app
+        .queue
+        .try_enqueue(app.config.limits.max_queue)
+        .ok_or_else(|| QueueFull::now(&app))?;
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(async move {
         let events = tx.clone();
-        let outcome = std::panic::AssertUnwindSafe(run_job(app, job, events))
+        let outcome = std::panic::AssertUnwindSafe(run_job(app, job, waiter, events))
             .catch_unwind()
             .await;
         if outcome.is_err() {
@@ -104,11 +211,15 @@ pub fn start_job(app: AppState, job: PreparedJob) -> mpsc::Receiver<ClientEvent>
                 .await;
         }
     });
-    rx
+    Ok(rx)
 }
 
-async fn run_job(app: AppState, job: PreparedJob, tx: mpsc::Sender<ClientEvent>) {
-    let mut waiter = app.queue.enqueue();
+async fn run_job(
+    app: AppState,
+    job: PreparedJob,
+    mut waiter: crate::queue::Waiter,
+    tx: mpsc::Sender<ClientEvent>,
+) {
     let mut last_position = None;
     let permit = loop {
         let position = waiter.position();
@@ -147,7 +258,7 @@ async fn run_job(app: AppState, job: PreparedJob, tx: mpsc::Sender<ClientEvent>)
             tracing::warn!(error = %e, "job failed");
             ClientEvent::Error {
                 code: e.code().into(),
-                message: e.to_string(),
+                message: redact(&e.to_string(), job.dir.path()),
             }
         }
     };

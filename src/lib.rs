@@ -12,6 +12,7 @@ pub mod process;
 pub mod protocol;
 pub mod queue;
 pub mod render;
+pub mod serve;
 pub mod setup;
 pub mod stats;
 pub mod supervisor;
@@ -59,6 +60,10 @@ impl App {
     }
 
     fn start_with(mut config: Config, force_oneshot: bool) -> AppState {
+        let swept = job::sweep_stale(&config.temp_dir());
+        if swept > 0 {
+            tracing::info!(swept, dir = %config.temp_dir().display(), "removed job folders left by hosts that are gone");
+        }
         let supervisor = Arc::new(Supervisor::start(&config, force_oneshot));
         if force_oneshot {
             // A local one-off run has no one to report GPU status to.
@@ -156,18 +161,13 @@ impl Server {
             let _ = stop_tx.send(true);
             supervisor.stop_all().await;
         });
-        let mut graceful = stop_rx.clone();
-        // Events are small writes: without TCP_NODELAY, Nagle + delayed ACK add ~40 ms to each.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        let served = axum::serve(listener, app(Arc::clone(&state)))
-            .with_graceful_shutdown(async move {
-                let _ = graceful.wait_for(|stopping| *stopping).await;
-            })
-            .await;
+        let served = serve::serve(
+            listener,
+            app(Arc::clone(&state)),
+            &state.config.http,
+            stop_rx.clone(),
+        )
+        .await;
         // Whether serving ended by shutdown or by an error, no worker may outlive us.
         if !*stop_rx.borrow() {
             stopper.abort();

@@ -48,6 +48,11 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    // Before any thread exists: the orphan guard is forked, and forking is only safe now.
+    if let Err(e) = gpuhost::process::guard::install() {
+        eprintln!("gpuhost: warning: cannot start the orphan guard ({e}); worker children may outlive a killed host");
+    }
+    gpuhost::serve::raise_fd_limit();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(

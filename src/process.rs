@@ -1,5 +1,6 @@
 //! The only module that starts processes: every child gets its own process group, a
-//! parent-death signal, and is killed with its whole group when its owner drops it.
+//! parent-death signal, is registered with the orphan guard (`guard.rs`: its whole group goes if
+//! the host is SIGKILLed), and is killed with its whole group when its owner drops it.
 //!
 //! Invariant: `spawn_*` must be called from an async task (a runtime worker thread), never from
 //! `spawn_blocking`: `PR_SET_PDEATHSIG` fires when the *thread* that forked exits, and blocking
@@ -13,6 +14,11 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+
+pub mod guard;
+
+/// Environment variables no child inherits (the API token must not leak to workers' logs).
+const SECRET_ENV: &[&str] = &["GPUHOST_TOKEN"];
 
 /// A child running in its own process group. Dropping it SIGKILLs the group; tokio reaps the
 /// child in the background.
@@ -35,6 +41,9 @@ fn guarded_command(program: &OsStr, args: &[String], cwd: Option<&Path>) -> Comm
     #[allow(clippy::disallowed_methods)] // this module is the one allowed spawner
     let mut cmd = Command::new(program);
     cmd.args(args).process_group(0).kill_on_drop(true);
+    for key in SECRET_ENV {
+        cmd.env_remove(key);
+    }
     if let Some(cwd) = cwd {
         cmd.current_dir(cwd);
     }
@@ -85,6 +94,7 @@ pub fn spawn_worker(
         stderr: child.stderr.take().expect("stderr is piped"),
     };
     let pid = child.id().expect("a just-spawned child has a pid");
+    guard::register(pid);
     Ok((
         ProcessGroup {
             child,
@@ -129,6 +139,10 @@ pub async fn run_captured(
         source,
     })?;
     let pid = child.id();
+    if let Some(pid) = pid {
+        guard::register(pid);
+    }
+    let _forget = pid.map(Unregister);
     match tokio::time::timeout(timeout, child.wait_with_output()).await {
         Ok(Ok(out)) => Ok(Captured {
             status: out.status,
@@ -149,6 +163,15 @@ pub async fn run_captured(
                 timeout,
             })
         }
+    }
+}
+
+/// Unregisters a helper's group from the orphan guard when the helper is done with.
+struct Unregister(u32);
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        guard::unregister(self.0);
     }
 }
 
@@ -190,6 +213,7 @@ impl ProcessGroup {
         self.exited = Some(status);
         // Whatever the leader left behind in its group goes with it.
         kill_group(self.pid, libc::SIGKILL);
+        guard::unregister(self.pid);
         Ok(status)
     }
 
@@ -223,6 +247,7 @@ impl Drop for ProcessGroup {
             // The Child's kill_on_drop kills the leader and tokio reaps it in the background;
             // this takes down everything else in its group as well.
             kill_group(self.pid, libc::SIGKILL);
+            guard::unregister(self.pid);
         }
     }
 }

@@ -54,9 +54,21 @@ impl GpuQueue {
 
     /// Joins the end of the queue.
     pub fn enqueue(self: &Arc<Self>) -> Waiter {
+        self.try_enqueue(usize::MAX)
+            .expect("an unbounded queue is never full")
+    }
+
+    /// Joins the end of the queue unless `max_waiting` requests already wait (then `None`); the
+    /// check and the join are one step, so concurrent callers never overshoot the bound.
+    pub fn try_enqueue(self: &Arc<Self>, max_waiting: usize) -> Option<Waiter> {
         let (tx, grant) = oneshot::channel();
         let id = {
             let mut state = self.lock();
+            // A request that would be granted at once never counts as waiting.
+            let free = state.running < self.max_running && state.waiting.is_empty();
+            if !free && state.waiting.len() >= max_waiting {
+                return None;
+            }
             let id = state.next_id;
             state.next_id += 1;
             state.waiting.push_back((id, tx));
@@ -64,13 +76,13 @@ impl GpuQueue {
             id
         };
         self.bump();
-        Waiter {
+        Some(Waiter {
             queue: Arc::clone(self),
             id,
             grant,
             version: self.version.subscribe(),
             consumed: false,
-        }
+        })
     }
 
     /// Jobs holding the GPU now.
@@ -215,6 +227,17 @@ mod tests {
         drop(b); // …and never takes it
         let _pc = c.granted().await;
         assert_eq!(q.running(), 1);
+    }
+
+    #[tokio::test]
+    async fn bounded_waiting() {
+        let q = GpuQueue::new(1);
+        let running = q.try_enqueue(1).unwrap();
+        let _permit = running.granted().await;
+        let waiting = q.try_enqueue(1).unwrap();
+        assert!(q.try_enqueue(1).is_none(), "one waits already");
+        drop(waiting);
+        assert!(q.try_enqueue(1).is_some());
     }
 
     #[tokio::test]

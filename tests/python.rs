@@ -75,7 +75,7 @@ fn python_suites() {
     failures.extend(
         try_run(
             "SDK pytest",
-        Command::new(&python)
+            Command::new(&python)
                 .args(["-m", "pytest", "-q", "tests"])
                 .current_dir(&sdk),
         )

@@ -79,7 +79,7 @@ async fn local(
     job::check_speakers(&opts).map_err(anyhow::Error::msg)?;
     gpuhost::setup::ensure(&config, &|line| eprintln!("{line}")).await?;
     let app = gpuhost::App::start_oneshot(config);
-    let dir = job::job_dir()?;
+    let dir = job::job_dir(&app.config)?;
     let prepared = PreparedJob::from_upload(
         &app.config,
         dir,
@@ -89,7 +89,8 @@ async fn local(
     )
     .await
     .with_context(|| format!("reading {}", args.file.display()))?;
-    let mut events = start_job(Arc::clone(&app), prepared);
+    let mut events = start_job(Arc::clone(&app), prepared)
+        .map_err(|_| anyhow::anyhow!("the GPU queue is full"))?;
     let mut last = None;
     while let Some(event) = events.recv().await {
         progress.show(&event);

@@ -12,6 +12,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// Seconds for a `Retry-After` header.
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -20,6 +22,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -35,6 +38,30 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 
+    /// The GPU queue is full; `Retry-After` says when to come back.
+    pub fn queue_full(full: &crate::job::QueueFull) -> ApiError {
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "queue_full",
+            format!(
+                "{} requests already wait for the GPU (limits.max_queue); retry in about {} s",
+                full.max_queue, full.retry_after_s
+            ),
+        )
+        .with_retry_after(full.retry_after_s)
+    }
+
+    fn with_retry_after(mut self, seconds: u64) -> ApiError {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    /// Hides the job folder's path in the message.
+    pub fn redact(mut self, dir: &std::path::Path) -> ApiError {
+        self.message = crate::job::redact(&self.message, dir);
+        self
+    }
+
     pub fn unauthorized() -> ApiError {
         ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -48,6 +75,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Json(json!({ "error": self.code, "message": self.message }));
         let mut response = (self.status, body).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(seconds),
+            );
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 "www-authenticate",
@@ -66,6 +99,11 @@ impl From<AudioError> for ApiError {
             AudioError::Undecodable(_) => ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "undecodable_audio",
+                message,
+            ),
+            AudioError::BadFormat(_) => ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_audio_format",
                 message,
             ),
             AudioError::TooLong { .. } => {

@@ -34,7 +34,14 @@ impl IntoResponse for OpenAiError {
             "server_error"
         };
         let body = json!({"error": {"message": self.0.message, "type": kind, "param": null, "code": self.0.code}});
-        (self.0.status, Json(body)).into_response()
+        let mut response = (self.0.status, Json(body)).into_response();
+        if let Some(seconds) = self.0.retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(seconds),
+            );
+        }
+        response
     }
 }
 
@@ -51,9 +58,20 @@ pub async fn transcriptions(
     State(app): State<AppState>,
     request: Request,
 ) -> Result<Response, OpenAiError> {
-    let dir = job::job_dir()
+    job::QueueFull::check(&app).map_err(|full| ApiError::queue_full(&full))?;
+    let dir = job::job_dir(&app.config)
         .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
-    let form = read_form(request, dir.path(), app.config.limits.max_upload_bytes).await?;
+    let dir_path = dir.path().to_path_buf();
+    let limits = upload::BodyLimits::from_config(&app.config);
+    let (request, tripwire) = upload::guard(request, limits);
+    let form = read_form(
+        request,
+        dir.path(),
+        limits.max_bytes,
+        app.config.limits.max_field_bytes,
+    )
+    .await
+    .map_err(|e| tripwire.error(&limits).unwrap_or(e).redact(&dir_path))?;
     let format = form.response_format.as_deref().unwrap_or("json");
     if !["json", "text", "srt", "verbose_json", "vtt"].contains(&format) {
         return Err(ApiError::bad_request(format!(
@@ -72,9 +90,10 @@ pub async fn transcriptions(
     let stages = app.config.pipeline.stages.clone();
     let prepared = PreparedJob::from_upload(&app.config, dir, file, options, stages)
         .await
-        .map_err(ApiError::from)?;
+        .map_err(|e| ApiError::from(e).redact(&dir_path))?;
     let duration = prepared.info.seconds;
-    let result = final_result(start_job(app, prepared)).await?;
+    let events = start_job(app, prepared).map_err(|full| ApiError::queue_full(&full))?;
+    let result = final_result(events).await?;
     let text = result
         .get("text")
         .and_then(Value::as_str)
@@ -103,7 +122,12 @@ pub async fn transcriptions(
     })
 }
 
-async fn read_form(request: Request, dir: &std::path::Path, limit: u64) -> Result<Form, ApiError> {
+async fn read_form(
+    request: Request,
+    dir: &std::path::Path,
+    limit: u64,
+    max_field: usize,
+) -> Result<Form, ApiError> {
     let mut multipart = Multipart::from_request(request, &()).await.map_err(|e| {
         ApiError::bad_request(format!("send multipart/form-data: {}", e.body_text()))
     })?;
@@ -118,12 +142,7 @@ async fn read_form(request: Request, dir: &std::path::Path, limit: u64) -> Resul
             form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?);
             continue;
         }
-        let value = field.text().await.map_err(|e| {
-            ApiError::bad_request(format!(
-                "invalid multipart field `{name}`: {}",
-                e.body_text()
-            ))
-        })?;
+        let value = read_text_field(field, &name, max_field).await?;
         match name.as_str() {
             "language" => form.language = Some(value),
             "prompt" => form.prompt = Some(value),
@@ -135,6 +154,30 @@ async fn read_form(request: Request, dir: &std::path::Path, limit: u64) -> Resul
         }
     }
     Ok(form)
+}
+
+/// A text field of the form, refused once it grows past `max` bytes (never buffered whole).
+async fn read_text_field(
+    mut field: axum::extract::multipart::Field<'_>,
+    name: &str,
+    max: usize,
+) -> Result<String, ApiError> {
+    let mut value = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid multipart field `{name}`: {}",
+            e.body_text()
+        ))
+    })? {
+        if value.len() + chunk.len() > max {
+            return Err(ApiError::too_large(format!(
+                "the form field `{name}` is longer than {max} bytes (limits.max_field_bytes)"
+            )));
+        }
+        value.extend_from_slice(&chunk);
+    }
+    String::from_utf8(value)
+        .map_err(|_| ApiError::bad_request(format!("the form field `{name}` is not UTF-8 text")))
 }
 
 fn language_name(code: &str) -> &str {

@@ -42,8 +42,10 @@ pub async fn transcribe(
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let format = query.format;
+    // Refuse before taking the upload when the queue is full already.
+    job::QueueFull::check(&app).map_err(|full| ApiError::queue_full(&full))?;
     let job = prepare(&app, query, request).await?;
-    let events = start_job(app, job);
+    let events = start_job(app, job).map_err(|full| ApiError::queue_full(&full))?;
     match format {
         None => Ok(ndjson_response(events)),
         Some(format) => {
@@ -103,15 +105,25 @@ pub async fn prepare(
         prompt: query.prompt.filter(|p| !p.is_empty()),
     };
     job::check_speakers(&options).map_err(ApiError::bad_request)?;
-    let dir = job::job_dir()
+    let max_field = app.config.limits.max_field_bytes;
+    if options.prompt.as_ref().is_some_and(|p| p.len() > max_field) {
+        return Err(ApiError::too_large(format!(
+            "`prompt` is longer than {max_field} bytes (limits.max_field_bytes)"
+        )));
+    }
+    let dir = job::job_dir(&app.config)
         .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
+    let dir_path = dir.path().to_path_buf();
     let source = upload::receive(
         request,
         &dir.path().join("upload"),
-        app.config.limits.max_upload_bytes,
+        upload::BodyLimits::from_config(&app.config),
     )
-    .await?;
-    Ok(PreparedJob::from_upload(&app.config, dir, source, options, stages).await?)
+    .await
+    .map_err(|e| e.redact(&dir_path))?;
+    PreparedJob::from_upload(&app.config, dir, source, options, stages)
+        .await
+        .map_err(|e| ApiError::from(e).redact(&dir_path))
 }
 
 /// An NDJSON response that flushes each event as it happens.

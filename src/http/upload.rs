@@ -1,8 +1,11 @@
-//! Receives an upload (raw body or multipart field `file`), enforcing the size limit while
-//! streaming so an oversized upload is refused without being buffered. Uploads up to
-//! `SPILL_BYTES` stay in memory; larger ones are written to `spill` as they arrive.
+//! Receives an upload (raw body or multipart field `file`). Every byte of the body, form fields
+//! included, counts against the size limit while streaming, and a body that stalls longer than
+//! the idle timeout is cut off, so neither a huge nor a trickled upload holds memory or a job
+//! folder. Uploads up to `SPILL_BYTES` stay in memory; larger ones go to `spill` as they arrive.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{FromRequest, Multipart, Request};
@@ -12,11 +15,110 @@ use tokio::io::AsyncWriteExt;
 use super::error::ApiError;
 use crate::audio::Source;
 
+/// How much of a request body is read, and how long a pause in it may be.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    pub max_bytes: u64,
+    pub idle: Duration,
+}
+
+impl BodyLimits {
+    pub fn from_config(config: &crate::Config) -> BodyLimits {
+        BodyLimits {
+            max_bytes: config.limits.max_upload_bytes,
+            idle: Duration::from_secs_f64(config.http.body_idle_timeout_s),
+        }
+    }
+}
+
+/// Why a body was cut off; read after the reader (axum, multer) reports an error.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    TooLarge,
+    Idle,
+}
+
+/// Set by the guarded body when it cuts the body off.
+#[derive(Debug, Clone, Default)]
+pub struct Tripwire(Arc<Mutex<Option<Cut>>>);
+
+impl Tripwire {
+    fn trip(&self, cut: Cut) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(cut);
+    }
+
+    /// The HTTP error for a body that was cut off, if it was.
+    pub fn error(&self, limits: &BodyLimits) -> Option<ApiError> {
+        let cut = *self.0.lock().unwrap_or_else(|e| e.into_inner());
+        cut.map(|cut| match cut {
+            Cut::TooLarge => too_large("the request body", limits.max_bytes),
+            Cut::Idle => ApiError::new(
+                axum::http::StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                format!(
+                    "the request body stalled for more than {:.0} s (http.body_idle_timeout_s); send it without pauses",
+                    limits.idle.as_secs_f64()
+                ),
+            ),
+        })
+    }
+}
+
+/// Replaces the body of `request` with one that counts every byte against `limits.max_bytes`
+/// and gives up after `limits.idle` without data.
+pub fn guard(request: Request, limits: BodyLimits) -> (Request, Tripwire) {
+    let tripwire = Tripwire::default();
+    let (parts, body) = request.into_parts();
+    let mut data = body.into_data_stream();
+    let wire = tripwire.clone();
+    let guarded = async_stream::stream! {
+        let mut seen = 0u64;
+        loop {
+            match tokio::time::timeout(limits.idle, data.next()).await {
+                Ok(Some(Ok(chunk))) => {
+                    seen += chunk.len() as u64;
+                    if seen > limits.max_bytes {
+                        wire.trip(Cut::TooLarge);
+                        yield Err(std::io::Error::other("the request body is too large"));
+                        break;
+                    }
+                    yield Ok(chunk);
+                }
+                Ok(Some(Err(e))) => {
+                    yield Err(std::io::Error::other(e.to_string()));
+                    break;
+                }
+                Ok(None) => break,
+                Err(_) => {
+                    wire.trip(Cut::Idle);
+                    yield Err(std::io::Error::other("the request body stalled"));
+                    break;
+                }
+            }
+        }
+    };
+    (
+        Request::from_parts(parts, Body::from_stream(guarded)),
+        tripwire,
+    )
+}
+
 /// Uploads larger than this are streamed to a file instead of kept in memory.
 pub const SPILL_BYTES: usize = 8 * 1024 * 1024;
 
 /// Receives the upload; `spill` is where a large one goes.
-pub async fn receive(request: Request, spill: &Path, limit: u64) -> Result<Source, ApiError> {
+pub async fn receive(
+    request: Request,
+    spill: &Path,
+    limits: BodyLimits,
+) -> Result<Source, ApiError> {
+    let (request, tripwire) = guard(request, limits);
+    receive_guarded(request, spill, limits.max_bytes)
+        .await
+        .map_err(|e| tripwire.error(&limits).unwrap_or(e))
+}
+
+async fn receive_guarded(request: Request, spill: &Path, limit: u64) -> Result<Source, ApiError> {
     let declared = request
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)

@@ -172,6 +172,11 @@ impl Session {
                         return Err(self.crashed(exit));
                     }
                 },
+                // The process itself, not only its stdout: a child of the worker may hold the
+                // pipe open after the worker died.
+                status = self.group.wait() => {
+                    return self.exited_during_job(status, output, events, phase).await;
+                }
                 _ = limits.cancel.cancelled(), if phase == Phase::Running => {
                     phase = Phase::Finishing;
                     if self.ready.cancel {
@@ -214,6 +219,56 @@ impl Session {
                 }
                 None => IdleEvent::Exited(self.collect_exit().await),
             },
+            status = self.group.wait() => {
+                // `wait` took the rest of the group down with the worker.
+                let exit = status.as_ref().map(describe_exit).unwrap_or_else(|e| e.to_string());
+                self.drain_tail().await;
+                IdleEvent::Exited(exit)
+            }
+        }
+    }
+
+    /// The worker process ended while a job ran. Its last words may still sit in the stdout
+    /// pipe (`done` right before exiting is how a oneshot worker ends), so read what is left.
+    async fn exited_during_job(
+        &mut self,
+        status: std::io::Result<ExitStatus>,
+        output: &Path,
+        events: &mpsc::Sender<WorkerEvent>,
+        phase: Phase,
+    ) -> Result<Value, JobError> {
+        let exit = status
+            .as_ref()
+            .map(describe_exit)
+            .unwrap_or_else(|e| e.to_string());
+        let until = Instant::now() + Duration::from_millis(500);
+        while let Ok(Some(line)) = tokio::time::timeout_at(until, self.stdout.next_line()).await {
+            match Signal::parse(&line) {
+                Signal::Done => {
+                    self.drain_stderr(events);
+                    return self.read_output(output);
+                }
+                Signal::Error(failure) if phase != Phase::Cancelling => {
+                    self.drain_stderr(events);
+                    return Err(JobError::Failed {
+                        worker: self.name.clone(),
+                        message: failure.message,
+                    });
+                }
+                _ => {}
+            }
+        }
+        self.drain_tail().await;
+        Err(self.crashed(exit))
+    }
+
+    /// Logs the stderr lines still in the pipe after the process ended.
+    async fn drain_tail(&mut self) {
+        if let Some(mut rx) = self.stderr.take() {
+            let until = Instant::now() + Duration::from_millis(500);
+            while let Ok(Some(line)) = tokio::time::timeout_at(until, rx.next_line()).await {
+                self.log_line(&line, None);
+            }
         }
     }
 
@@ -271,12 +326,7 @@ impl Session {
             Some(status) => Some(status),
             None => self.group.kill().await,
         };
-        if let Some(mut rx) = self.stderr.take() {
-            let until = Instant::now() + Duration::from_millis(500);
-            while let Ok(Some(line)) = tokio::time::timeout_at(until, rx.next_line()).await {
-                self.log_line(&line, None);
-            }
-        }
+        self.drain_tail().await;
         status
             .as_ref()
             .map(describe_exit)

@@ -20,8 +20,8 @@ impl FakeGpu {
         let fake = fixture("fake_nvidia_smi.py");
         let d = dir.path().display().to_string();
         let script = format!(
-            "#!/bin/sh\nexport FAKE_GPU_STATE={d}/state\n[ -f {d}/fail ] && export FAKE_NVIDIA_SMI_FAIL=1\n[ -f {d}/hang ] && export FAKE_NVIDIA_SMI_HANG=30\nexec {} {} \"$@\"\n",
-            python(),
+            "#!/bin/sh\nexport FAKE_GPU_STATE={d}/state\n[ -f {d}/fail ] && export FAKE_NVIDIA_SMI_FAIL=1\n[ -f {d}/hang ] && export FAKE_NVIDIA_SMI_HANG=30\nexec {} -S {} \"$@\"\n",
+            python_exe(),
             fake.display()
         );
         let smi = dir.path().join("nvidia-smi");
@@ -78,7 +78,7 @@ impl FakeGpu {
     /// The `[gpu.status]` table for this fake, fast timings.
     pub fn config(&self, extra: &str) -> String {
         format!(
-            "[gpu.status]\nbackend = \"auto\"\nnvml_library = \"/nonexistent/libnvidia-ml.so.1\"\nnvidia_smi = {:?}\nproc_root = {:?}\ninterval_s = 0.1\nstale_after_s = 2.0\ntimeout_s = 0.5\nquiet_period_s = 0.3\n{extra}\n",
+            "[gpu.status]\nbackend = \"auto\"\nnvml_library = \"/nonexistent/libnvidia-ml.so.1\"\nnvidia_smi = {:?}\nproc_root = {:?}\ninterval_s = 0.1\nstale_after_s = 2.0\ntimeout_s = 1.0\nquiet_period_s = 0.3\n{extra}\n",
             self.dir.path().join("nvidia-smi").display().to_string(),
             self.proc_root().display().to_string(),
         )

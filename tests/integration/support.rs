@@ -28,6 +28,22 @@ pub fn python() -> String {
     std::env::var("GPUHOST_TEST_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
+/// The interpreter behind `python()` as an absolute path: for fixtures run many times a second
+/// (a fake `nvidia-smi`), where a launcher shim such as pyenv's would cost 100 ms a call.
+pub fn python_exe() -> String {
+    static EXE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        std::process::Command::new(python())
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(python)
+    })
+    .clone()
+}
+
 /// A `[workers.NAME]` table running the fake worker with extra TOML lines.
 /// Timeouts default to 20 s and the stop grace to 1 s unless `extra` sets them.
 pub fn fake_worker(name: &str, extra: &str) -> String {

@@ -1,0 +1,57 @@
+//! `[http]`: how the server treats connections and browsers — timeouts, the connection cap, the
+//! shutdown deadline, and which `Host` names it answers to.
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Host names (optionally `name:port`) accepted besides the loopback names (`localhost`,
+    /// `127.0.0.1`, `[::1]`). `"*"` accepts any. Without a token every other `Host` is refused,
+    /// which stops DNS rebinding; with a token an empty list accepts any `Host`.
+    pub allowed_hosts: Vec<String>,
+    /// A client must send its request headers within this long (also: how long an idle
+    /// keep-alive connection stays open).
+    pub header_timeout_s: f64,
+    /// Longest pause allowed while a request body streams in.
+    pub body_idle_timeout_s: f64,
+    /// Connections served at once; further clients wait in the kernel's accept queue.
+    pub max_connections: usize,
+    /// After a shutdown signal, how long open connections may finish before they are dropped.
+    pub shutdown_grace_s: f64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            allowed_hosts: Vec::new(),
+            header_timeout_s: 15.0,
+            body_idle_timeout_s: 30.0,
+            max_connections: 512,
+            shutdown_grace_s: 10.0,
+        }
+    }
+}
+
+impl HttpConfig {
+    pub(super) fn validate(&self) -> Result<(), String> {
+        for (key, value) in [
+            ("header_timeout_s", self.header_timeout_s),
+            ("body_idle_timeout_s", self.body_idle_timeout_s),
+            ("shutdown_grace_s", self.shutdown_grace_s),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(format!(
+                    "[http] {key} must be a positive number of seconds, got {value}"
+                ));
+            }
+        }
+        if self.max_connections == 0 {
+            return Err("[http] max_connections must be at least 1".into());
+        }
+        if let Some(bad) = self.allowed_hosts.iter().find(|h| h.trim().is_empty()) {
+            return Err(format!("[http] allowed_hosts has an empty entry: {bad:?}"));
+        }
+        Ok(())
+    }
+}

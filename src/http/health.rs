@@ -1,0 +1,91 @@
+//! The open probes: `/health` (liveness: the process answers and can take jobs at all) and
+//! `/ready` (readiness: it should get traffic now). Neither reveals paths or command lines, and
+//! neither waits on the GPU lock.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::worker::WorkerState;
+use crate::AppState;
+
+/// Liveness plus a summary. 503 when the temp dir cannot take job folders (a full or read-only
+/// disk): every upload would fail.
+pub async fn health(State(app): State<AppState>) -> Response {
+    let statuses = app.supervisor.statuses();
+    let ready = statuses
+        .iter()
+        .filter(|s| matches!(s.state, WorkerState::Ready | WorkerState::Busy))
+        .count();
+    let loading = statuses
+        .iter()
+        .filter(|s| s.state == WorkerState::Starting)
+        .count();
+    let temp = crate::job::temp_dir_usable(&app.config.temp_dir());
+    let mut problems = Vec::new();
+    if let Err(why) = &temp {
+        problems.push(why.clone());
+    }
+    let status = if problems.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "status": if problems.is_empty() { "ok" } else { "unhealthy" },
+        "problems": problems,
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_s": crate::pipeline::round3(app.started.elapsed().as_secs_f64()),
+        "workers": { "total": statuses.len(), "ready": ready, "loading": loading },
+        "queue": { "running": app.queue.running(), "waiting": app.queue.waiting(), "max_waiting": app.config.limits.max_queue },
+        "gpu": app.gpu.health(),
+    });
+    (status, Json(body)).into_response()
+}
+
+/// Readiness for a load balancer or a Kubernetes probe: 503 while a resident worker is loading
+/// or down, the queue is full, or the temp dir is unusable, with the reasons.
+pub async fn ready(State(app): State<AppState>) -> Response {
+    let mut reasons = Vec::new();
+    for s in app.supervisor.statuses() {
+        let up = match s.mode {
+            crate::config::Mode::Resident => {
+                matches!(s.state, WorkerState::Ready | WorkerState::Busy)
+            }
+            crate::config::Mode::Oneshot => s.state != WorkerState::Stopped,
+        };
+        if !up {
+            reasons.push(format!("worker {} is {}", s.name, state_word(s.state)));
+        }
+    }
+    let waiting = app.queue.waiting();
+    if waiting >= app.config.limits.max_queue {
+        reasons.push(format!(
+            "the GPU queue is full ({waiting} waiting, limits.max_queue = {})",
+            app.config.limits.max_queue
+        ));
+    }
+    if let Err(why) = crate::job::temp_dir_usable(&app.config.temp_dir()) {
+        reasons.push(why);
+    }
+    let status = if reasons.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({ "ready": reasons.is_empty(), "reasons": reasons });
+    (status, Json(body)).into_response()
+}
+
+fn state_word(state: WorkerState) -> &'static str {
+    match state {
+        WorkerState::Starting => "loading",
+        WorkerState::Ready => "ready",
+        WorkerState::Busy => "busy",
+        WorkerState::Exited => "down (restarting)",
+        WorkerState::Idle => "idle",
+        WorkerState::Stopped => "stopped",
+    }
+}

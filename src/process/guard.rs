@@ -1,0 +1,172 @@
+//! The orphan guard: a tiny process forked at startup that outlives a SIGKILLed host and then
+//! kills every process group the host had registered, so a worker's own children (data loaders,
+//! ffmpeg, compile workers — in production, processes that hold GPU memory) never survive the
+//! host. `PR_SET_PDEATHSIG` reaches only the direct child; this reaches its whole group, without
+//! relying on systemd.
+//!
+//! The host holds the write end of a pipe (close-on-exec, so no child inherits it) and writes
+//! `+PGID` / `-PGID` lines; the guard reads them. When the host dies, however it dies, the kernel
+//! closes the write end, the guard reads EOF, sends SIGTERM to each group still registered, gives
+//! them a moment, SIGKILLs what is left and exits.
+//!
+//! The write end lives in a process-wide cell: like the pid, the guard belongs to the process,
+//! not to any one owner of children.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+static GUARD: OnceLock<OwnedFd> = OnceLock::new();
+
+/// Forks the guard. Call it from `main` while the process has a single thread (before the async
+/// runtime starts): the forked child then runs ordinary code safely.
+pub fn install() -> io::Result<()> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 fills the two-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let (read_end, write_end) = (fds[0], fds[1]);
+    // SAFETY: the caller guarantees a single-threaded process, so the child may run any code.
+    match unsafe { libc::fork() } {
+        -1 => Err(io::Error::last_os_error()),
+        0 => {
+            // SAFETY: closing our copy of the write end; the host keeps its own.
+            unsafe { libc::close(write_end) };
+            run_guard(read_end)
+        }
+        _ => {
+            // SAFETY: the read end belongs to the guard now; the write end is ours alone.
+            unsafe { libc::close(read_end) };
+            let _ = GUARD.set(unsafe { OwnedFd::from_raw_fd(write_end) });
+            Ok(())
+        }
+    }
+}
+
+/// Records a new process group to kill if the host dies.
+pub(super) fn register(pgid: u32) {
+    send(&format!("+{pgid}\n"));
+}
+
+/// Forgets a process group that is gone.
+pub(super) fn unregister(pgid: u32) {
+    send(&format!("-{pgid}\n"));
+}
+
+fn send(line: &str) {
+    let Some(fd) = GUARD.get() else {
+        return; // no guard (library use, tests in-process): PR_SET_PDEATHSIG still applies
+    };
+    // A few bytes to a pipe the guard drains continuously: one write, never a partial one.
+    // SAFETY: writing a valid buffer to an open descriptor.
+    let n = unsafe { libc::write(fd.as_raw_fd(), line.as_ptr().cast(), line.len()) };
+    if n < 0 {
+        tracing::warn!(error = %io::Error::last_os_error(), "the orphan guard is gone; worker children may outlive a killed host");
+    }
+}
+
+/// The guard's whole life. Never returns.
+fn run_guard(read_end: RawFd) -> ! {
+    // SAFETY: plain syscalls in the freshly forked, single-threaded child.
+    unsafe {
+        // Its own session: a Ctrl-C or SIGHUP aimed at the host's terminal group passes it by.
+        libc::setsid();
+        libc::prctl(
+            libc::PR_SET_NAME,
+            c"gpuhost-guard".as_ptr() as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        // Keep only the pipe (as fd 3) and stderr: no listening socket or file stays open here.
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+        }
+        if read_end != 3 {
+            libc::dup2(read_end, 3);
+        }
+        if libc::syscall(libc::SYS_close_range, 4u32, u32::MAX, 0u32) != 0 {
+            for fd in 4..1024 {
+                libc::close(fd);
+            }
+        }
+    }
+    let groups = read_registrations(3);
+    kill_groups(&groups);
+    // SAFETY: leave without running the host's atexit handlers or destructors.
+    unsafe { libc::_exit(0) }
+}
+
+/// Reads `+PGID`/`-PGID` lines until EOF; returns the groups still registered.
+fn read_registrations(fd: RawFd) -> Vec<libc::pid_t> {
+    let mut groups: Vec<libc::pid_t> = Vec::new();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: reading into a local buffer.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        if n <= 0 {
+            return groups;
+        }
+        pending.extend_from_slice(&buf[..n as usize]);
+        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            apply(&mut groups, &line[..line.len() - 1]);
+        }
+    }
+}
+
+fn apply(groups: &mut Vec<libc::pid_t>, line: &[u8]) {
+    let Some((&op, digits)) = line.split_first() else {
+        return;
+    };
+    let Some(pgid) = std::str::from_utf8(digits)
+        .ok()
+        .and_then(|d| d.parse::<libc::pid_t>().ok())
+        .filter(|&p| p > 1)
+    else {
+        return;
+    };
+    match op {
+        b'+' => groups.push(pgid),
+        b'-' => groups.retain(|&g| g != pgid),
+        _ => {}
+    }
+}
+
+/// SIGTERM to every group, up to a second for them to go, then SIGKILL to what is left.
+fn kill_groups(groups: &[libc::pid_t]) {
+    // SAFETY: signals to process groups; a group that is gone yields ESRCH.
+    let alive = |g: libc::pid_t| unsafe { libc::killpg(g, 0) } == 0;
+    for &g in groups {
+        unsafe { libc::killpg(g, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while groups.iter().any(|&g| alive(g)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for &g in groups {
+        unsafe { libc::killpg(g, libc::SIGKILL) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::apply;
+
+    #[test]
+    fn registrations_add_and_remove() {
+        let mut groups = Vec::new();
+        for line in ["+100", "+200", "-100", "+x", "+1", "?5", ""] {
+            apply(&mut groups, line.as_bytes());
+        }
+        assert_eq!(groups, [200]);
+    }
+}
