@@ -189,6 +189,26 @@ impl Default for AudioConfig {
     }
 }
 
+/// The token in force: `GPUHOST_TOKEN` wins over the config's, but an empty one counts as not
+/// set (it must never turn auth off); surrounding whitespace (a newline from a secrets file) is
+/// never part of a token; a token of only whitespace is an error, not "no token".
+fn effective_token(
+    from_config: Option<String>,
+    from_env: Option<String>,
+) -> Result<Option<String>, ConfigError> {
+    let from_env = from_env.filter(|t| !t.trim().is_empty());
+    let Some(token) = from_env.or(from_config) else {
+        return Ok(None);
+    };
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(ConfigError::Invalid(
+            "`token` is empty or only whitespace: set a real token or remove the key".into(),
+        ));
+    }
+    Ok(Some(token.to_string()))
+}
+
 fn base_dir_join(base: &Path, path: &Path) -> PathBuf {
     if path.is_absolute() {
         path.to_path_buf()
@@ -251,20 +271,7 @@ impl Config {
     fn finish(mut self, base_dir: PathBuf) -> Result<Config, ConfigError> {
         // Absolute, so that paths stay right for workers started in their own folders.
         self.base_dir = std::path::absolute(&base_dir).unwrap_or(base_dir);
-        // An empty GPUHOST_TOKEN is "not set", never "no token": it must not turn auth off.
-        if let Some(token) = std::env::var("GPUHOST_TOKEN")
-            .ok()
-            .filter(|t| !t.trim().is_empty())
-        {
-            self.token = Some(token);
-        }
-        // Surrounding whitespace (a newline from a secrets file) is never part of a token.
-        self.token = self.token.take().map(|t| t.trim().to_string());
-        if self.token.as_deref() == Some("") {
-            return Err(ConfigError::Invalid(
-                "`token` is empty or only whitespace: set a real token or remove the key".into(),
-            ));
-        }
+        self.token = effective_token(self.token.take(), std::env::var("GPUHOST_TOKEN").ok())?;
         if let Some(dir) = self.limits.temp_dir.take() {
             self.limits.temp_dir =
                 Some(std::path::absolute(base_dir_join(&self.base_dir, &dir)).unwrap_or(dir));
@@ -495,5 +502,24 @@ mod tests {
             let err = Config::from_toml(&format!("[pipeline]\n{toml}\n"), ".".into()).unwrap_err();
             assert!(err.to_string().contains(says), "{toml}: {err}");
         }
+    }
+
+    #[test]
+    fn token_edge_cases() {
+        let t = |c: Option<&str>, e: Option<&str>| {
+            effective_token(c.map(String::from), e.map(String::from))
+        };
+        assert_eq!(t(Some("abc"), Some("")).unwrap().as_deref(), Some("abc"));
+        assert_eq!(
+            t(Some("abc"), Some("  \n")).unwrap().as_deref(),
+            Some("abc")
+        );
+        assert_eq!(
+            t(Some("abc"), Some(" xyz\n")).unwrap().as_deref(),
+            Some("xyz")
+        );
+        assert_eq!(t(Some(" abc \n"), None).unwrap().as_deref(), Some("abc"));
+        assert_eq!(t(None, None).unwrap(), None);
+        assert!(t(Some("   "), None).is_err());
     }
 }

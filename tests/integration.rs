@@ -11,6 +11,7 @@ mod integration {
     mod faults;
     mod golden;
     pub mod gpu_status;
+    mod hardening;
     mod http_api;
     mod lifecycle;
     mod original_protocol;

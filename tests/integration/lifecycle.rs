@@ -1,74 +1,34 @@
 //! The real `gpuhost serve` process: SIGTERM stops every worker; SIGKILL takes them along within 2 s.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::support::*;
 
 struct Served {
-    child: Child,
+    binary: Binary,
     url: String,
     pid_dir: tempfile::TempDir,
-    _config_dir: tempfile::TempDir,
 }
 
-/// Starts the binary with two resident fake workers and one oneshot; waits until both are ready.
+/// Starts the binary with two resident fake workers; waits until both are ready.
 async fn serve() -> Served {
     let pid_dir = tempfile::tempdir().unwrap();
-    let config_dir = tempfile::tempdir().unwrap();
     let env = format!(
         "env = {{ FAKE_PID_DIR = {:?} }}",
         pid_dir.path().display().to_string()
     );
     let toml = format!(
-        "listen = \"127.0.0.1:0\"\n[pipeline]\nstages = [\"a\", \"b\"]\n{}{}",
+        "[pipeline]\nstages = [\"a\", \"b\"]\n{}{}",
         fake_worker("a", &env),
         fake_worker("b", &env),
     );
-    let config = config_dir.path().join("gpuhost.toml");
-    std::fs::write(&config, toml).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuhost"))
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(url) = line.strip_prefix("gpuhost listening on ") {
-                let _ = tx.send(url.to_string());
-            }
-        }
-    });
-    let url = rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the server announces its address");
-    let served = Served {
-        child,
-        url,
+    let binary = Binary::start(&toml, &[]);
+    binary.ready_workers(2).await;
+    Served {
+        url: binary.url.clone(),
+        binary,
         pid_dir,
-        _config_dir: config_dir,
-    };
-    let health = format!("{}/health", served.url);
-    wait_for("both workers ready", Duration::from_secs(20), || {
-        let health = health.clone();
-        async move {
-            match reqwest::get(&health).await {
-                Ok(r) => r
-                    .json::<serde_json::Value>()
-                    .await
-                    .map(|h| h["workers"]["ready"] == 2)
-                    .unwrap_or(false),
-                Err(_) => false,
-            }
-        }
-    })
-    .await;
-    served
+    }
 }
 
 /// Waits until one worker of the served binary is busy with a job.
@@ -89,13 +49,6 @@ async fn wait_busy(url: &str) {
     .await;
 }
 
-fn signal(pid: u32, sig: i32) {
-    // SAFETY: plain kill(2).
-    unsafe {
-        libc::kill(pid as i32, sig);
-    }
-}
-
 #[tokio::test]
 async fn sigterm_stops_every_worker_and_ends_running_jobs() {
     let mut served = serve().await;
@@ -113,12 +66,13 @@ async fn sigterm_stops_every_worker_and_ends_running_jobs() {
         read_events(response).await
     });
     wait_busy(&served.url).await;
-    signal(served.child.id(), libc::SIGTERM);
+    served.binary.signal(libc::SIGTERM);
     let started = Instant::now();
-    let status = tokio::task::spawn_blocking(move || served.child.wait().map(|s| (s, served)))
-        .await
-        .unwrap()
-        .unwrap();
+    let status =
+        tokio::task::spawn_blocking(move || served.binary.child.wait().map(|s| (s, served)))
+            .await
+            .unwrap()
+            .unwrap();
     let (status, served) = status;
     assert!(status.success(), "clean exit: {status:?}");
     assert!(
@@ -149,8 +103,8 @@ async fn sigkill_of_the_host_takes_workers_within_two_seconds() {
             .await;
     });
     wait_busy(&served.url).await;
-    signal(served.child.id(), libc::SIGKILL);
-    served.child.wait().unwrap();
+    served.binary.signal(libc::SIGKILL);
+    served.binary.child.wait().unwrap();
     let killed = Instant::now();
     let deadline = killed + Duration::from_secs(2);
     while pids.iter().any(|&p| pid_alive(p)) {

@@ -294,6 +294,84 @@ pub fn wav(seconds: f64, rate: u32, channels: u16) -> Vec<u8> {
     out
 }
 
+/// The real `gpuhost serve` binary in a TempDir (`{DIR}` in the TOML), listening on port 0.
+pub struct Binary {
+    pub child: std::process::Child,
+    pub url: String,
+    pub dir: TempDir,
+}
+
+impl Binary {
+    /// Starts the binary with `toml` and extra environment; returns once it listens.
+    pub fn start(toml: &str, env: &[(&str, &str)]) -> Binary {
+        use std::io::BufRead;
+        let dir = tempfile::tempdir().unwrap();
+        let text = toml.replace("{DIR}", &dir.path().display().to_string());
+        let config = dir.path().join("gpuhost.toml");
+        std::fs::write(&config, format!("listen = \"127.0.0.1:0\"\n{text}")).unwrap();
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"));
+        command
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env_remove("GPUHOST_TOKEN")
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(url) = line.strip_prefix("gpuhost listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the server announces its address");
+        Binary { child, url, dir }
+    }
+
+    /// Waits until `/health` counts `n` ready workers.
+    pub async fn ready_workers(&self, n: u64) {
+        let health = format!("{}/health", self.url);
+        wait_for("workers ready", Duration::from_secs(20), || {
+            let health = health.clone();
+            async move {
+                match reqwest::get(&health).await {
+                    Ok(r) => r
+                        .json::<serde_json::Value>()
+                        .await
+                        .map(|h| h["workers"]["ready"] == n)
+                        .unwrap_or(false),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) of our own child.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 pub fn read_pids(dir: &Path) -> Vec<u32> {
     std::fs::read_dir(dir)
         .map(|rd| {

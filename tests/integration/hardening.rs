@@ -1,0 +1,466 @@
+//! One hostile request must never take the host down: a regression test for each fault the
+//! adversarial probe found (hostile audio headers, unbounded form fields, stalled clients, worker
+//! children holding pipes, auth and browser edge cases, leftovers, backpressure).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::support::*;
+
+fn one_stage(extra_top: &str, worker_extra: &str) -> String {
+    format!(
+        "{extra_top}\n[pipeline]\nstages = [\"w\"]\n{}",
+        fake_worker("w", worker_extra)
+    )
+}
+
+/// A 16-bit PCM WAV header declaring `rate` and `channels`, followed by `data_bytes` of silence.
+fn wav_with(rate: u32, channels: u16, data_bytes: u32) -> Vec<u8> {
+    let mut out = b"RIFF".to_vec();
+    out.extend_from_slice(&(36 + data_bytes).to_le_bytes());
+    out.extend_from_slice(b"WAVEfmt \x10\0\0\0\x01\0");
+    out.extend_from_slice(&channels.to_le_bytes());
+    out.extend_from_slice(&rate.to_le_bytes());
+    out.extend_from_slice(&rate.wrapping_mul(2 * u32::from(channels)).to_le_bytes());
+    out.extend_from_slice(&(2 * channels).to_le_bytes());
+    out.extend_from_slice(&16u16.to_le_bytes());
+    out.extend_from_slice(b"data");
+    out.extend_from_slice(&data_bytes.to_le_bytes());
+    out.resize(out.len() + data_bytes as usize, 0);
+    out
+}
+
+async fn json_error(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await.expect("every error is JSON");
+    assert!(body["message"].is_string(), "{body}");
+    (status, body)
+}
+
+#[tokio::test]
+async fn hostile_wav_headers_are_refused_and_the_host_lives_on() {
+    let host = TestHost::start(&one_stage("", "")).await.ready().await;
+    for (rate, channels) in [
+        (u32::MAX - 15, 1),
+        (0, 1),
+        (1, 1),
+        (5_000_000, 1),
+        (16_000, 0),
+    ] {
+        let body = wav_with(rate, channels, 8 * 1024);
+        let (status, err) = json_error(host.post_body("/transcribe", body).await).await;
+        assert_eq!(status, 415, "rate {rate}: {err}");
+        let message = err["message"].as_str().unwrap();
+        assert!(
+            !message.contains("panicked") && !message.contains(".rs:"),
+            "{message}"
+        );
+        assert!(!message.contains("/tmp"), "no server paths: {message}");
+    }
+    // Nothing was amplified onto disk, and the next honest job works.
+    let result = result_of(&host.transcribe("", wav(0.3, 16000, 1)).await);
+    assert!(result["stages"]["w"].is_object(), "{result}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn form_fields_are_bounded() {
+    let host = TestHost::start(&one_stage(
+        "[limits]\nmax_upload_bytes = 1000000\nmax_field_bytes = 1024",
+        "",
+    ))
+    .await
+    .ready()
+    .await;
+    // An OpenAI `prompt` over the field limit.
+    let form = reqwest::multipart::Form::new()
+        .text("prompt", "x".repeat(100_000))
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(wav(0.2, 16000, 1)).file_name("a.wav"),
+        );
+    let response = host
+        .post("/v1/audio/transcriptions")
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 413);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_field_bytes"),
+        "{body}"
+    );
+    // A field before `file` on /transcribe counts against the upload limit.
+    let form = reqwest::multipart::Form::new()
+        .text("junk", "y".repeat(2_000_000))
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(wav(0.2, 16000, 1)).file_name("a.wav"),
+        );
+    let response = host
+        .post("/transcribe")
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    let (status, err) = json_error(response).await;
+    assert_eq!(status, 413, "{err}");
+    // A `prompt` query over the limit.
+    let long = "p".repeat(2000);
+    let (status, _) = json_error(
+        host.post_body(&format!("/transcribe?prompt={long}"), wav(0.2, 16000, 1))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 413);
+    host.stop().await;
+}
+
+/// Reads until the server closes the connection; returns what it sent and how long it took.
+fn read_until_closed(mut tcp: TcpStream, limit: Duration) -> (String, Duration) {
+    let started = Instant::now();
+    tcp.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let _ = tcp.read_to_end(&mut got);
+    (String::from_utf8_lossy(&got).to_string(), started.elapsed())
+}
+
+#[tokio::test]
+async fn stalled_clients_are_cut_off() {
+    let host = TestHost::start(&one_stage(
+        "[http]\nheader_timeout_s = 0.5\nbody_idle_timeout_s = 0.5\nmax_connections = 4",
+        "",
+    ))
+    .await
+    .ready()
+    .await;
+    let addr = host.url.trim_start_matches("http://").to_string();
+    let (closed, took) = tokio::task::spawn_blocking({
+        let addr = addr.clone();
+        move || {
+            // An idle socket, and one trickling its headers, both closed by the header timeout.
+            let idle = TcpStream::connect(&addr).unwrap();
+            let mut trickle = TcpStream::connect(&addr).unwrap();
+            trickle.write_all(b"GET /health HTTP/1.1\r\nHo").unwrap();
+            let a = read_until_closed(idle, Duration::from_secs(10));
+            let b = read_until_closed(trickle, Duration::from_secs(10));
+            (a.0 + &b.0, a.1.max(b.1))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(closed.is_empty(), "{closed}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+
+    // A body that stops mid-way gets a 408 and its job folder goes.
+    let (reply, _) = tokio::task::spawn_blocking(move || {
+        let mut tcp = TcpStream::connect(&addr).unwrap();
+        tcp.write_all(
+            b"POST /transcribe HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\nRIFF",
+        )
+        .unwrap();
+        read_until_closed(tcp, Duration::from_secs(10))
+    })
+    .await
+    .unwrap();
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains("body_idle_timeout_s"), "{reply}");
+
+    // More idle sockets than the connection cap: the server still answers once they time out.
+    let hold: Vec<TcpStream> = (0..8)
+        .map(|_| TcpStream::connect(host.url.trim_start_matches("http://")).unwrap())
+        .collect();
+    let health = tokio::time::timeout(Duration::from_secs(10), host.get("/health").send())
+        .await
+        .expect("health answers while idle sockets exceed the cap")
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    drop(hold);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn sigterm_exits_despite_a_half_sent_request() {
+    let binary = Binary::start(
+        &format!(
+            "[http]\nheader_timeout_s = 60\nbody_idle_timeout_s = 60\nshutdown_grace_s = 1\n{}",
+            one_stage("", "")
+        ),
+        &[],
+    );
+    binary.ready_workers(1).await;
+    let addr = binary.url.trim_start_matches("http://").to_string();
+    let mut tcp = TcpStream::connect(&addr).unwrap();
+    tcp.write_all(
+        b"POST /transcribe HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\n\r\nRIFF",
+    )
+    .unwrap();
+    // The request is in the handler, waiting for the rest of its body.
+    std::thread::sleep(Duration::from_millis(300));
+    binary.signal(libc::SIGTERM);
+    let started = Instant::now();
+    let mut binary = binary;
+    let status = tokio::task::spawn_blocking(move || {
+        let status = binary.child.wait();
+        (status, binary)
+    })
+    .await
+    .unwrap()
+    .0
+    .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(tcp);
+}
+
+#[tokio::test]
+async fn a_crash_is_noticed_while_a_worker_child_holds_stdout() {
+    let pids = tempfile::tempdir().unwrap();
+    let env = format!(
+        "env = {{ FAKE_GRANDCHILD = \"1\", FAKE_PID_DIR = {:?} }}",
+        pids.path().display().to_string()
+    );
+    let host = TestHost::start(&one_stage("", &env)).await.ready().await;
+    let started = Instant::now();
+    let events = host
+        .transcribe("?language=fake:crash", wav(0.3, 16000, 1))
+        .await;
+    let (code, _) = error_of(&events);
+    assert_eq!(code, "worker_crashed");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "noticed after {:?} (job timeout 20 s)",
+        started.elapsed()
+    );
+    // The next job works on the restarted worker.
+    let result = result_of(&host.transcribe("", wav(0.3, 16000, 1)).await);
+    assert!(result["stages"]["w"].is_object());
+    host.stop().await;
+}
+
+fn child_pids(dir: &std::path::Path) -> Vec<u32> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_suffix(".child")?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn host_sigkill_takes_the_workers_own_children() {
+    let binary = Binary::start(
+        &one_stage(
+            "",
+            "env = { FAKE_GRANDCHILD = \"1\", FAKE_PID_DIR = \"{DIR}\" }",
+        ),
+        &[],
+    );
+    binary.ready_workers(1).await;
+    let children = child_pids(binary.dir.path());
+    assert_eq!(children.len(), 1, "{children:?}");
+    assert!(pid_alive(children[0]));
+    binary.signal(libc::SIGKILL);
+    wait_for(
+        "the worker's child to go with the host",
+        Duration::from_secs(5),
+        || {
+            let alive = pid_alive(children[0]);
+            async move { !alive }
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn token_from_the_environment_is_trimmed_never_empty_and_never_inherited() {
+    let worker = format!(
+        "[pipeline]\nstages = [\"w\"]\n[workers.w]\ncommand = [\"sh\", \"-c\", \"env > {{DIR}}/worker.env; exec {} {} w\"]\n",
+        python(),
+        fixture("fake_worker.py").display()
+    );
+    // An empty GPUHOST_TOKEN leaves the config's token in force.
+    let binary = Binary::start(
+        &format!("token = \"from-config\"\n{worker}"),
+        &[("GPUHOST_TOKEN", "")],
+    );
+    let status = format!("{}/status", binary.url);
+    assert_eq!(reqwest::get(&status).await.unwrap().status(), 401);
+    drop(binary);
+    // A token with a trailing newline (a secrets file) matches without it; workers never see it.
+    let binary = Binary::start(&worker, &[("GPUHOST_TOKEN", " s3cret-token\n")]);
+    binary.ready_workers(1).await;
+    let client = reqwest::Client::new();
+    let status = format!("{}/status", binary.url);
+    let ok = client
+        .get(&status)
+        .bearer_auth("s3cret-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let env = std::fs::read_to_string(binary.dir.path().join("worker.env")).unwrap();
+    assert!(env.contains("GPUHOST_WORKER=w"), "{env}");
+    assert!(
+        !env.contains("GPUHOST_TOKEN") && !env.contains("s3cret"),
+        "{env}"
+    );
+}
+
+#[tokio::test]
+async fn browsers_cannot_rebind_or_post_cross_site() {
+    let host = TestHost::start(&one_stage("", "")).await.ready().await;
+    let client = reqwest::Client::new();
+    let evil = client
+        .get(format!("{}/workers", host.url))
+        .header("host", "evil.example:9090")
+        .send()
+        .await
+        .unwrap();
+    let (status, err) = json_error(evil).await;
+    assert_eq!(
+        (status, err["error"].as_str()),
+        (403, Some("host_not_allowed"))
+    );
+    let local = client
+        .get(format!("{}/workers", host.url))
+        .header("host", "localhost:9090")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(local.status(), 200);
+    for (name, value) in [
+        ("sec-fetch-site", "cross-site"),
+        ("origin", "https://evil.example"),
+    ] {
+        let post = host
+            .post("/transcribe")
+            .header("content-type", "text/plain")
+            .header(name, value)
+            .body(wav(0.2, 16000, 1))
+            .send()
+            .await
+            .unwrap();
+        let (status, err) = json_error(post).await;
+        assert_eq!(
+            (status, err["error"].as_str()),
+            (403, Some("cross_site_request")),
+            "{name}"
+        );
+    }
+    assert_eq!(host.state.stats.total(), 0, "no job ran");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn leftovers_are_swept_and_paths_stay_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let temp = dir.path().join("jobs");
+    std::fs::create_dir(&temp).unwrap();
+    let dead = temp.join("gpuhost-job-2147483646-abc");
+    std::fs::create_dir(&dead).unwrap();
+    std::fs::write(dead.join("audio.wav"), b"old").unwrap();
+    let host = TestHost::start(&one_stage(
+        &format!("[limits]\ntemp_dir = {:?}", temp.display().to_string()),
+        "",
+    ))
+    .await
+    .ready()
+    .await;
+    assert!(!dead.exists(), "a dead host's job folder is swept at start");
+    // A worker error naming a file in the job folder reaches the client without the path.
+    let events = host
+        .transcribe("?language=fake:noresult", wav(0.2, 16000, 1))
+        .await;
+    let (code, message) = error_of(&events);
+    assert_eq!(code, "bad_output");
+    assert!(
+        message.contains("<job>") && !message.contains(&temp.display().to_string()),
+        "{message}"
+    );
+    // A NUL byte in a header gets JSON like every other error.
+    let addr = host.url.trim_start_matches("http://").to_string();
+    let reply = tokio::task::spawn_blocking(move || {
+        let mut tcp = TcpStream::connect(addr).unwrap();
+        tcp.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-A: a\0b\r\n\r\n")
+            .unwrap();
+        read_until_closed(tcp, Duration::from_secs(5)).0
+    })
+    .await
+    .unwrap();
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    let body: Value = serde_json::from_str(reply.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["error"], "malformed_request");
+    // An unusable temp dir shows on /health and /ready.
+    std::fs::remove_dir_all(&temp).unwrap();
+    std::fs::write(&temp, b"now a file").unwrap();
+    for probe in ["/health", "/ready"] {
+        let r = reqwest::get(format!("{}{probe}", host.url)).await.unwrap();
+        assert_eq!(r.status(), 503, "{probe}");
+        assert!(r.text().await.unwrap().contains("temp dir"), "{probe}");
+    }
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_queue_answers_429_and_ready_says_why() {
+    let host = TestHost::start(&one_stage(
+        "[limits]\nmax_queue = 1",
+        "env = { FAKE_LOAD_MS = \"600\" }",
+    ))
+    .await;
+    // Loading: not ready, with the reason.
+    let r = reqwest::get(format!("{}/ready", host.url)).await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.text().await.unwrap().contains("worker w is loading"));
+    let host = host.ready().await;
+    assert_eq!(
+        reqwest::get(format!("{}/ready", host.url))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // One job runs, one waits: the third is refused.
+    let running = EventReader::new(
+        host.post_body("/transcribe?language=fake:sleep=3000", wav(0.2, 16000, 1))
+            .await,
+    );
+    let waiting = EventReader::new(host.post_body("/transcribe", wav(0.2, 16000, 1)).await);
+    wait_for("one job waiting", Duration::from_secs(10), || {
+        let waiting = host.state.queue.waiting();
+        async move { waiting == 1 }
+    })
+    .await;
+    let refused = host.post_body("/transcribe", wav(0.2, 16000, 1)).await;
+    assert_eq!(refused.status(), 429);
+    let retry: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=3600).contains(&retry));
+    let (_, err) = json_error(refused).await;
+    assert_eq!(err["error"], "queue_full");
+    let r = reqwest::get(format!("{}/ready", host.url)).await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.text().await.unwrap().contains("queue is full"));
+    drop((running, waiting));
+    host.stop().await;
+}
