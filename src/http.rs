@@ -5,6 +5,7 @@ mod dashboard;
 pub mod error;
 mod health;
 mod openai;
+pub mod openapi;
 mod origin;
 mod status;
 mod transcribe;
@@ -44,12 +45,18 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
+        .route("/openapi.json", get(openapi::spec))
         .merge(browsed)
         // Uploads are limited while streaming (limits.max_upload_bytes), not by axum's buffer cap.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)
 }
 
+/// Each worker: state, pid, mode, loaded model, job counts, restarts, last error, uptime.
+#[utoipa::path(get, path = "/workers", responses(
+    (status = 200, description = "Workers and the queue", body = Object),
+    openapi::GuardErrors,
+), security(("bearer" = [])))]
 async fn workers(State(app): State<AppState>) -> Json<Value> {
     let workers: Vec<Value> = app
         .supervisor

@@ -125,7 +125,7 @@ impl WorkerEvent {
 }
 
 /// Whether a stage started or finished, in `stage` events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum StageStatus {
     Started,
@@ -133,7 +133,7 @@ pub enum StageStatus {
 }
 
 /// One line of the NDJSON stream of `POST /transcribe`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum ClientEvent {
     /// Waiting for the GPU; `position` 1 is next in line. Sent again whenever it changes.
@@ -157,10 +157,14 @@ pub enum ClientEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(value_type = Option<Object>)]
         partial: Option<Value>,
     },
     /// The final event of a successful job.
-    Result { result: Value },
+    Result {
+        #[schema(value_type = Object)]
+        result: Value,
+    },
     /// The final event of a failed job.
     Error { code: String, message: String },
 }

@@ -6,7 +6,9 @@ use std::fmt::Write;
 use serde_json::Value;
 
 /// Output formats of `?format=` and `gpuhost transcribe --format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum, utoipa::ToSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     Json,

@@ -6,6 +6,11 @@ use axum::response::IntoResponse;
 
 const PAGE: &str = include_str!("dashboard.html");
 
+/// The dashboard (HTML; it reads `/status` and `/workers` with the token).
+#[utoipa::path(get, path = "/", responses(
+    (status = 200, description = "The dashboard page", content_type = "text/html", body = String),
+    (status = 403, description = "A Host this server does not answer to", body = super::error::ErrorBody),
+))]
 pub async fn page() -> impl IntoResponse {
     (
         [

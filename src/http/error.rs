@@ -3,9 +3,17 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::json;
 
 use crate::audio::AudioError;
+
+/// The JSON body of every error response.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// A stable machine-readable code, e.g. `queue_full`.
+    pub error: String,
+    /// What happened and what to do about it.
+    pub message: String,
+}
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -73,7 +81,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(json!({ "error": self.code, "message": self.message }));
+        let body = Json(ErrorBody {
+            error: self.code.to_string(),
+            message: self.message,
+        });
         let mut response = (self.status, body).into_response();
         if let Some(seconds) = self.retry_after {
             response.headers_mut().insert(

@@ -13,6 +13,10 @@ use crate::AppState;
 
 /// Liveness plus a summary. 503 when the temp dir cannot take job folders (a full or read-only
 /// disk): every upload would fail.
+#[utoipa::path(get, path = "/health", responses(
+    (status = 200, description = "Alive: status, version, uptime, worker counts, queue, GPU sampling", body = Object),
+    (status = 503, description = "Alive but unable to take jobs (`problems` says why)", body = Object),
+))]
 pub async fn health(State(app): State<AppState>) -> Response {
     let statuses = app.supervisor.statuses();
     let ready = statuses
@@ -45,8 +49,20 @@ pub async fn health(State(app): State<AppState>) -> Response {
     (status, Json(body)).into_response()
 }
 
+/// The answer of `/ready`.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Readiness {
+    pub ready: bool,
+    /// Why not, one line each (empty when ready).
+    pub reasons: Vec<String>,
+}
+
 /// Readiness for a load balancer or a Kubernetes probe: 503 while a resident worker is loading
 /// or down, the queue is full, or the temp dir is unusable, with the reasons.
+#[utoipa::path(get, path = "/ready", responses(
+    (status = 200, description = "Ready for traffic", body = Readiness),
+    (status = 503, description = "Not ready now", body = Readiness),
+))]
 pub async fn ready(State(app): State<AppState>) -> Response {
     let mut reasons = Vec::new();
     for s in app.supervisor.statuses() {
@@ -75,7 +91,10 @@ pub async fn ready(State(app): State<AppState>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = json!({ "ready": reasons.is_empty(), "reasons": reasons });
+    let body = Readiness {
+        ready: reasons.is_empty(),
+        reasons,
+    };
     (status, Json(body)).into_response()
 }
 

@@ -54,6 +54,41 @@ struct Form {
     granularities: Vec<String>,
 }
 
+/// OpenAI error shape, for the schema.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // documentation only: built with json!
+pub struct OpenAiErrorBody {
+    #[schema(value_type = Object)]
+    error: serde_json::Value,
+}
+
+/// OpenAI-compatible transcription (`base_url=http://host:9090/v1`).
+#[utoipa::path(
+    post,
+    path = "/v1/audio/transcriptions",
+    request_body(content = super::openapi::OpenAiForm, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "The transcript in `response_format`", content(
+            (Object = "application/json"),
+            (String = "text/plain"),
+            (String = "application/x-subrip"),
+            (String = "text/vtt"),
+        )),
+        (status = 400, description = "Bad form", body = OpenAiErrorBody),
+        (status = 401, description = "Token missing or wrong", body = super::error::ErrorBody),
+        (status = 403, description = "Foreign Host or a cross-site request", body = super::error::ErrorBody),
+        (status = 408, description = "The body stalled", body = OpenAiErrorBody),
+        (status = 413, description = "Upload, field or audio too large", body = OpenAiErrorBody),
+        (status = 415, description = "Not decodable as audio", body = OpenAiErrorBody),
+        (status = 422, description = "The job failed", body = OpenAiErrorBody),
+        (status = 429, description = "The GPU queue is full (see Retry-After)", body = OpenAiErrorBody),
+        (status = 500, description = "Internal error", body = OpenAiErrorBody),
+        (status = 502, description = "A worker crashed or wrote bad output", body = OpenAiErrorBody),
+        (status = 503, description = "A worker is unavailable, or the host is shutting down", body = OpenAiErrorBody),
+        (status = 504, description = "A worker timed out", body = OpenAiErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn transcriptions(
     State(app): State<AppState>,
     request: Request,

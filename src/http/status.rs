@@ -9,6 +9,11 @@ use serde_json::{json, Value};
 
 use crate::AppState;
 
+/// GPU snapshot: devices, processes with command lines, the idle decision, workers, queue.
+#[utoipa::path(get, path = "/status", responses(
+    (status = 200, description = "The latest GPU sample and decision", body = Object),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
 pub async fn status(State(app): State<AppState>) -> Json<Value> {
     let workers = app.supervisor.statuses();
     let view = app.gpu.view(&workers);
@@ -21,6 +26,11 @@ pub async fn status(State(app): State<AppState>) -> Json<Value> {
     Json(body)
 }
 
+/// Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", responses(
+    (status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
 pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
     (
         [(

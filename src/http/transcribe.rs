@@ -21,8 +21,9 @@ use crate::protocol::ClientEvent;
 use crate::render::{render, Format};
 use crate::AppState;
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct TranscribeQuery {
     /// Comma-separated subset of the pipeline's stages (run in pipeline order).
     pub stages: Option<String>,
@@ -35,6 +36,42 @@ pub struct TranscribeQuery {
     pub format: Option<Format>,
 }
 
+/// Transcribe audio: an NDJSON stream of progress events ending in `result` or `error`, or with
+/// `?format=` the finished document.
+#[utoipa::path(
+    post,
+    path = "/transcribe",
+    params(TranscribeQuery),
+    request_body(
+        description = "The audio: the raw body (any type), or multipart/form-data with field `file`",
+        content(
+            (Vec<u8> = "application/octet-stream"),
+            (super::openapi::AudioForm = "multipart/form-data"),
+        ),
+    ),
+    responses(
+        (status = 200, description = "NDJSON events (`ClientEvent`, one per line), or the document for `?format=`", content(
+            (String = "application/x-ndjson"),
+            (Object = "application/json"),
+            (String = "text/plain"),
+            (String = "application/x-subrip"),
+            (String = "text/vtt"),
+        )),
+        (status = 400, description = "Bad query or body", body = super::error::ErrorBody),
+        (status = 401, description = "Token missing or wrong", body = super::error::ErrorBody),
+        (status = 403, description = "Foreign Host or a cross-site request", body = super::error::ErrorBody),
+        (status = 408, description = "The body stalled", body = super::error::ErrorBody),
+        (status = 413, description = "Upload, field or audio too large", body = super::error::ErrorBody),
+        (status = 415, description = "Not decodable as audio, or a refused format", body = super::error::ErrorBody),
+        (status = 422, description = "`?format=` only: the job failed", body = super::error::ErrorBody),
+        (status = 429, description = "The GPU queue is full (see Retry-After)", body = super::error::ErrorBody),
+        (status = 500, description = "Internal error (e.g. the job folder cannot be created)", body = super::error::ErrorBody),
+        (status = 502, description = "`?format=` only: a worker crashed or wrote bad output", body = super::error::ErrorBody),
+        (status = 503, description = "`?format=` only: a worker is unavailable, or the host is shutting down", body = super::error::ErrorBody),
+        (status = 504, description = "`?format=` only: a worker timed out", body = super::error::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn transcribe(
     State(app): State<AppState>,
     query: Result<Query<TranscribeQuery>, QueryRejection>,
