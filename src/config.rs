@@ -9,10 +9,12 @@ use serde::Deserialize;
 
 mod gpu;
 mod http;
+mod service;
 mod worker;
 
 pub use gpu::{GpuBackendChoice, GpuConfig, GpuStatusConfig, WatchConfig};
 pub use http::HttpConfig;
+pub use service::{ArbiterConfig, Reload, ServiceConfig};
 pub use worker::{Mode, WorkerConfig, WorkerSpec};
 
 /// Everything gpuhost can be told. Unknown keys are rejected so a typo never silently
@@ -33,6 +35,9 @@ pub struct Config {
     pub http: HttpConfig,
     pub audio: AudioConfig,
     pub setup: SetupConfig,
+    /// On-demand services started through the GPU queue.
+    pub services: Vec<ServiceConfig>,
+    pub arbiter: ArbiterConfig,
     /// Folder the config file was read from; relative paths resolve against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -133,6 +138,8 @@ impl Default for Config {
             http: HttpConfig::default(),
             audio: AudioConfig::default(),
             setup: SetupConfig::default(),
+            services: Vec::new(),
+            arbiter: ArbiterConfig::default(),
             base_dir: PathBuf::from("."),
         }
     }
@@ -290,6 +297,17 @@ impl Config {
         }
         self.pipeline.validate().map_err(ConfigError::Invalid)?;
         self.http.validate().map_err(ConfigError::Invalid)?;
+        self.arbiter.validate().map_err(ConfigError::Invalid)?;
+        let mut names = std::collections::BTreeSet::new();
+        for service in &self.services {
+            service.validate().map_err(ConfigError::Invalid)?;
+            if !names.insert(service.name.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "[[services]] `{}` is defined twice",
+                    service.name
+                )));
+            }
+        }
         if self.limits.max_queue == 0 {
             return Err(ConfigError::Invalid(
                 "[limits] max_queue must be at least 1".into(),

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 pub use backend::{Backend, BackendReport};
 pub use decision::{Decision, DecisionInput, Judge};
-pub use sampler::{GpuMonitor, StatusView};
+pub use sampler::{GpuMonitor, Snapshot, StatusView};
 
 /// One GPU as sampled.
 #[derive(Debug, Clone, PartialEq, Serialize)]

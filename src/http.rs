@@ -3,10 +3,12 @@
 mod auth;
 mod dashboard;
 pub mod error;
+mod gpu;
 mod health;
 mod openai;
 pub mod openapi;
 mod origin;
+mod services;
 mod status;
 mod transcribe;
 mod upload;
@@ -31,6 +33,19 @@ pub fn router(state: AppState) -> Router {
         .route("/status", get(status::status))
         .route("/metrics", get(status::metrics))
         .route("/v1/audio/transcriptions", post(openai::transcriptions))
+        .route(
+            "/gpu/lease",
+            post(gpu::lease).layer(axum::extract::DefaultBodyLimit::max(64 * 1024)),
+        )
+        .route("/gpu/lease/{id}/renew", post(gpu::renew))
+        .route("/gpu/lease/{id}", axum::routing::delete(gpu::release))
+        .route("/gpu/leases", get(gpu::leases))
+        .route("/services", get(services::list))
+        .route("/services/{name}/start", post(services::start))
+        .route("/services/{name}/stop", post(services::stop))
+        .route("/services/{name}/touch", post(services::touch))
+        .route("/workers/{name}/unload", post(services::unload))
+        .route("/workers/{name}/load", post(services::load))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,

@@ -19,6 +19,8 @@ pub struct PreparedJob {
     pub info: AudioInfo,
     pub options: JobOptions,
     pub stages: Vec<String>,
+    /// Higher goes first among waiters (nothing running is interrupted).
+    pub priority: i32,
 }
 
 /// Job folders are `gpuhost-job-<host pid>-<random>`: the pid tells a live host's folders from
@@ -145,6 +147,7 @@ impl PreparedJob {
             info,
             options,
             stages,
+            priority: 0,
         })
     }
 }
@@ -194,7 +197,10 @@ pub fn start_job(
 ) -> Result<mpsc::Receiver<ClientEvent>, QueueFull> {
     let waiter = app
         .queue
-        .try_enqueue(app.config.limits.max_queue)
+        .try_enqueue(
+            crate::arbiter::queue::Ticket::job(job.priority),
+            app.config.limits.max_queue,
+        )
         .ok_or_else(|| QueueFull::now(&app))?;
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(async move {
@@ -217,7 +223,7 @@ pub fn start_job(
 async fn run_job(
     app: AppState,
     job: PreparedJob,
-    mut waiter: crate::queue::Waiter,
+    mut waiter: crate::arbiter::queue::Waiter,
     tx: mpsc::Sender<ClientEvent>,
 ) {
     let mut last_position = None;
@@ -228,6 +234,7 @@ async fn run_job(
             let _ = tx
                 .send(ClientEvent::Queued {
                     position: position.unwrap_or(0),
+                    waiting_for: app.queue.waiting_for(),
                 })
                 .await;
         }

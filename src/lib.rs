@@ -1,6 +1,7 @@
 //! gpuhost: time-share one GPU between many AI models. `app` builds the HTTP router over a
 //! state; `bind` + `Server::run` (or `run`) serve it until the shutdown future resolves.
 
+pub mod arbiter;
 pub mod audio;
 pub mod config;
 pub mod gpu;
@@ -10,7 +11,6 @@ pub mod metrics;
 pub mod pipeline;
 pub mod process;
 pub mod protocol;
-pub mod queue;
 pub mod render;
 pub mod serve;
 pub mod setup;
@@ -30,7 +30,8 @@ use serde_json::Value;
 pub use config::Config;
 use job::PreparedJob;
 use pipeline::Pipeline;
-use queue::GpuQueue;
+use arbiter::queue::GpuQueue;
+use arbiter::Arbiter;
 use stats::JobStats;
 use supervisor::Supervisor;
 
@@ -40,6 +41,8 @@ pub struct App {
     pub supervisor: Arc<Supervisor>,
     pub pipeline: Pipeline,
     pub queue: Arc<GpuQueue>,
+    /// Every grant of the GPU: jobs (through `queue`), services and leases.
+    pub arbiter: Arc<Arbiter>,
     pub stats: JobStats,
     /// GPU status snapshot, refreshed in the background; reading it never waits.
     pub gpu: gpu::GpuMonitor,
@@ -69,9 +72,13 @@ impl App {
             // A local one-off run has no one to report GPU status to.
             config.gpu.status.backend = config::GpuBackendChoice::None;
         }
+        let gpu = gpu::GpuMonitor::start(&config, Arc::clone(&supervisor));
+        let queue = GpuQueue::new(config.gpu.max_concurrent_jobs);
+        let arbiter = Arbiter::start(&config, Arc::clone(&queue), Arc::clone(&supervisor), &gpu);
         Arc::new(App {
-            gpu: gpu::GpuMonitor::start(&config, Arc::clone(&supervisor)),
-            queue: GpuQueue::new(config.gpu.max_concurrent_jobs),
+            gpu,
+            queue,
+            arbiter,
             pipeline: Pipeline::new(Arc::clone(&supervisor), config.pipeline.parallel_groups()),
             supervisor,
             config: Arc::new(config),
@@ -155,10 +162,12 @@ impl Server {
         tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "gpuhost listening");
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let supervisor = Arc::clone(&state.supervisor);
+        let arbiter = Arc::clone(&state.arbiter);
         let stopper = tokio::spawn(async move {
             shutdown.await;
             tracing::info!("shutting down: stopping workers");
             let _ = stop_tx.send(true);
+            arbiter.stop().await;
             supervisor.stop_all().await;
         });
         let served = serve::serve(
@@ -173,6 +182,7 @@ impl Server {
             stopper.abort();
         }
         let _ = stopper.await;
+        state.arbiter.stop().await;
         state.supervisor.stop_all().await;
         state.gpu.stop();
         served.map_err(ServeError::Serve)

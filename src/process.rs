@@ -77,22 +77,50 @@ pub fn spawn_worker(
     cwd: &Path,
     env: &BTreeMap<String, String>,
 ) -> io::Result<(ProcessGroup, Pipes)> {
+    let (group, stdin, stdout, stderr) = spawn_piped(argv, cwd, env, true)?;
+    let stdin = stdin.expect("stdin is piped");
+    Ok((
+        group,
+        Pipes {
+            stdin,
+            stdout,
+            stderr,
+        },
+    ))
+}
+
+/// Starts an on-demand service: no stdin, stdout and stderr piped (its log).
+pub fn spawn_service(
+    argv: &[String],
+    cwd: &Path,
+    env: &BTreeMap<String, String>,
+) -> io::Result<(ProcessGroup, ChildStdout, ChildStderr)> {
+    let (group, _, stdout, stderr) = spawn_piped(argv, cwd, env, false)?;
+    Ok((group, stdout, stderr))
+}
+
+type Spawned = (ProcessGroup, Option<ChildStdin>, ChildStdout, ChildStderr);
+
+fn spawn_piped(
+    argv: &[String],
+    cwd: &Path,
+    env: &BTreeMap<String, String>,
+    stdin: bool,
+) -> io::Result<Spawned> {
     let (program, args) = argv
         .split_first()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "worker command is empty"))?;
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the command is empty"))?;
     let mut cmd = guarded_command(OsStr::new(program), args, Some(cwd));
     cmd.envs(env)
         .env("PYTHONUNBUFFERED", "1")
         .env("GPUHOST_PARENT_PID", std::process::id().to_string())
-        .stdin(Stdio::piped())
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
-    let pipes = Pipes {
-        stdin: child.stdin.take().expect("stdin is piped"),
-        stdout: child.stdout.take().expect("stdout is piped"),
-        stderr: child.stderr.take().expect("stderr is piped"),
-    };
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
     let pid = child.id().expect("a just-spawned child has a pid");
     guard::register(pid);
     Ok((
@@ -101,7 +129,9 @@ pub fn spawn_worker(
             pid,
             exited: None,
         },
-        pipes,
+        stdin,
+        stdout,
+        stderr,
     ))
 }
 

@@ -137,7 +137,12 @@ pub enum StageStatus {
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum ClientEvent {
     /// Waiting for the GPU; `position` 1 is next in line. Sent again whenever it changes.
-    Queued { position: usize },
+    /// `waiting_for` names who holds the GPU (or why nothing is granted).
+    Queued {
+        position: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        waiting_for: Option<String>,
+    },
     Stage {
         stage: String,
         status: StageStatus,
@@ -167,6 +172,50 @@ pub enum ClientEvent {
     },
     /// The final event of a failed job.
     Error { code: String, message: String },
+}
+
+/// One line of the NDJSON stream of a GPU grant: `POST /gpu/lease` (with `wait`) and
+/// `POST /services/{name}/start`. Ends with `granted`, `healthy` or `error`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum GrantEvent {
+    /// Waiting for the GPU; `position` 1 is next; `waiting_for` names who holds it (or why not).
+    Queued {
+        position: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        waiting_for: Option<String>,
+    },
+    /// Someone is stopped or unloaded so this request fits: `action` is `unload` or `stop`.
+    MakingRoom { action: String, target: String },
+    /// The service process was started.
+    Starting { pid: u32 },
+    /// A line the service wrote (stdout or stderr).
+    Log { line: String },
+    /// The service answers its health URL: done.
+    Healthy {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<u32>,
+        seconds: f64,
+    },
+    /// The lease is yours until `ttl_s` passes without a renewal: done.
+    Granted { lease_id: u64, ttl_s: f64 },
+    /// The request failed: done.
+    Error { code: String, message: String },
+}
+
+impl GrantEvent {
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            GrantEvent::Healthy { .. } | GrantEvent::Granted { .. } | GrantEvent::Error { .. }
+        )
+    }
+
+    pub fn to_line(&self) -> String {
+        let mut line = serde_json::to_string(self).expect("grant events always serialize");
+        line.push('\n');
+        line
+    }
 }
 
 impl ClientEvent {

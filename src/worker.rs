@@ -30,6 +30,9 @@ pub enum WorkerState {
     Exited,
     /// Oneshot worker between jobs: nothing running, nothing loaded.
     Idle,
+    /// Resident worker unloaded to make room on the GPU (or by hand); loads again at the next
+    /// job or when the arbiter reloads it.
+    Unloaded,
     /// Shut down for good.
     Stopped,
 }
@@ -110,6 +113,13 @@ pub enum Control {
     },
     /// Stop the process (signal → grace → kill) and end the actor.
     Stop { reply: oneshot::Sender<()> },
+    /// Stop the process but keep the actor: the worker is `Unloaded` until a job or `Load`.
+    /// The reply carries the pid that was stopped (for the teardown check), if one ran.
+    Unload {
+        reply: oneshot::Sender<Option<u32>>,
+    },
+    /// Load an unloaded (or down) worker now.
+    Load,
 }
 
 /// How a job ended when it did not produce a result.
@@ -202,6 +212,19 @@ impl WorkerHandle {
             .await
             .map_err(|_| gone())?;
         rx.await.unwrap_or_else(|_| Err(gone()))
+    }
+
+    /// Unloads the worker (its process stops, the actor stays); returns the pid that was stopped.
+    /// Waits for a job in progress to end first.
+    pub async fn unload(&self) -> Option<u32> {
+        let (reply, rx) = oneshot::channel();
+        self.control.send(Control::Unload { reply }).await.ok()?;
+        rx.await.ok().flatten()
+    }
+
+    /// Asks an unloaded worker to load now (does not wait for it).
+    pub fn load(&self) {
+        let _ = self.control.try_send(Control::Load);
     }
 
     /// Stops the worker and waits until its process is gone.

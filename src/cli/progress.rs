@@ -23,8 +23,15 @@ impl Progress {
     pub fn show(&mut self, event: &ClientEvent) {
         let mut err = std::io::stderr().lock();
         match event {
-            ClientEvent::Queued { position } => {
-                self.line(&mut err, &format!("queued: position {position}"))
+            ClientEvent::Queued {
+                position,
+                waiting_for,
+            } => {
+                let why = waiting_for
+                    .as_deref()
+                    .map(|w| format!(" (the GPU is held by {w})"))
+                    .unwrap_or_default();
+                self.line(&mut err, &format!("queued: position {position}{why}"))
             }
             ClientEvent::Stage {
                 stage,

@@ -153,6 +153,20 @@ impl GpuMonitor {
         }
     }
 
+    /// Every published snapshot, for those who wait on the GPU (teardown checks).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.snapshot.clone()
+    }
+
+    /// Whether a backend samples at all (without one nothing can be verified on the GPU).
+    pub fn observed(&self) -> bool {
+        self.report.active != "none"
+    }
+
+    pub fn device(&self) -> u32 {
+        self.device
+    }
+
     pub fn stop(&self) {
         if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
             task.abort();

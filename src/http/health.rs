@@ -105,6 +105,7 @@ fn state_word(state: WorkerState) -> &'static str {
         WorkerState::Busy => "busy",
         WorkerState::Exited => "down (restarting)",
         WorkerState::Idle => "idle",
+        WorkerState::Unloaded => "unloaded",
         WorkerState::Stopped => "stopped",
     }
 }

@@ -16,13 +16,29 @@ use crate::AppState;
 ), security(("bearer" = [])))]
 pub async fn status(State(app): State<AppState>) -> Json<Value> {
     let workers = app.supervisor.statuses();
-    let view = app.gpu.view(&workers);
+    let mut view = app.gpu.view(&workers);
+    // A grant the sample cannot see yet (a service still loading, a lease) is still a holder.
+    if let Some(why) = app.arbiter.busy_reason() {
+        view.is_idle = false;
+        view.decision = crate::gpu::Decision::Busy;
+        view.reason = why;
+    }
     let mut body = serde_json::to_value(&view).unwrap_or_default();
     body["workers"] = workers
         .iter()
         .map(|w| json!({ "name": w.name, "state": w.state, "pid": w.pid, "mode": w.mode, "vram_mib": w.vram_mib }))
         .collect();
     body["queue"] = json!({ "running": app.queue.running(), "waiting": app.queue.waiting() });
+    body["holders"] = json!(app.queue.holders());
+    body["waiting"] = json!(app.queue.waiters());
+    body["leases"] = json!(app.arbiter.leases.list());
+    body["services"] = app
+        .arbiter
+        .services
+        .statuses()
+        .iter()
+        .map(super::services::view)
+        .collect();
     Json(body)
 }
 

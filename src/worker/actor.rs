@@ -36,6 +36,8 @@ pub(super) struct Actor {
     failures: u32,
     /// Why the last load failed, for jobs that find the worker down.
     load_error: Option<JobError>,
+    /// An `Unload` that arrived while a load or job was in progress: done right after it.
+    unload_after: Option<oneshot::Sender<Option<u32>>>,
 }
 
 /// What interrupted a load.
@@ -58,11 +60,16 @@ impl Actor {
             pending: VecDeque::new(),
             failures: 0,
             load_error: None,
+            unload_after: None,
         }
     }
 
     pub async fn run(mut self) {
         loop {
+            if let Some(reply) = self.unload_after.take() {
+                self.unload(reply).await;
+                continue;
+            }
             if let Some((request, reply)) = self.pending.pop_front() {
                 if let Err(Interrupted::Stop(stop)) = self.handle_job(request, reply).await {
                     return self.finish(stop).await;
@@ -102,12 +109,51 @@ impl Actor {
                     }
                 }
                 Some(Control::Stop { reply }) => return self.finish(reply).await,
+                Some(Control::Unload { reply }) => self.unload(reply).await,
+                Some(Control::Load) => {
+                    if matches!(self.life, Life::Down { .. }) {
+                        if let Err(Interrupted::Stop(reply)) = self.load().await {
+                            return self.finish(reply).await;
+                        }
+                    }
+                }
                 None => {
                     let (reply, _) = oneshot::channel();
                     return self.finish(reply).await;
                 }
             }
         }
+    }
+
+    /// A control message that arrived while a load or a job was in progress: jobs wait their
+    /// turn, an unload happens right after, `Stop` interrupts.
+    fn defer(&mut self, control: Option<Control>) -> Option<oneshot::Sender<()>> {
+        match control {
+            Some(Control::Run { request, reply }) => self.pending.push_back((request, reply)),
+            Some(Control::Stop { reply }) => return Some(reply),
+            Some(Control::Unload { reply }) => self.unload_after = Some(reply),
+            Some(Control::Load) => {}
+            None => return Some(oneshot::channel().0),
+        }
+        None
+    }
+
+    /// Stops the process and stays `Unloaded` until a job or `Load` comes.
+    async fn unload(&mut self, reply: oneshot::Sender<Option<u32>>) {
+        let pid = match std::mem::replace(&mut self.life, Life::Down { retry_at: None }) {
+            Life::Up(session) => {
+                let pid = session.pid();
+                session.stop(self.spec.stop_grace).await;
+                tracing::info!(worker = %self.spec.name, pid, "worker unloaded");
+                Some(pid)
+            }
+            Life::Down { .. } => None,
+        };
+        self.set_state(WorkerState::Unloaded, |s| {
+            s.pid = None;
+            s.process_started = None;
+        });
+        let _ = reply.send(pid);
     }
 
     /// Starts the process and waits for `ready`, still answering `Stop` meanwhile.
@@ -122,10 +168,8 @@ impl Actor {
         let outcome = loop {
             tokio::select! {
                 outcome = &mut start => break outcome,
-                control = self.rx.recv() => match control {
-                    Some(Control::Run { request, reply }) => self.pending.push_back((request, reply)),
-                    Some(Control::Stop { reply }) => return Err(Interrupted::Stop(reply)),
-                    None => return Err(Interrupted::Stop(oneshot::channel().0)),
+                control = self.rx.recv() => if let Some(stop) = self.defer(control) {
+                    return Err(Interrupted::Stop(stop));
                 },
             }
         };
@@ -185,6 +229,7 @@ impl Actor {
                 rx,
                 pending,
                 spec,
+                unload_after,
                 ..
             } = self;
             let Life::Up(session) = life else {
@@ -208,6 +253,8 @@ impl Actor {
                     control = rx.recv(), if stop.is_none() => match control {
                         Some(Control::Run { request, reply }) => pending.push_back((request, reply)),
                         Some(Control::Stop { reply }) => stop = Some(reply),
+                        Some(Control::Unload { reply }) => *unload_after = Some(reply),
+                        Some(Control::Load) => {}
                         None => stop = Some(oneshot::channel().0),
                     },
                 }
@@ -304,6 +351,10 @@ impl Actor {
                 Control::Stop { reply } => {
                     let _ = reply.send(());
                 }
+                Control::Unload { reply } => {
+                    let _ = reply.send(None);
+                }
+                Control::Load => {}
             }
         }
         self.set_state(WorkerState::Stopped, |s| {

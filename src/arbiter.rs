@@ -1,0 +1,287 @@
+//! The arbiter: the single owner of every grant of the GPU. Speech jobs, service starts and leases
+//! are all requests to one queue (`queue.rs`); a grant that needs memory makes room the same way
+//! (idle residents unloaded, teardown verified); an exclusive holder's memory must verifiably come
+//! back (`teardown.rs`) before the next holder is granted; and a background loop expires leases,
+//! stops idle services, stops an idle service the queue is waiting on, and reloads residents.
+
+pub mod leases;
+pub mod queue;
+pub mod services;
+pub mod teardown;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::{ArbiterConfig, Config, Mode, Reload};
+use crate::gpu::{GpuMonitor, Snapshot};
+use crate::protocol::GrantEvent;
+use crate::supervisor::Supervisor;
+use crate::worker::WorkerState;
+use leases::Leases;
+use queue::{GpuQueue, HolderKind};
+use services::Services;
+use teardown::Gone;
+
+/// What every part of the arbiter shares.
+pub struct Core {
+    pub config: ArbiterConfig,
+    pub queue: Arc<GpuQueue>,
+    pub supervisor: Arc<Supervisor>,
+    snapshots: watch::Receiver<Arc<Snapshot>>,
+    observed: bool,
+    device: u32,
+    /// Residents the arbiter unloaded to make room; reloaded when the GPU is free again.
+    /// std Mutex: a few instructions, never across `.await`.
+    unloaded: Mutex<BTreeSet<String>>,
+    pub http: reqwest::Client,
+}
+
+pub struct Arbiter {
+    pub core: Arc<Core>,
+    pub leases: Leases,
+    pub services: Services,
+    /// The background loop; taken once on shutdown. std Mutex, never held across `.await`.
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Core {
+    /// The latest sample.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        Arc::clone(&self.snapshots.borrow())
+    }
+
+    /// Free memory of the device in the latest sample (`None` without a GPU backend).
+    pub fn free_mib(&self) -> Option<u64> {
+        self.snapshot()
+            .gpus
+            .iter()
+            .find(|g| g.index == self.device)
+            .map(|g| g.memory_free_mib)
+    }
+
+    /// Used memory of the device in the latest sample.
+    pub fn used_mib(&self) -> Option<u64> {
+        self.snapshot()
+            .gpus
+            .iter()
+            .find(|g| g.index == self.device)
+            .map(|g| g.memory_used_mib)
+    }
+
+    /// Waits for `gone` (see `teardown::verify`) with the configured deadline and tolerance.
+    pub async fn verify_teardown(&self, gone: &Gone) -> Result<(), String> {
+        teardown::verify(
+            self.snapshots.clone(),
+            self.observed,
+            self.device,
+            gone,
+            self.config.teardown_tolerance_mib,
+            Duration::from_secs_f64(self.config.teardown_timeout_s),
+        )
+        .await
+    }
+
+    /// After a teardown that never completed: block the queue (nothing is granted; `/status`
+    /// says busy with the reason) until a later sample shows the memory back.
+    pub fn block_until_freed(self: &Arc<Self>, gone: Gone, reason: String) {
+        tracing::error!(%reason, "GPU blocked: teardown not verified");
+        self.queue.block(reason);
+        let core = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut snapshots = core.snapshots.clone();
+            loop {
+                if snapshots.changed().await.is_err() {
+                    return;
+                }
+                let snap = Arc::clone(&snapshots.borrow_and_update());
+                if teardown::check(&snap, core.device, &gone, core.config.teardown_tolerance_mib).is_ok() {
+                    tracing::info!(what = %gone.what, "memory came back; GPU unblocked");
+                    core.queue.unblock();
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Makes room for a grant that needs `need_mib` (everything when unknown): idle resident
+    /// workers are unloaded, each teardown verified, until enough is free. Called by an exclusive
+    /// holder, so no job runs meanwhile.
+    pub async fn make_room(
+        &self,
+        need_mib: Option<u64>,
+        notify: &(dyn Fn(GrantEvent) + Send + Sync),
+    ) -> Result<(), String> {
+        let enough = |core: &Core| match (need_mib, core.free_mib()) {
+            (Some(need), Some(free)) => free >= need,
+            (_, None) => false,
+            (None, Some(_)) => false,
+        };
+        for status in self.supervisor.statuses() {
+            if enough(self) {
+                return Ok(());
+            }
+            let resident_up = status.mode == Mode::Resident
+                && matches!(status.state, WorkerState::Ready | WorkerState::Starting | WorkerState::Exited);
+            if !resident_up {
+                continue;
+            }
+            let Some(handle) = self.supervisor.get(&status.name) else {
+                continue;
+            };
+            notify(GrantEvent::MakingRoom {
+                action: "unload".into(),
+                target: format!("worker {}", status.name),
+            });
+            let before = Instant::now();
+            let pid = handle.unload().await;
+            self.lock_unloaded().insert(status.name.clone());
+            if let Some(pid) = pid {
+                let gone = Gone {
+                    what: format!("worker {}", status.name),
+                    pids: vec![pid],
+                    pgid: Some(pid),
+                    baseline_used_mib: None,
+                    after: before,
+                };
+                self.verify_teardown(&gone).await?;
+            }
+        }
+        match (need_mib, self.free_mib()) {
+            (Some(need), Some(free)) if free < need => Err(format!(
+                "{need} MiB are needed but only {free} MiB are free after unloading every idle worker; {}",
+                self.memory_holders()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn memory_holders(&self) -> String {
+        let snap = self.snapshot();
+        let holders: Vec<String> = snap
+            .processes
+            .iter()
+            .filter(|p| p.gpu_index == self.device)
+            .map(|p| format!("pid {} ({} MiB)", p.pid, p.used_memory_mib))
+            .collect();
+        if holders.is_empty() {
+            "no process is listed on the GPU".into()
+        } else {
+            format!("held by {}", holders.join(", "))
+        }
+    }
+
+    fn lock_unloaded(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.unloaded.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Residents unloaded by the arbiter come back once no exclusive holder has or wants the GPU.
+    fn reload_if_free(&self) {
+        if self.config.reload != Reload::Eager || self.queue.exclusive_held() {
+            return;
+        }
+        if self.queue.head().is_some_and(|t| t.exclusive()) || self.queue.blocked().is_some() {
+            return;
+        }
+        let names = std::mem::take(&mut *self.lock_unloaded());
+        for name in names {
+            if let Some(handle) = self.supervisor.get(&name) {
+                tracing::info!(worker = %name, "reloading after the GPU was released");
+                handle.load();
+            }
+        }
+    }
+
+    /// Unloads residents idle longer than `idle_unload_after_s` (they reload at the next job).
+    fn unload_idle_residents(&self) {
+        if self.config.idle_unload_after_s <= 0.0 {
+            return;
+        }
+        let limit = Duration::from_secs_f64(self.config.idle_unload_after_s);
+        for status in self.supervisor.statuses() {
+            if status.mode == Mode::Resident
+                && status.state == WorkerState::Ready
+                && status.state_since.elapsed() >= limit
+            {
+                if let Some(handle) = self.supervisor.get(&status.name).cloned() {
+                    tracing::info!(worker = %status.name, "unloading a worker idle for idle_unload_after_s");
+                    tokio::spawn(async move {
+                        handle.unload().await;
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Arbiter {
+    pub fn start(config: &Config, queue: Arc<GpuQueue>, supervisor: Arc<Supervisor>, gpu: &GpuMonitor) -> Arc<Arbiter> {
+        let core = Arc::new(Core {
+            config: config.arbiter.clone(),
+            queue,
+            supervisor,
+            snapshots: gpu.subscribe(),
+            observed: gpu.observed(),
+            device: gpu.device(),
+            unloaded: Mutex::new(BTreeSet::new()),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap_or_default(),
+        });
+        let services = Services::start(config, &core);
+        let arbiter = Arc::new(Arbiter {
+            leases: Leases::new(Arc::clone(&core)),
+            services,
+            core,
+            task: Mutex::new(None),
+        });
+        let task = tokio::spawn(Arc::clone(&arbiter).run());
+        *arbiter.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+        arbiter
+    }
+
+    /// Why `/status` must say busy whatever the sample shows: an exclusive grant, or a block.
+    pub fn busy_reason(&self) -> Option<String> {
+        if let Some(why) = self.core.queue.blocked() {
+            return Some(why);
+        }
+        let held: Vec<String> = self
+            .core
+            .queue
+            .holders()
+            .into_iter()
+            .filter(|h| h.kind != HolderKind::Job)
+            .map(|h| h.label)
+            .collect();
+        (!held.is_empty()).then(|| format!("the GPU is granted to {}", held.join(", ")))
+    }
+
+    /// Stops the services and the loop (leases end with the process).
+    pub async fn stop(&self) {
+        if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            task.abort();
+        }
+        self.services.stop_all().await;
+    }
+
+    async fn run(self: Arc<Self>) {
+        let mut changes = self.core.queue.changes();
+        loop {
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+            self.leases.expire();
+            self.services.stop_idle();
+            if let Some(head) = self.core.queue.head() {
+                self.services.yield_to(&head.label);
+            }
+            self.core.reload_if_free();
+            self.core.unload_idle_residents();
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! Leases: the GPU for any outside program (a notebook, a training run), granted through the same
+//! queue as everything else, kept alive by renewals, and reclaimed when the TTL passes without one
+//! (a holder that died without releasing cannot hold the GPU forever).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use super::queue::{GpuPermit, HolderKind, Ticket};
+use super::Core;
+use crate::protocol::GrantEvent;
+
+/// `POST /gpu/lease`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// Who holds it (a user, a host, a program).
+    pub holder: String,
+    #[serde(default)]
+    pub purpose: String,
+    /// Memory the holder needs; room is made for it. Unknown: every idle worker is unloaded.
+    #[serde(default)]
+    pub vram_mib: Option<u64>,
+    /// Seconds without a renewal after which the lease is reclaimed.
+    #[serde(default)]
+    pub ttl_s: Option<f64>,
+    /// Wait in the queue (NDJSON progress) instead of failing when the GPU is taken.
+    #[serde(default)]
+    pub wait: bool,
+    /// Higher goes first among waiters; nothing running is interrupted.
+    #[serde(default)]
+    pub priority: i32,
+}
+
+/// A lease as `GET /gpu/leases` shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct LeaseView {
+    pub id: u64,
+    pub holder: String,
+    pub purpose: String,
+    pub vram_mib: Option<u64>,
+    pub ttl_s: f64,
+    pub age_s: f64,
+    pub expires_in_s: f64,
+}
+
+struct Lease {
+    view: LeaseView,
+    ttl: Duration,
+    granted: Instant,
+    expires: Instant,
+    /// Held until the lease ends: dropping it hands the GPU on.
+    _permit: GpuPermit,
+}
+
+pub struct Leases {
+    core: Arc<Core>,
+    /// std Mutex: short critical sections, never across `.await`.
+    table: Mutex<BTreeMap<u64, Lease>>,
+    next: AtomicU64,
+}
+
+impl Leases {
+    pub fn new(core: Arc<Core>) -> Leases {
+        Leases {
+            core,
+            table: Mutex::new(BTreeMap::new()),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Lease>> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The TTL a request gets: its own (bounded), else the default.
+    pub fn ttl(&self, request: &LeaseRequest) -> Result<Duration, String> {
+        let ttl = request.ttl_s.unwrap_or(self.core.config.lease_ttl_s);
+        if !(ttl.is_finite() && ttl > 0.0 && ttl <= self.core.config.max_lease_ttl_s) {
+            return Err(format!(
+                "ttl_s must be above 0 and at most {} (arbiter.max_lease_ttl_s)",
+                self.core.config.max_lease_ttl_s
+            ));
+        }
+        Ok(Duration::from_secs_f64(ttl))
+    }
+
+    /// Waits for the GPU (reporting on `events`), makes room, and records the lease; the last
+    /// event is `granted` or `error`. Dropping the future (the client left) leaves the queue.
+    /// `wait = false` fails at once when the GPU is not free.
+    pub async fn acquire(&self, request: LeaseRequest, ttl: Duration, events: mpsc::Sender<GrantEvent>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let label = if request.purpose.is_empty() {
+            format!("lease {id} ({})", request.holder)
+        } else {
+            format!("lease {id} ({}: {})", request.holder, request.purpose)
+        };
+        let ticket = Ticket {
+            kind: HolderKind::Lease,
+            label: label.clone(),
+            priority: request.priority,
+        };
+        let Some(mut waiter) = self.core.queue.try_enqueue(ticket, usize::MAX) else {
+            return;
+        };
+        let mut last = None;
+        let permit = loop {
+            let position = waiter.position();
+            if let Some(position) = position {
+                if !request.wait {
+                    let holders = self.core.queue.waiting_for().unwrap_or_else(|| "others waiting".into());
+                    let _ = events
+                        .send(GrantEvent::Error {
+                            code: "gpu_busy".into(),
+                            message: format!("the GPU is taken ({holders}); send \"wait\": true to queue for it"),
+                        })
+                        .await;
+                    return;
+                }
+                if last != Some(position) {
+                    last = Some(position);
+                    let waiting_for = self.core.queue.waiting_for();
+                    let _ = events.send(GrantEvent::Queued { position, waiting_for }).await;
+                }
+            }
+            tokio::select! {
+                next = waiter.next() => if let Some(permit) = next { break permit },
+                _ = events.closed() => return,
+            }
+        };
+        let progress = events.clone();
+        let notify = move |e: GrantEvent| {
+            let _ = progress.try_send(e);
+        };
+        if let Err(why) = self.core.make_room(request.vram_mib, &notify).await {
+            let _ = events
+                .send(GrantEvent::Error {
+                    code: "no_room".into(),
+                    message: why,
+                })
+                .await;
+            return; // the permit drops: the GPU goes to the next
+        }
+        let now = Instant::now();
+        let view = LeaseView {
+            id,
+            holder: request.holder,
+            purpose: request.purpose,
+            vram_mib: request.vram_mib,
+            ttl_s: ttl.as_secs_f64(),
+            age_s: 0.0,
+            expires_in_s: ttl.as_secs_f64(),
+        };
+        tracing::info!(lease = id, holder = %view.holder, purpose = %view.purpose, "GPU leased");
+        self.lock().insert(
+            id,
+            Lease {
+                view,
+                ttl,
+                granted: now,
+                expires: now + ttl,
+                _permit: permit,
+            },
+        );
+        let _ = events
+            .send(GrantEvent::Granted {
+                lease_id: id,
+                ttl_s: ttl.as_secs_f64(),
+            })
+            .await;
+    }
+
+    /// Extends the lease by its TTL; `None` when it does not exist (released or expired).
+    pub fn renew(&self, id: u64) -> Option<LeaseView> {
+        let mut table = self.lock();
+        let lease = table.get_mut(&id)?;
+        lease.expires = Instant::now() + lease.ttl;
+        Some(view(lease))
+    }
+
+    /// Ends the lease: the GPU goes to the next waiter. `false` when it did not exist.
+    pub fn release(&self, id: u64) -> bool {
+        let removed = self.lock().remove(&id);
+        if let Some(lease) = &removed {
+            tracing::info!(lease = id, holder = %lease.view.holder, held_s = lease.granted.elapsed().as_secs_f64(), "lease released");
+        }
+        removed.is_some()
+    }
+
+    /// Reclaims every lease whose TTL passed without a renewal.
+    pub fn expire(&self) {
+        let now = Instant::now();
+        let expired: Vec<Lease> = {
+            let mut table = self.lock();
+            let ids: Vec<u64> = table.iter().filter(|(_, l)| l.expires <= now).map(|(id, _)| *id).collect();
+            ids.iter().filter_map(|id| table.remove(id)).collect()
+        };
+        for lease in expired {
+            tracing::warn!(lease = lease.view.id, holder = %lease.view.holder, "lease expired without a renewal; GPU reclaimed");
+        }
+    }
+
+    pub fn list(&self) -> Vec<LeaseView> {
+        self.lock().values().map(view).collect()
+    }
+}
+
+fn view(lease: &Lease) -> LeaseView {
+    let round = |d: f64| (d * 1000.0).round() / 1000.0;
+    LeaseView {
+        age_s: round(lease.granted.elapsed().as_secs_f64()),
+        expires_in_s: round(lease.expires.saturating_duration_since(Instant::now()).as_secs_f64()),
+        ..lease.view.clone()
+    }
+}

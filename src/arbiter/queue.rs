@@ -1,0 +1,462 @@
+//! The GPU queue: the one FIFO (within a priority) through which every grant of the GPU passes —
+//! speech jobs, service starts and leases — and which tells each waiter its position and what it
+//! waits for. Nothing running is ever interrupted; a higher priority only orders the waiters.
+//!
+//! `tokio::sync::Mutex` is FIFO too, but cannot say where a waiter stands, and positions are part
+//! of the API. So the queue keeps its own lists behind a `std::sync::Mutex` (held only for a few
+//! instructions, never across an `.await`); a grant travels over a oneshot, and a `GpuPermit` is
+//! the guard that is held across the `.await`s of a job. `/health` and `/status` read counters only.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::Serialize;
+use tokio::sync::{oneshot, watch};
+
+/// Who asks for the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HolderKind {
+    /// A speech job (`/transcribe`): shares the GPU with other jobs up to `max_concurrent_jobs`.
+    Job,
+    /// An on-demand service from its start until its verified teardown: exclusive.
+    Service,
+    /// A lease for an outside program: exclusive.
+    Lease,
+}
+
+/// What a request for the GPU is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ticket {
+    pub kind: HolderKind,
+    /// Who it is, for people: `job`, `service vllm`, `lease 7 (alice: training)`.
+    pub label: String,
+    /// Higher first; FIFO within a priority.
+    pub priority: i32,
+}
+
+impl Ticket {
+    pub fn job(priority: i32) -> Ticket {
+        Ticket {
+            kind: HolderKind::Job,
+            label: "speech job".into(),
+            priority,
+        }
+    }
+
+    /// Services and leases hold the whole GPU; jobs share it with jobs.
+    pub fn exclusive(&self) -> bool {
+        self.kind != HolderKind::Job
+    }
+}
+
+#[derive(Debug)]
+pub struct GpuQueue {
+    /// Short critical sections only (`.await` rule): std Mutex.
+    state: Mutex<QueueState>,
+    /// Bumped on every change so waiters can recompute their position.
+    version: watch::Sender<u64>,
+    max_running: usize,
+}
+
+#[derive(Debug)]
+struct Holding {
+    id: u64,
+    ticket: Ticket,
+    since: Instant,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    id: u64,
+    ticket: Ticket,
+    tx: oneshot::Sender<()>,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    holding: Vec<Holding>,
+    /// Ordered by priority (high first), then arrival.
+    waiting: Vec<Waiting>,
+    next_id: u64,
+    /// While set, nothing is granted (a teardown that never completed): the reason.
+    blocked: Option<String>,
+}
+
+/// A holder of the GPU, as `/status` and `/gpu/leases` show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HolderView {
+    pub kind: HolderKind,
+    pub label: String,
+    pub held_s: f64,
+}
+
+/// A waiter, as `/gpu/leases` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct WaiterView {
+    pub position: usize,
+    pub kind: HolderKind,
+    pub label: String,
+    pub priority: i32,
+}
+
+/// A place in the queue. Dropping it leaves the queue at once.
+#[derive(Debug)]
+pub struct Waiter {
+    queue: Arc<GpuQueue>,
+    id: u64,
+    grant: oneshot::Receiver<()>,
+    version: watch::Receiver<u64>,
+    /// `true` once this waiter turned into a permit (nothing to undo on drop).
+    consumed: bool,
+}
+
+/// The right to use the GPU. Dropping it hands the GPU to the next waiter.
+#[derive(Debug)]
+pub struct GpuPermit {
+    queue: Arc<GpuQueue>,
+    id: u64,
+}
+
+impl GpuQueue {
+    pub fn new(max_running: usize) -> Arc<GpuQueue> {
+        Arc::new(GpuQueue {
+            state: Mutex::new(QueueState::default()),
+            version: watch::Sender::new(0),
+            max_running: max_running.max(1),
+        })
+    }
+
+    /// Joins the queue as a speech job of normal priority.
+    pub fn enqueue(self: &Arc<Self>) -> Waiter {
+        self.try_enqueue(Ticket::job(0), usize::MAX)
+            .expect("an unbounded queue is never full")
+    }
+
+    /// Joins the queue unless `max_waiting` requests already wait (then `None`); the check and
+    /// the join are one step, so concurrent callers never overshoot the bound.
+    pub fn try_enqueue(self: &Arc<Self>, ticket: Ticket, max_waiting: usize) -> Option<Waiter> {
+        let (tx, grant) = oneshot::channel();
+        let id = {
+            let mut state = self.lock();
+            // A request that would be granted at once never counts as waiting.
+            if !self.grantable(&state, &ticket) && state.waiting.len() >= max_waiting {
+                return None;
+            }
+            let id = state.next_id;
+            state.next_id += 1;
+            let at = state
+                .waiting
+                .iter()
+                .position(|w| w.ticket.priority < ticket.priority)
+                .unwrap_or(state.waiting.len());
+            state.waiting.insert(at, Waiting { id, ticket, tx });
+            self.dispatch(&mut state);
+            id
+        };
+        self.bump();
+        Some(Waiter {
+            queue: Arc::clone(self),
+            id,
+            grant,
+            version: self.version.subscribe(),
+            consumed: false,
+        })
+    }
+
+    /// Requests holding the GPU now.
+    pub fn running(&self) -> usize {
+        self.lock().holding.len()
+    }
+
+    /// Requests waiting for the GPU now.
+    pub fn waiting(&self) -> usize {
+        self.lock().waiting.len()
+    }
+
+    pub fn holders(&self) -> Vec<HolderView> {
+        self.lock()
+            .holding
+            .iter()
+            .map(|h| HolderView {
+                kind: h.ticket.kind,
+                label: h.ticket.label.clone(),
+                held_s: (h.since.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
+            })
+            .collect()
+    }
+
+    pub fn waiters(&self) -> Vec<WaiterView> {
+        self.lock()
+            .waiting
+            .iter()
+            .enumerate()
+            .map(|(i, w)| WaiterView {
+                position: i + 1,
+                kind: w.ticket.kind,
+                label: w.ticket.label.clone(),
+                priority: w.ticket.priority,
+            })
+            .collect()
+    }
+
+    /// The first waiter's ticket, if one waits.
+    pub fn head(&self) -> Option<Ticket> {
+        self.lock().waiting.first().map(|w| w.ticket.clone())
+    }
+
+    /// Whether an exclusive grant (service or lease) is held now.
+    pub fn exclusive_held(&self) -> bool {
+        self.lock().holding.iter().any(|h| h.ticket.exclusive())
+    }
+
+    /// Stops granting until `unblock`: the last holder's memory never came back.
+    pub fn block(&self, reason: String) {
+        self.lock().blocked = Some(reason);
+        self.bump();
+    }
+
+    pub fn unblock(&self) {
+        {
+            let mut state = self.lock();
+            state.blocked = None;
+            self.dispatch(&mut state);
+        }
+        self.bump();
+    }
+
+    pub fn blocked(&self) -> Option<String> {
+        self.lock().blocked.clone()
+    }
+
+    /// A receiver that changes whenever the queue does.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// What the first waiter waits for, in words (holders, or the block).
+    pub fn waiting_for(&self) -> Option<String> {
+        let state = self.lock();
+        if let Some(why) = &state.blocked {
+            return Some(why.clone());
+        }
+        let labels: Vec<&str> = state.holding.iter().map(|h| h.ticket.label.as_str()).collect();
+        (!labels.is_empty()).then(|| labels.join(", "))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        // A panic while holding this lock cannot leave the lists half-updated.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn grantable(&self, state: &QueueState, ticket: &Ticket) -> bool {
+        if state.blocked.is_some() {
+            return false;
+        }
+        if ticket.exclusive() {
+            state.holding.is_empty()
+        } else {
+            state.holding.len() < self.max_running && !state.holding.iter().any(|h| h.ticket.exclusive())
+        }
+    }
+
+    /// Grants the GPU to the heads of the queue while they fit; never past a head that does not.
+    fn dispatch(&self, state: &mut QueueState) {
+        while let Some(head) = state.waiting.first() {
+            if !self.grantable(state, &head.ticket) {
+                break;
+            }
+            let Waiting { id, ticket, tx } = state.waiting.remove(0);
+            if tx.send(()).is_ok() {
+                state.holding.push(Holding {
+                    id,
+                    ticket,
+                    since: Instant::now(),
+                });
+            }
+        }
+    }
+
+    fn release(&self, id: u64) {
+        {
+            let mut state = self.lock();
+            state.holding.retain(|h| h.id != id);
+            self.dispatch(&mut state);
+        }
+        self.bump();
+    }
+
+    fn bump(&self) {
+        self.version.send_modify(|v| *v += 1);
+    }
+}
+
+impl Waiter {
+    /// 1-based position among the waiters (1 = next), or `None` once the GPU is granted.
+    pub fn position(&self) -> Option<usize> {
+        let state = self.queue.lock();
+        state
+            .waiting
+            .iter()
+            .position(|w| w.id == self.id)
+            .map(|i| i + 1)
+    }
+
+    /// Waits for the next thing that happens to this waiter: `Some(permit)` when the GPU is
+    /// ours, `None` when the queue changed (so the position may have). Cancel-safe.
+    pub async fn next(&mut self) -> Option<GpuPermit> {
+        tokio::select! {
+            biased;
+            granted = &mut self.grant => {
+                // The queue never drops the sender of a live waiter.
+                granted.expect("queue dropped a waiter's grant");
+                self.consumed = true;
+                Some(GpuPermit { queue: Arc::clone(&self.queue), id: self.id })
+            }
+            _ = self.version.changed() => None,
+        }
+    }
+
+    /// Waits until the GPU is ours.
+    pub async fn granted(mut self) -> GpuPermit {
+        loop {
+            if let Some(permit) = self.next().await {
+                return permit;
+            }
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if self.consumed {
+            return;
+        }
+        let removed = {
+            let mut state = self.queue.lock();
+            let before = state.waiting.len();
+            state.waiting.retain(|w| w.id != self.id);
+            before != state.waiting.len()
+        };
+        if removed {
+            self.queue.bump();
+        } else {
+            // Granted but never taken: give it back.
+            self.queue.release(self.id);
+        }
+    }
+}
+
+impl Drop for GpuPermit {
+    fn drop(&mut self) {
+        self.queue.release(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(name: &str, priority: i32) -> Ticket {
+        Ticket {
+            kind: HolderKind::Lease,
+            label: name.into(),
+            priority,
+        }
+    }
+
+    #[tokio::test]
+    async fn fifo_positions_and_leaving() {
+        let q = GpuQueue::new(1);
+        let a = q.enqueue();
+        let first = a.granted().await;
+        let b = q.enqueue();
+        let c = q.enqueue();
+        let d = q.enqueue();
+        assert_eq!(
+            (b.position(), c.position(), d.position()),
+            (Some(1), Some(2), Some(3))
+        );
+        drop(c);
+        assert_eq!(d.position(), Some(2));
+        drop(b);
+        assert_eq!(d.position(), Some(1));
+        drop(first);
+        let _second = d.granted().await;
+        assert_eq!(q.running(), 1);
+        assert_eq!(q.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn granted_but_dropped_waiter_releases() {
+        let q = GpuQueue::new(1);
+        let a = q.enqueue();
+        let p = a.granted().await;
+        let b = q.enqueue();
+        let c = q.enqueue();
+        drop(p); // b is granted now
+        drop(b); // …and never takes it
+        let _pc = c.granted().await;
+        assert_eq!(q.running(), 1);
+    }
+
+    #[tokio::test]
+    async fn bounded_waiting() {
+        let q = GpuQueue::new(1);
+        let running = q.try_enqueue(Ticket::job(0), 1).unwrap();
+        let _permit = running.granted().await;
+        let waiting = q.try_enqueue(Ticket::job(0), 1).unwrap();
+        assert!(q.try_enqueue(Ticket::job(0), 1).is_none(), "one waits already");
+        drop(waiting);
+        assert!(q.try_enqueue(Ticket::job(0), 1).is_some());
+    }
+
+    #[tokio::test]
+    async fn capacity_two() {
+        let q = GpuQueue::new(2);
+        let a = q.enqueue();
+        let b = q.enqueue();
+        let c = q.enqueue();
+        let _pa = a.granted().await;
+        let _pb = b.granted().await;
+        assert_eq!(c.position(), Some(1));
+    }
+
+    #[tokio::test]
+    async fn exclusive_grants_wait_for_all_and_block_all() {
+        let q = GpuQueue::new(2);
+        let job = q.enqueue().granted().await;
+        let l = q.try_enqueue(lease("l", 0), 10).unwrap();
+        let later_job = q.enqueue();
+        assert_eq!((l.position(), later_job.position()), (Some(1), Some(2)), "no overtaking");
+        drop(job);
+        let held = l.granted().await;
+        assert!(q.exclusive_held());
+        assert_eq!(later_job.position(), Some(1));
+        drop(held);
+        let _j = later_job.granted().await;
+    }
+
+    #[tokio::test]
+    async fn priority_orders_waiters_without_preemption() {
+        let q = GpuQueue::new(1);
+        let running = q.enqueue().granted().await;
+        let batch = q.try_enqueue(lease("batch", 0), 10).unwrap();
+        let urgent = q.try_enqueue(lease("urgent", 5), 10).unwrap();
+        assert_eq!((urgent.position(), batch.position()), (Some(1), Some(2)));
+        assert_eq!(q.running(), 1, "the running job keeps the GPU");
+        drop(running);
+        let _u = urgent.granted().await;
+    }
+
+    #[tokio::test]
+    async fn a_block_stops_every_grant() {
+        let q = GpuQueue::new(1);
+        q.block("memory of vllm never came back".into());
+        let w = q.enqueue();
+        assert_eq!(w.position(), Some(1));
+        assert!(q.waiting_for().unwrap().contains("never came back"));
+        q.unblock();
+        let _p = w.granted().await;
+    }
+}

@@ -1,0 +1,159 @@
+//! `[[services]]`: big on-demand services (vLLM, ComfyUI) that gpuhost starts only when it can
+//! grant them the GPU, health-polls, and stops (then verifies their memory came back); and
+//! `[arbiter]`: how grants make room and verify teardown.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceConfig {
+    pub name: String,
+    /// Full argv.
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Polled until it answers 2xx: then the service is `healthy`.
+    pub health_url: String,
+    #[serde(default = "default_start_timeout")]
+    pub start_timeout_s: f64,
+    #[serde(default = "default_poll_interval")]
+    pub poll_interval_s: f64,
+    /// Declared memory footprint; room is made for it before the start.
+    #[serde(default)]
+    pub vram_mib: Option<u64>,
+    /// Signal sent first when stopping: `SIGTERM` (default) or `SIGINT`.
+    #[serde(default = "default_stop_signal")]
+    pub stop_signal: String,
+    #[serde(default = "default_stop_grace")]
+    pub stop_grace_s: f64,
+    /// A "free your memory" call tried before any signal (ComfyUI `POST /free`).
+    #[serde(default)]
+    pub release_url: Option<String>,
+    #[serde(default = "default_release_method")]
+    pub release_method: String,
+    #[serde(default)]
+    pub release_body: Option<String>,
+    /// Stop after this long without use; 0 = never.
+    #[serde(default)]
+    pub idle_stop_after_s: f64,
+    /// A service used within this long is never stopped to make room for someone else.
+    #[serde(default = "default_busy_grace")]
+    pub busy_grace_s: f64,
+}
+
+fn default_start_timeout() -> f64 {
+    120.0
+}
+fn default_poll_interval() -> f64 {
+    1.0
+}
+fn default_stop_signal() -> String {
+    "SIGTERM".into()
+}
+fn default_stop_grace() -> f64 {
+    10.0
+}
+fn default_release_method() -> String {
+    "POST".into()
+}
+fn default_busy_grace() -> f64 {
+    30.0
+}
+
+impl ServiceConfig {
+    pub(super) fn validate(&self) -> Result<(), String> {
+        let at = format!("[[services]] `{}`", self.name);
+        if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(format!("{at}: name must be letters, digits, - or _"));
+        }
+        if self.command.is_empty() {
+            return Err(format!("{at}: command is empty"));
+        }
+        for (key, value) in [
+            ("start_timeout_s", self.start_timeout_s),
+            ("poll_interval_s", self.poll_interval_s),
+            ("stop_grace_s", self.stop_grace_s),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(format!("{at}: {key} must be a positive number of seconds"));
+            }
+        }
+        if !(self.idle_stop_after_s.is_finite() && self.idle_stop_after_s >= 0.0) {
+            return Err(format!("{at}: idle_stop_after_s must be 0 (never) or more"));
+        }
+        if !matches!(self.stop_signal.as_str(), "SIGTERM" | "SIGINT" | "SIGQUIT" | "SIGHUP") {
+            return Err(format!("{at}: stop_signal must be SIGTERM, SIGINT, SIGQUIT or SIGHUP"));
+        }
+        Ok(())
+    }
+
+    pub fn signal(&self) -> libc::c_int {
+        match self.stop_signal.as_str() {
+            "SIGINT" => libc::SIGINT,
+            "SIGQUIT" => libc::SIGQUIT,
+            "SIGHUP" => libc::SIGHUP,
+            _ => libc::SIGTERM,
+        }
+    }
+}
+
+/// When residents come back after they were unloaded to make room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reload {
+    /// As soon as the GPU is free of exclusive holders.
+    Eager,
+    /// At the next job that needs them.
+    OnDemand,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ArbiterConfig {
+    /// After a holder's processes are gone: how long its memory may take to come back.
+    pub teardown_timeout_s: f64,
+    /// Memory counts as back when used memory is within this of the level before the holder.
+    pub teardown_tolerance_mib: u64,
+    pub reload: Reload,
+    /// Unload a resident worker unused for this long (0 = never); it reloads at the next job.
+    pub idle_unload_after_s: f64,
+    /// Default and longest lease TTL.
+    pub lease_ttl_s: f64,
+    pub max_lease_ttl_s: f64,
+}
+
+impl Default for ArbiterConfig {
+    fn default() -> Self {
+        ArbiterConfig {
+            teardown_timeout_s: 60.0,
+            teardown_tolerance_mib: 512,
+            reload: Reload::Eager,
+            idle_unload_after_s: 0.0,
+            lease_ttl_s: 60.0,
+            max_lease_ttl_s: 24.0 * 3600.0,
+        }
+    }
+}
+
+impl ArbiterConfig {
+    pub(super) fn validate(&self) -> Result<(), String> {
+        for (key, value) in [
+            ("teardown_timeout_s", self.teardown_timeout_s),
+            ("lease_ttl_s", self.lease_ttl_s),
+            ("max_lease_ttl_s", self.max_lease_ttl_s),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(format!("[arbiter] {key} must be a positive number of seconds"));
+            }
+        }
+        if !(self.idle_unload_after_s.is_finite() && self.idle_unload_after_s >= 0.0) {
+            return Err("[arbiter] idle_unload_after_s must be 0 (never) or more".into());
+        }
+        Ok(())
+    }
+}

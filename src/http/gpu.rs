@@ -1,0 +1,134 @@
+//! Leases for any program: `POST /gpu/lease` (NDJSON while waiting with `wait`), renew, release,
+//! and `GET /gpu/leases` with the holders and the queue. The arbiter does the work.
+
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::error::{ApiError, ErrorBody};
+use crate::arbiter::leases::{LeaseRequest, LeaseView};
+use crate::protocol::GrantEvent;
+use crate::AppState;
+
+/// Asks for the GPU. Without `wait`: 200 with the lease, or 409 when the GPU is taken. With
+/// `wait`: an NDJSON stream of `queued` / `making_room` events ending in `granted` or `error`.
+#[utoipa::path(post, path = "/gpu/lease", request_body = LeaseRequest, responses(
+    (status = 200, description = "Granted (JSON), or with `wait` the NDJSON stream of `GrantEvent`s", content(
+        (Object = "application/json"),
+        (String = "application/x-ndjson"),
+    )),
+    (status = 400, description = "Bad request body", body = ErrorBody),
+    (status = 409, description = "The GPU is taken (without `wait`), or no room can be made", body = ErrorBody),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub async fn lease(
+    State(app): State<AppState>,
+    body: Result<Json<LeaseRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(request) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let max = app.config.limits.max_field_bytes;
+    if request.holder.trim().is_empty() {
+        return Err(ApiError::bad_request("`holder` must name who holds the lease"));
+    }
+    if request.holder.len() > max || request.purpose.len() > max {
+        return Err(ApiError::too_large(format!(
+            "`holder` and `purpose` may be at most {max} bytes (limits.max_field_bytes)"
+        )));
+    }
+    let ttl = app
+        .arbiter
+        .leases
+        .ttl(&request)
+        .map_err(ApiError::bad_request)?;
+    let wait = request.wait;
+    let (tx, mut rx) = mpsc::channel(64);
+    let arbiter = std::sync::Arc::clone(&app.arbiter);
+    tokio::spawn(async move { arbiter.leases.acquire(request, ttl, tx).await });
+    if wait {
+        let stream = ReceiverStream::new(rx)
+            .map(|event| Ok::<_, Infallible>(bytes::Bytes::from(event.to_line())));
+        return Ok(Response::builder()
+            .header(header::CONTENT_TYPE, "application/x-ndjson")
+            .header(header::CACHE_CONTROL, "no-cache")
+            .body(Body::from_stream(stream))
+            .expect("static headers are valid"));
+    }
+    while let Some(event) = rx.recv().await {
+        match event {
+            GrantEvent::Granted { lease_id, ttl_s } => {
+                return Ok(Json(json!({ "lease_id": lease_id, "ttl_s": ttl_s })).into_response())
+            }
+            GrantEvent::Error { code, message } => {
+                let code = if code == "no_room" { "no_room" } else { "gpu_busy" };
+                return Err(ApiError::new(StatusCode::CONFLICT, code, message));
+            }
+            _ => {}
+        }
+    }
+    Err(ApiError::internal("the lease request ended without an answer"))
+}
+
+/// Extends a lease by its TTL.
+#[utoipa::path(post, path = "/gpu/lease/{id}/renew", params(("id" = u64, Path, description = "Lease id")), responses(
+    (status = 200, description = "Renewed", body = LeaseView),
+    (status = 400, description = "Bad id", body = ErrorBody),
+    (status = 404, description = "No such lease (released or expired)", body = ErrorBody),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub async fn renew(
+    State(app): State<AppState>,
+    id: Result<Path<u64>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<LeaseView>, ApiError> {
+    let Path(id) = id.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    app.arbiter.leases.renew(id).map(Json).ok_or_else(|| no_lease(id))
+}
+
+/// Ends a lease: the GPU goes to the next waiter.
+#[utoipa::path(delete, path = "/gpu/lease/{id}", params(("id" = u64, Path, description = "Lease id")), responses(
+    (status = 200, description = "Released", body = Object),
+    (status = 400, description = "Bad id", body = ErrorBody),
+    (status = 404, description = "No such lease (released or expired)", body = ErrorBody),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub async fn release(
+    State(app): State<AppState>,
+    id: Result<Path<u64>, axum::extract::rejection::PathRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Path(id) = id.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if app.arbiter.leases.release(id) {
+        Ok(Json(json!({ "released": id })))
+    } else {
+        Err(no_lease(id))
+    }
+}
+
+/// Leases, every holder of the GPU, and the queue.
+#[utoipa::path(get, path = "/gpu/leases", responses(
+    (status = 200, description = "Leases, holders and waiters", body = Object),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub async fn leases(State(app): State<AppState>) -> Json<serde_json::Value> {
+    Json(json!({
+        "leases": app.arbiter.leases.list(),
+        "holders": app.queue.holders(),
+        "waiting": app.queue.waiters(),
+        "blocked": app.queue.blocked(),
+    }))
+}
+
+fn no_lease(id: u64) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no_such_lease",
+        format!("lease {id} does not exist: it was released or expired (renew within its ttl_s)"),
+    )
+}

@@ -1,0 +1,146 @@
+//! On-demand services and worker loading by hand: `GET /services`, `POST /services/{name}/start`
+//! (NDJSON until `healthy` or `error`; single flight), `/stop`, `/touch`, and
+//! `POST /workers/{name}/unload` / `/load`.
+
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use axum::Json;
+use serde_json::{json, Value};
+use tokio::sync::broadcast::error::RecvError;
+
+use super::error::{ApiError, ErrorBody};
+use crate::arbiter::services::{ServiceHandle, ServiceState, ServiceStatus};
+use crate::protocol::GrantEvent;
+use crate::AppState;
+
+/// Every service: state, pid, uptime, last use, measured VRAM, last error.
+#[utoipa::path(get, path = "/services", responses(
+    (status = 200, description = "Services", body = Object),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub async fn list(State(app): State<AppState>) -> Json<Value> {
+    let services: Vec<Value> = app.arbiter.services.statuses().iter().map(view).collect();
+    Json(json!({ "services": services }))
+}
+
+pub fn view(s: &ServiceStatus) -> Value {
+    let round = |d: f64| (d * 1000.0).round() / 1000.0;
+    let mut v = serde_json::to_value(s).unwrap_or_default();
+    let up = matches!(s.state, ServiceState::Starting | ServiceState::Healthy | ServiceState::Stopping);
+    v["uptime_s"] = json!(s.since.filter(|_| up).map(|t| round(t.elapsed().as_secs_f64())));
+    v["last_use_s_ago"] = json!(s.last_use.map(|t| round(t.elapsed().as_secs_f64())));
+    v
+}
+
+fn service(app: &AppState, name: &str) -> Result<ServiceHandle, ApiError> {
+    app.arbiter.services.get(name).cloned().ok_or_else(|| {
+        let known: Vec<String> = app.arbiter.services.statuses().into_iter().map(|s| s.name).collect();
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_such_service",
+            format!("no service `{name}`; configured: {}", if known.is_empty() { "none ([[services]] in the config)".into() } else { known.join(", ") }),
+        )
+    })
+}
+
+/// Starts the service through the GPU queue, or answers at once when it is healthy. However
+/// many callers ask at once, one process starts and every caller sees the same outcome.
+#[utoipa::path(post, path = "/services/{name}/start", params(("name" = String, Path, description = "Service name")), responses(
+    (status = 200, description = "NDJSON `GrantEvent`s ending in `healthy` or `error`", content_type = "application/x-ndjson", body = String),
+    (status = 404, description = "No such service", body = ErrorBody),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub async fn start(State(app): State<AppState>, Path(name): Path<String>) -> Result<Response, ApiError> {
+    let handle = service(&app, &name)?;
+    let mut events = handle.start();
+    let status = handle.status();
+    let stream = async_stream::stream! {
+        if status.state == ServiceState::Healthy {
+            handle.touch();
+            yield Ok::<_, Infallible>(bytes::Bytes::from(GrantEvent::Healthy { pid: status.pid, seconds: 0.0 }.to_line()));
+            return;
+        }
+        loop {
+            match events.recv().await {
+                Ok(event) => {
+                    let last = event.is_final();
+                    yield Ok(bytes::Bytes::from(event.to_line()));
+                    if last {
+                        return;
+                    }
+                }
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => {
+                    yield Ok(bytes::Bytes::from(GrantEvent::Error { code: "shutting_down".into(), message: "gpuhost is shutting down".into() }.to_line()));
+                    return;
+                }
+            }
+        }
+    };
+    Ok(Response::builder()
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .expect("static headers are valid"))
+}
+
+/// Stops the service (release call, signal → grace → kill, verified teardown) and waits for it.
+#[utoipa::path(post, path = "/services/{name}/stop", params(("name" = String, Path, description = "Service name")), responses(
+    (status = 200, description = "Stopped (or failed: see `last_error`)", body = Object),
+    (status = 404, description = "No such service", body = ErrorBody),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub async fn stop(State(app): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let handle = service(&app, &name)?;
+    handle.stop("stopped by request");
+    let status = handle
+        .wait_for(|s| matches!(s.state, ServiceState::Stopped | ServiceState::Failed))
+        .await;
+    Ok(Json(view(&status)))
+}
+
+/// Marks the service as used now (it will not be stopped as idle or to make room for a while).
+#[utoipa::path(post, path = "/services/{name}/touch", params(("name" = String, Path, description = "Service name")), responses(
+    (status = 200, description = "Touched", body = Object),
+    (status = 404, description = "No such service", body = ErrorBody),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub async fn touch(State(app): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let handle = service(&app, &name)?;
+    handle.touch();
+    Ok(Json(view(&handle.status())))
+}
+
+fn worker(app: &AppState, name: &str) -> Result<crate::worker::WorkerHandle, ApiError> {
+    app.supervisor.get(name).cloned().ok_or_else(|| {
+        ApiError::new(StatusCode::NOT_FOUND, "no_such_worker", format!("no worker `{name}`"))
+    })
+}
+
+/// Unloads a worker (its process stops; it reloads at the next job or on `/load`).
+#[utoipa::path(post, path = "/workers/{name}/unload", params(("name" = String, Path, description = "Worker name")), responses(
+    (status = 200, description = "Unloaded", body = Object),
+    (status = 404, description = "No such worker", body = ErrorBody),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub async fn unload(State(app): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let handle = worker(&app, &name)?;
+    let pid = handle.unload().await;
+    Ok(Json(json!({ "worker": name, "stopped_pid": pid, "state": handle.status().state })))
+}
+
+/// Loads an unloaded worker now.
+#[utoipa::path(post, path = "/workers/{name}/load", params(("name" = String, Path, description = "Worker name")), responses(
+    (status = 200, description = "Loading", body = Object),
+    (status = 404, description = "No such worker", body = ErrorBody),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub async fn load(State(app): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+    let handle = worker(&app, &name)?;
+    handle.load();
+    Ok(Json(json!({ "worker": name, "state": handle.status().state })))
+}
