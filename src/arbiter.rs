@@ -98,7 +98,14 @@ impl Core {
                     return;
                 }
                 let snap = Arc::clone(&snapshots.borrow_and_update());
-                if teardown::check(&snap, core.device, &gone, core.config.teardown_tolerance_mib).is_ok() {
+                if teardown::check(
+                    &snap,
+                    core.device,
+                    &gone,
+                    core.config.teardown_tolerance_mib,
+                )
+                .is_ok()
+                {
                     tracing::info!(what = %gone.what, "memory came back; GPU unblocked");
                     core.queue.unblock();
                     return;
@@ -125,7 +132,10 @@ impl Core {
                 return Ok(());
             }
             let resident_up = status.mode == Mode::Resident
-                && matches!(status.state, WorkerState::Ready | WorkerState::Starting | WorkerState::Exited);
+                && matches!(
+                    status.state,
+                    WorkerState::Ready | WorkerState::Starting | WorkerState::Exited
+                );
             if !resident_up {
                 continue;
             }
@@ -218,7 +228,12 @@ impl Core {
 }
 
 impl Arbiter {
-    pub fn start(config: &Config, queue: Arc<GpuQueue>, supervisor: Arc<Supervisor>, gpu: &GpuMonitor) -> Arc<Arbiter> {
+    pub fn start(
+        config: &Config,
+        queue: Arc<GpuQueue>,
+        supervisor: Arc<Supervisor>,
+        gpu: &GpuMonitor,
+    ) -> Arc<Arbiter> {
         let core = Arc::new(Core {
             config: config.arbiter.clone(),
             queue,

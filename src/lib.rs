@@ -27,11 +27,11 @@ use std::time::Instant;
 use axum::Router;
 use serde_json::Value;
 
+use arbiter::queue::GpuQueue;
+use arbiter::Arbiter;
 pub use config::Config;
 use job::PreparedJob;
 use pipeline::Pipeline;
-use arbiter::queue::GpuQueue;
-use arbiter::Arbiter;
 use stats::JobStats;
 use supervisor::Supervisor;
 

@@ -285,7 +285,20 @@ mod tests {
 
     #[test]
     fn client_event_lines() {
-        let line = ClientEvent::Queued { position: 3 }.to_line();
+        let line = ClientEvent::Queued {
+            position: 3,
+            waiting_for: None,
+        }
+        .to_line();
         assert_eq!(line, "{\"type\":\"queued\",\"position\":3}\n");
+        let line = GrantEvent::Granted {
+            lease_id: 7,
+            ttl_s: 60.0,
+        }
+        .to_line();
+        assert_eq!(
+            line,
+            "{\"type\":\"granted\",\"lease_id\":7,\"ttl_s\":60.0}\n"
+        );
     }
 }

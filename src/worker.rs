@@ -115,9 +115,7 @@ pub enum Control {
     Stop { reply: oneshot::Sender<()> },
     /// Stop the process but keep the actor: the worker is `Unloaded` until a job or `Load`.
     /// The reply carries the pid that was stopped (for the teardown check), if one ran.
-    Unload {
-        reply: oneshot::Sender<Option<u32>>,
-    },
+    Unload { reply: oneshot::Sender<Option<u32>> },
     /// Load an unloaded (or down) worker now.
     Load,
 }

@@ -2,6 +2,7 @@
 #![allow(clippy::disallowed_methods)] // tests start the gpuhost binary and helper processes directly
 
 mod integration {
+    mod arbiter;
     pub mod support;
 
     mod audio_formats;

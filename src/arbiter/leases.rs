@@ -92,7 +92,12 @@ impl Leases {
     /// Waits for the GPU (reporting on `events`), makes room, and records the lease; the last
     /// event is `granted` or `error`. Dropping the future (the client left) leaves the queue.
     /// `wait = false` fails at once when the GPU is not free.
-    pub async fn acquire(&self, request: LeaseRequest, ttl: Duration, events: mpsc::Sender<GrantEvent>) {
+    pub async fn acquire(
+        &self,
+        request: LeaseRequest,
+        ttl: Duration,
+        events: mpsc::Sender<GrantEvent>,
+    ) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let label = if request.purpose.is_empty() {
             format!("lease {id} ({})", request.holder)
@@ -112,11 +117,17 @@ impl Leases {
             let position = waiter.position();
             if let Some(position) = position {
                 if !request.wait {
-                    let holders = self.core.queue.waiting_for().unwrap_or_else(|| "others waiting".into());
+                    let holders = self
+                        .core
+                        .queue
+                        .waiting_for()
+                        .unwrap_or_else(|| "others waiting".into());
                     let _ = events
                         .send(GrantEvent::Error {
                             code: "gpu_busy".into(),
-                            message: format!("the GPU is taken ({holders}); send \"wait\": true to queue for it"),
+                            message: format!(
+                                "the GPU is taken ({holders}); send \"wait\": true to queue for it"
+                            ),
                         })
                         .await;
                     return;
@@ -124,7 +135,12 @@ impl Leases {
                 if last != Some(position) {
                     last = Some(position);
                     let waiting_for = self.core.queue.waiting_for();
-                    let _ = events.send(GrantEvent::Queued { position, waiting_for }).await;
+                    let _ = events
+                        .send(GrantEvent::Queued {
+                            position,
+                            waiting_for,
+                        })
+                        .await;
                 }
             }
             tokio::select! {
@@ -196,7 +212,11 @@ impl Leases {
         let now = Instant::now();
         let expired: Vec<Lease> = {
             let mut table = self.lock();
-            let ids: Vec<u64> = table.iter().filter(|(_, l)| l.expires <= now).map(|(id, _)| *id).collect();
+            let ids: Vec<u64> = table
+                .iter()
+                .filter(|(_, l)| l.expires <= now)
+                .map(|(id, _)| *id)
+                .collect();
             ids.iter().filter_map(|id| table.remove(id)).collect()
         };
         for lease in expired {
@@ -213,7 +233,12 @@ fn view(lease: &Lease) -> LeaseView {
     let round = |d: f64| (d * 1000.0).round() / 1000.0;
     LeaseView {
         age_s: round(lease.granted.elapsed().as_secs_f64()),
-        expires_in_s: round(lease.expires.saturating_duration_since(Instant::now()).as_secs_f64()),
+        expires_in_s: round(
+            lease
+                .expires
+                .saturating_duration_since(Instant::now())
+                .as_secs_f64(),
+        ),
         ..lease.view.clone()
     }
 }

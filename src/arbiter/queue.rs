@@ -240,7 +240,11 @@ impl GpuQueue {
         if let Some(why) = &state.blocked {
             return Some(why.clone());
         }
-        let labels: Vec<&str> = state.holding.iter().map(|h| h.ticket.label.as_str()).collect();
+        let labels: Vec<&str> = state
+            .holding
+            .iter()
+            .map(|h| h.ticket.label.as_str())
+            .collect();
         (!labels.is_empty()).then(|| labels.join(", "))
     }
 
@@ -256,7 +260,8 @@ impl GpuQueue {
         if ticket.exclusive() {
             state.holding.is_empty()
         } else {
-            state.holding.len() < self.max_running && !state.holding.iter().any(|h| h.ticket.exclusive())
+            state.holding.len() < self.max_running
+                && !state.holding.iter().any(|h| h.ticket.exclusive())
         }
     }
 
@@ -406,7 +411,10 @@ mod tests {
         let running = q.try_enqueue(Ticket::job(0), 1).unwrap();
         let _permit = running.granted().await;
         let waiting = q.try_enqueue(Ticket::job(0), 1).unwrap();
-        assert!(q.try_enqueue(Ticket::job(0), 1).is_none(), "one waits already");
+        assert!(
+            q.try_enqueue(Ticket::job(0), 1).is_none(),
+            "one waits already"
+        );
         drop(waiting);
         assert!(q.try_enqueue(Ticket::job(0), 1).is_some());
     }
@@ -428,7 +436,11 @@ mod tests {
         let job = q.enqueue().granted().await;
         let l = q.try_enqueue(lease("l", 0), 10).unwrap();
         let later_job = q.enqueue();
-        assert_eq!((l.position(), later_job.position()), (Some(1), Some(2)), "no overtaking");
+        assert_eq!(
+            (l.position(), later_job.position()),
+            (Some(1), Some(2)),
+            "no overtaking"
+        );
         drop(job);
         let held = l.granted().await;
         assert!(q.exclusive_held());

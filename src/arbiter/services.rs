@@ -121,7 +121,11 @@ impl Services {
                 let (events, _) = broadcast::channel(256);
                 let actor = Actor {
                     spec: spec.clone(),
-                    cwd: spec.cwd.as_ref().map(|c| config.resolve(c)).unwrap_or_else(|| config.base_dir.clone()),
+                    cwd: spec
+                        .cwd
+                        .as_ref()
+                        .map(|c| config.resolve(c))
+                        .unwrap_or_else(|| config.base_dir.clone()),
                     core: Arc::clone(core),
                     rx,
                     status: status_tx,
@@ -129,7 +133,17 @@ impl Services {
                     tail: VecDeque::new(),
                 };
                 tokio::spawn(actor.run());
-                (spec.name.clone(), (spec.clone(), ServiceHandle { control, status, events }))
+                (
+                    spec.name.clone(),
+                    (
+                        spec.clone(),
+                        ServiceHandle {
+                            control,
+                            status,
+                            events,
+                        },
+                    ),
+                )
             })
             .collect();
         Services { map }
@@ -148,7 +162,10 @@ impl Services {
         for (spec, handle) in self.map.values() {
             let s = handle.status();
             let idle = s.last_use.map(|t| t.elapsed().as_secs_f64()).unwrap_or(0.0);
-            if s.state == ServiceState::Healthy && spec.idle_stop_after_s > 0.0 && idle >= spec.idle_stop_after_s {
+            if s.state == ServiceState::Healthy
+                && spec.idle_stop_after_s > 0.0
+                && idle >= spec.idle_stop_after_s
+            {
                 handle.stop(&format!("unused for {idle:.0} s (idle_stop_after_s)"));
             }
         }
@@ -159,7 +176,10 @@ impl Services {
     pub fn yield_to(&self, waiting: &str) {
         for (spec, handle) in self.map.values() {
             let s = handle.status();
-            let idle = s.last_use.map(|t| t.elapsed().as_secs_f64()).unwrap_or(f64::MAX);
+            let idle = s
+                .last_use
+                .map(|t| t.elapsed().as_secs_f64())
+                .unwrap_or(f64::MAX);
             if s.state == ServiceState::Healthy && idle >= spec.busy_grace_s {
                 handle.stop(&format!("making room for {waiting}"));
             }
@@ -245,12 +265,20 @@ impl Actor {
         }
         let started = Instant::now();
         let baseline_used_mib = self.core.used_mib();
-        let (group, stdout, stderr) = match spawn_service(&self.spec.command, &self.cwd, &self.spec.env) {
-            Ok(spawned) => spawned,
-            Err(e) => {
-                return self.fail("service_unavailable", format!("cannot run {:?} in {}: {e}", self.spec.command, self.cwd.display()));
-            }
-        };
+        let (group, stdout, stderr) =
+            match spawn_service(&self.spec.command, &self.cwd, &self.spec.env) {
+                Ok(spawned) => spawned,
+                Err(e) => {
+                    return self.fail(
+                        "service_unavailable",
+                        format!(
+                            "cannot run {:?} in {}: {e}",
+                            self.spec.command,
+                            self.cwd.display()
+                        ),
+                    );
+                }
+            };
         let pid = group.pid();
         tracing::info!(service = %self.spec.name, pid, "service started");
         self.emit(GrantEvent::Starting { pid });
@@ -269,7 +297,10 @@ impl Actor {
             Ok(()) => {
                 let seconds = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
                 tracing::info!(service = %self.spec.name, pid, seconds, "service healthy");
-                self.emit(GrantEvent::Healthy { pid: Some(pid), seconds });
+                self.emit(GrantEvent::Healthy {
+                    pid: Some(pid),
+                    seconds,
+                });
                 self.set(ServiceState::Healthy, |s| s.last_use = Some(Instant::now()));
                 let reason = self.while_healthy(&mut running).await;
                 self.stop(running, &reason, None).await;
@@ -312,8 +343,13 @@ impl Actor {
     }
 
     /// Polls the health URL until it answers 2xx; `Err` on exit, timeout or a stop.
-    async fn until_healthy(&mut self, running: &mut Running, started: Instant) -> Result<(), (&'static str, String)> {
-        let deadline = tokio::time::Instant::from_std(started) + Duration::from_secs_f64(self.spec.start_timeout_s);
+    async fn until_healthy(
+        &mut self,
+        running: &mut Running,
+        started: Instant,
+    ) -> Result<(), (&'static str, String)> {
+        let deadline = tokio::time::Instant::from_std(started)
+            + Duration::from_secs_f64(self.spec.start_timeout_s);
         let interval = Duration::from_secs_f64(self.spec.poll_interval_s);
         let mut next_poll = tokio::time::Instant::now();
         loop {
@@ -374,16 +410,26 @@ impl Actor {
         tracing::info!(service = %self.spec.name, pid, %reason, "stopping service");
         self.set(ServiceState::Stopping, |_| {});
         if let Some(url) = &self.spec.release_url {
-            let method = reqwest::Method::from_bytes(self.spec.release_method.as_bytes()).unwrap_or(reqwest::Method::POST);
+            let method = reqwest::Method::from_bytes(self.spec.release_method.as_bytes())
+                .unwrap_or(reqwest::Method::POST);
             let body = self.spec.release_body.clone().unwrap_or_default();
             match self.core.http.request(method, url).body(body).send().await {
-                Ok(r) => tracing::info!(service = %self.spec.name, status = r.status().as_u16(), "release call made"),
-                Err(e) => tracing::warn!(service = %self.spec.name, error = %e, "release call failed"),
+                Ok(r) => {
+                    tracing::info!(service = %self.spec.name, status = r.status().as_u16(), "release call made")
+                }
+                Err(e) => {
+                    tracing::warn!(service = %self.spec.name, error = %e, "release call failed")
+                }
             }
         }
         let stopped_at = Instant::now();
         running.group.signal(self.spec.signal());
-        if running.group.wait_timeout(Duration::from_secs_f64(self.spec.stop_grace_s)).await.is_none() {
+        if running
+            .group
+            .wait_timeout(Duration::from_secs_f64(self.spec.stop_grace_s))
+            .await
+            .is_none()
+        {
             tracing::warn!(service = %self.spec.name, pid, "service ignored its stop signal; killing its group");
             running.group.kill().await;
         }
@@ -440,13 +486,17 @@ impl Actor {
             .map(|p| p.used_memory_mib)
             .sum();
         if used > 0 {
-            self.status.send_modify(|s| s.measured_vram_mib = Some(s.measured_vram_mib.unwrap_or(0).max(used)));
+            self.status.send_modify(|s| {
+                s.measured_vram_mib = Some(s.measured_vram_mib.unwrap_or(0).max(used))
+            });
         }
     }
 }
 
 /// Reads from an optional pipe; once it closes it is set to `None` and never polled again.
-async fn next_line<R: tokio::io::AsyncRead + Unpin>(reader: &mut Option<LineReader<R>>) -> Option<String> {
+async fn next_line<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut Option<LineReader<R>>,
+) -> Option<String> {
     match reader {
         Some(inner) => match inner.next_line().await {
             Some(line) => Some(line),

@@ -88,7 +88,14 @@ pub fn check(snap: &Snapshot, device: u32, gone: &Gone, tolerance_mib: u64) -> R
                 .processes
                 .iter()
                 .filter(|p| p.gpu_index == device)
-                .map(|p| format!("pid {} {} MiB: {}", p.pid, p.used_memory_mib, short(&p.command, &p.name)))
+                .map(|p| {
+                    format!(
+                        "pid {} {} MiB: {}",
+                        p.pid,
+                        p.used_memory_mib,
+                        short(&p.command, &p.name)
+                    )
+                })
                 .collect();
             return Err(format!(
                 "{} MiB used, {} MiB before {} started (tolerance {} MiB); on the GPU: {}",
@@ -96,7 +103,11 @@ pub fn check(snap: &Snapshot, device: u32, gone: &Gone, tolerance_mib: u64) -> R
                 before,
                 gone.what,
                 tolerance_mib,
-                if holders.is_empty() { "no listed process (memory held by the driver or a dead process)".into() } else { holders.join("; ") }
+                if holders.is_empty() {
+                    "no listed process (memory held by the driver or a dead process)".into()
+                } else {
+                    holders.join("; ")
+                }
             ));
         }
     }
@@ -111,7 +122,12 @@ fn short<'a>(command: &'a str, name: &'a str) -> &'a str {
 /// The process group of `pid` (field 5 of `/proc/PID/stat`), while it lives.
 pub fn process_group(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit(')').next()?.split_whitespace().nth(2)?.parse().ok()
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -164,7 +180,9 @@ mod tests {
             baseline_used_mib: Some(500),
             after: Instant::now(),
         };
-        assert!(check(&snap(500, &[42]), 0, &gone, 256).unwrap_err().contains("pid 42"));
+        assert!(check(&snap(500, &[42]), 0, &gone, 256)
+            .unwrap_err()
+            .contains("pid 42"));
         let err = check(&snap(9000, &[]), 0, &gone, 256).unwrap_err();
         assert!(err.contains("9000 MiB used"), "{err}");
         assert!(check(&snap(700, &[7]), 0, &gone, 256).is_ok());

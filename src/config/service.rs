@@ -68,7 +68,12 @@ fn default_busy_grace() -> f64 {
 impl ServiceConfig {
     pub(super) fn validate(&self) -> Result<(), String> {
         let at = format!("[[services]] `{}`", self.name);
-        if self.name.is_empty() || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
             return Err(format!("{at}: name must be letters, digits, - or _"));
         }
         if self.command.is_empty() {
@@ -86,8 +91,13 @@ impl ServiceConfig {
         if !(self.idle_stop_after_s.is_finite() && self.idle_stop_after_s >= 0.0) {
             return Err(format!("{at}: idle_stop_after_s must be 0 (never) or more"));
         }
-        if !matches!(self.stop_signal.as_str(), "SIGTERM" | "SIGINT" | "SIGQUIT" | "SIGHUP") {
-            return Err(format!("{at}: stop_signal must be SIGTERM, SIGINT, SIGQUIT or SIGHUP"));
+        if !matches!(
+            self.stop_signal.as_str(),
+            "SIGTERM" | "SIGINT" | "SIGQUIT" | "SIGHUP"
+        ) {
+            return Err(format!(
+                "{at}: stop_signal must be SIGTERM, SIGINT, SIGQUIT or SIGHUP"
+            ));
         }
         Ok(())
     }
@@ -148,7 +158,9 @@ impl ArbiterConfig {
             ("max_lease_ttl_s", self.max_lease_ttl_s),
         ] {
             if !(value.is_finite() && value > 0.0) {
-                return Err(format!("[arbiter] {key} must be a positive number of seconds"));
+                return Err(format!(
+                    "[arbiter] {key} must be a positive number of seconds"
+                ));
             }
         }
         if !(self.idle_unload_after_s.is_finite() && self.idle_unload_after_s >= 0.0) {

@@ -37,7 +37,9 @@ pub async fn lease(
     let Json(request) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let max = app.config.limits.max_field_bytes;
     if request.holder.trim().is_empty() {
-        return Err(ApiError::bad_request("`holder` must name who holds the lease"));
+        return Err(ApiError::bad_request(
+            "`holder` must name who holds the lease",
+        ));
     }
     if request.holder.len() > max || request.purpose.len() > max {
         return Err(ApiError::too_large(format!(
@@ -68,13 +70,19 @@ pub async fn lease(
                 return Ok(Json(json!({ "lease_id": lease_id, "ttl_s": ttl_s })).into_response())
             }
             GrantEvent::Error { code, message } => {
-                let code = if code == "no_room" { "no_room" } else { "gpu_busy" };
+                let code = if code == "no_room" {
+                    "no_room"
+                } else {
+                    "gpu_busy"
+                };
                 return Err(ApiError::new(StatusCode::CONFLICT, code, message));
             }
             _ => {}
         }
     }
-    Err(ApiError::internal("the lease request ended without an answer"))
+    Err(ApiError::internal(
+        "the lease request ended without an answer",
+    ))
 }
 
 /// Extends a lease by its TTL.
@@ -89,7 +97,11 @@ pub async fn renew(
     id: Result<Path<u64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<LeaseView>, ApiError> {
     let Path(id) = id.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    app.arbiter.leases.renew(id).map(Json).ok_or_else(|| no_lease(id))
+    app.arbiter
+        .leases
+        .renew(id)
+        .map(Json)
+        .ok_or_else(|| no_lease(id))
 }
 
 /// Ends a lease: the GPU goes to the next waiter.

@@ -30,19 +30,38 @@ pub async fn list(State(app): State<AppState>) -> Json<Value> {
 pub fn view(s: &ServiceStatus) -> Value {
     let round = |d: f64| (d * 1000.0).round() / 1000.0;
     let mut v = serde_json::to_value(s).unwrap_or_default();
-    let up = matches!(s.state, ServiceState::Starting | ServiceState::Healthy | ServiceState::Stopping);
-    v["uptime_s"] = json!(s.since.filter(|_| up).map(|t| round(t.elapsed().as_secs_f64())));
+    let up = matches!(
+        s.state,
+        ServiceState::Starting | ServiceState::Healthy | ServiceState::Stopping
+    );
+    v["uptime_s"] = json!(s
+        .since
+        .filter(|_| up)
+        .map(|t| round(t.elapsed().as_secs_f64())));
     v["last_use_s_ago"] = json!(s.last_use.map(|t| round(t.elapsed().as_secs_f64())));
     v
 }
 
 fn service(app: &AppState, name: &str) -> Result<ServiceHandle, ApiError> {
     app.arbiter.services.get(name).cloned().ok_or_else(|| {
-        let known: Vec<String> = app.arbiter.services.statuses().into_iter().map(|s| s.name).collect();
+        let known: Vec<String> = app
+            .arbiter
+            .services
+            .statuses()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
         ApiError::new(
             StatusCode::NOT_FOUND,
             "no_such_service",
-            format!("no service `{name}`; configured: {}", if known.is_empty() { "none ([[services]] in the config)".into() } else { known.join(", ") }),
+            format!(
+                "no service `{name}`; configured: {}",
+                if known.is_empty() {
+                    "none ([[services]] in the config)".into()
+                } else {
+                    known.join(", ")
+                }
+            ),
         )
     })
 }
@@ -54,7 +73,10 @@ fn service(app: &AppState, name: &str) -> Result<ServiceHandle, ApiError> {
     (status = 404, description = "No such service", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn start(State(app): State<AppState>, Path(name): Path<String>) -> Result<Response, ApiError> {
+pub async fn start(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
     let handle = service(&app, &name)?;
     let mut events = handle.start();
     let status = handle.status();
@@ -94,7 +116,10 @@ pub async fn start(State(app): State<AppState>, Path(name): Path<String>) -> Res
     (status = 404, description = "No such service", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn stop(State(app): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn stop(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     let handle = service(&app, &name)?;
     handle.stop("stopped by request");
     let status = handle
@@ -109,7 +134,10 @@ pub async fn stop(State(app): State<AppState>, Path(name): Path<String>) -> Resu
     (status = 404, description = "No such service", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn touch(State(app): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn touch(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     let handle = service(&app, &name)?;
     handle.touch();
     Ok(Json(view(&handle.status())))
@@ -117,7 +145,11 @@ pub async fn touch(State(app): State<AppState>, Path(name): Path<String>) -> Res
 
 fn worker(app: &AppState, name: &str) -> Result<crate::worker::WorkerHandle, ApiError> {
     app.supervisor.get(name).cloned().ok_or_else(|| {
-        ApiError::new(StatusCode::NOT_FOUND, "no_such_worker", format!("no worker `{name}`"))
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "no_such_worker",
+            format!("no worker `{name}`"),
+        )
     })
 }
 
@@ -127,10 +159,15 @@ fn worker(app: &AppState, name: &str) -> Result<crate::worker::WorkerHandle, Api
     (status = 404, description = "No such worker", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn unload(State(app): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn unload(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     let handle = worker(&app, &name)?;
     let pid = handle.unload().await;
-    Ok(Json(json!({ "worker": name, "stopped_pid": pid, "state": handle.status().state })))
+    Ok(Json(
+        json!({ "worker": name, "stopped_pid": pid, "state": handle.status().state }),
+    ))
 }
 
 /// Loads an unloaded worker now.
@@ -139,8 +176,13 @@ pub async fn unload(State(app): State<AppState>, Path(name): Path<String>) -> Re
     (status = 404, description = "No such worker", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn load(State(app): State<AppState>, Path(name): Path<String>) -> Result<Json<Value>, ApiError> {
+pub async fn load(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     let handle = worker(&app, &name)?;
     handle.load();
-    Ok(Json(json!({ "worker": name, "state": handle.status().state })))
+    Ok(Json(
+        json!({ "worker": name, "state": handle.status().state }),
+    ))
 }

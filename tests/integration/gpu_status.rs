@@ -20,7 +20,7 @@ impl FakeGpu {
         let fake = fixture("fake_nvidia_smi.py");
         let d = dir.path().display().to_string();
         let script = format!(
-            "#!/bin/sh\nexport FAKE_GPU_STATE={d}/state\n[ -f {d}/fail ] && export FAKE_NVIDIA_SMI_FAIL=1\n[ -f {d}/hang ] && export FAKE_NVIDIA_SMI_HANG=30\nexec {} -S {} \"$@\"\n",
+            "#!/bin/sh\nexport FAKE_GPU_STATE={d}/state\nexport FAKE_GPU_PROCS_DIR={d}/procs\n[ -f {d}/fail ] && export FAKE_NVIDIA_SMI_FAIL=1\n[ -f {d}/hang ] && export FAKE_NVIDIA_SMI_HANG=30\nexec {} -S {} \"$@\"\n",
             python_exe(),
             fake.display()
         );
@@ -47,6 +47,11 @@ impl FakeGpu {
         } else {
             let _ = std::fs::remove_file(path);
         }
+    }
+
+    /// Where the fake services write their GPU processes (and a `leak`).
+    pub fn procs_dir(&self) -> PathBuf {
+        self.dir.path().join("procs")
     }
 
     pub fn proc_root(&self) -> PathBuf {

@@ -38,7 +38,7 @@ async fn fifty_concurrent_requests_are_served_in_arrival_order() {
         let positions: Vec<usize> = events
             .iter()
             .filter_map(|e| match e {
-                ClientEvent::Queued { position } => Some(*position),
+                ClientEvent::Queued { position, .. } => Some(*position),
                 _ => None,
             })
             .collect();
@@ -70,7 +70,13 @@ async fn client_leaving_the_queue_is_gone_at_once() {
     );
     a.until(started).await;
     let mut b = EventReader::new(host.post_body("/transcribe", wav(0.2, 16000, 1)).await);
-    assert_eq!(b.next().await, Some(ClientEvent::Queued { position: 1 }));
+    assert_eq!(
+        b.next().await,
+        Some(ClientEvent::Queued {
+            position: 1,
+            waiting_for: Some("speech job".into())
+        })
+    );
     assert_eq!(host.state.queue.waiting(), 1);
     drop(b);
     let queue = host.state.queue.clone();
@@ -84,7 +90,13 @@ async fn client_leaving_the_queue_is_gone_at_once() {
     )
     .await;
     let mut c = EventReader::new(host.post_body("/transcribe", wav(0.2, 16000, 1)).await);
-    assert_eq!(c.next().await, Some(ClientEvent::Queued { position: 1 }));
+    assert_eq!(
+        c.next().await,
+        Some(ClientEvent::Queued {
+            position: 1,
+            waiting_for: Some("speech job".into())
+        })
+    );
     let mut c_events = Vec::new();
     while let Some(e) = c.next().await {
         c_events.push(e);

@@ -1,0 +1,514 @@
+//! GPU arbitration with fake services (stdlib HTTP servers that "load" like vLLM, holding fake GPU
+//! memory the fake `nvidia-smi` reports while they live): single-flight starts, leases that make
+//! room, release calls, stubborn services, memory that never comes back, TTL reclaim, FIFO order
+//! across kinds, and idle stops.
+
+use std::time::{Duration, Instant};
+
+use gpuhost::protocol::GrantEvent;
+use serde_json::{json, Value};
+
+use super::gpu_status::FakeGpu;
+use super::support::*;
+
+const IDLE: &str = "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\n";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A `[[services]]` entry running the fake service on a free port.
+fn service(gpu: &FakeGpu, name: &str, flags: &str, extra: &str) -> String {
+    let port = free_port();
+    let state = gpu.dir.path().display().to_string();
+    let mut argv = vec![
+        python(),
+        fixture("fake_service.py").display().to_string(),
+        port.to_string(),
+        state,
+    ];
+    argv.extend(flags.split_whitespace().map(String::from));
+    format!(
+        "[[services]]\nname = {name:?}\ncommand = {argv:?}\nhealth_url = \"http://127.0.0.1:{port}/health\"\npoll_interval_s = 0.1\nstart_timeout_s = 20\nstop_grace_s = 1\n{extra}\n"
+    )
+}
+
+fn arbiter_config(gpu: &FakeGpu, rest: &str) -> String {
+    format!(
+        "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}\n{rest}",
+        fake_worker("w", ""),
+        gpu.config("")
+    )
+}
+
+async fn grant_events(response: reqwest::Response) -> Vec<GrantEvent> {
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    let events: Vec<GrantEvent> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect(l))
+        .collect();
+    assert_eq!(
+        events.iter().filter(|e| e.is_final()).count(),
+        1,
+        "{events:?}"
+    );
+    events
+}
+
+fn starts(gpu: &FakeGpu) -> usize {
+    std::fs::read_to_string(gpu.dir.path().join("starts"))
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+async fn status(host: &TestHost) -> Value {
+    host.get("/status")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn wait_status(host: &TestHost, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let s = status(host).await;
+        if pred(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {s:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn service_state(s: &Value, name: &str) -> String {
+    s["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .map(|v| v["state"].as_str().unwrap().to_string())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn twenty_concurrent_starts_start_one_process() {
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(&gpu, &service(&gpu, "llm", "--load-s 1 --mib 20000", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    let calls = (0..20).map(|_| {
+        let request = host.post("/services/llm/start");
+        async move { grant_events(request.send().await.unwrap()).await }
+    });
+    let outcomes = futures_util::future::join_all(calls).await;
+    for events in &outcomes {
+        assert!(
+            matches!(events.last(), Some(GrantEvent::Healthy { .. })),
+            "{events:?}"
+        );
+    }
+    assert_eq!(starts(&gpu), 1, "exactly one process for 20 callers");
+    // While loading the service held the GPU: /status said busy even before its memory showed.
+    let s = wait_status(&host, "the service's memory in the sample", |s| {
+        s["gpu"]["memory_used_mib"].as_u64() > Some(20_000)
+    })
+    .await;
+    assert_eq!(
+        (s["decision"].as_str(), s["is_idle"].as_bool()),
+        (Some("busy"), Some(false))
+    );
+    assert!(
+        s["reason"].as_str().unwrap().contains("service llm"),
+        "{s:#}"
+    );
+    // Already healthy: answered at once, still one process.
+    let events = grant_events(host.post("/services/llm/start").send().await.unwrap()).await;
+    assert!(matches!(events.as_slice(), [GrantEvent::Healthy { .. }]));
+    assert_eq!(starts(&gpu), 1);
+    let stopped: Value = host
+        .post("/services/llm/stop")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stopped["state"], "stopped", "{stopped}");
+    let s = status(&host).await;
+    assert!(
+        s["gpu"]["memory_used_mib"].as_u64().unwrap() < 1000,
+        "memory back: {s:#}"
+    );
+    assert!(s["holders"].as_array().unwrap().is_empty());
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_lease_makes_room_and_residents_come_back_after_it() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let old_pid = host.worker("w").await["pid"].as_u64().unwrap();
+    let events = grant_events(
+        host.post("/gpu/lease")
+            .json(&json!({"holder": "alice", "purpose": "training", "wait": true, "ttl_s": 30}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(
+        events.iter().any(|e| matches!(e, GrantEvent::MakingRoom { action, target } if action == "unload" && target == "worker w")),
+        "{events:?}"
+    );
+    let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(host.worker("w").await["state"], "unloaded");
+    let s = status(&host).await;
+    assert_eq!(s["decision"], "busy");
+    assert!(
+        s["reason"].as_str().unwrap().contains("alice: training"),
+        "{s:#}"
+    );
+    assert_eq!(s["leases"][0]["holder"], "alice");
+    // Renew, then release: the worker reloads (a new process).
+    let renewed = host
+        .post(&format!("/gpu/lease/{lease_id}/renew"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(renewed.status(), 200);
+    let released = host
+        .client()
+        .delete(format!("{}/gpu/lease/{lease_id}", host.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 200);
+    let handle = host.state.supervisor.get("w").unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        handle.wait_for_state(|s| s.state == gpuhost::worker::WorkerState::Ready),
+    )
+    .await
+    .expect("the worker reloads after the lease");
+    assert_ne!(host.worker("w").await["pid"].as_u64().unwrap(), old_pid);
+    let gone = host
+        .client()
+        .delete(format!("{}/gpu/lease/{lease_id}", host.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn release_calls_and_stubborn_services_are_torn_down() {
+    let gpu = FakeGpu::new(IDLE);
+    let release = service(
+        &gpu,
+        "comfy",
+        "--release --mib 8000",
+        &format!("release_url = \"http://127.0.0.1:{{PORT}}/free\"\n"),
+    );
+    // The release URL names the service's own port.
+    let port = release
+        .split("127.0.0.1:")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let release = release.replace("{PORT}", &port);
+    let stubborn = service(&gpu, "stubborn", "--ignore-term --mib 4000", "");
+    let host = TestHost::start(&arbiter_config(&gpu, &format!("{release}{stubborn}")))
+        .await
+        .ready()
+        .await;
+    for name in ["comfy", "stubborn"] {
+        let events = grant_events(
+            host.post(&format!("/services/{name}/start"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert!(
+            matches!(events.last(), Some(GrantEvent::Healthy { .. })),
+            "{name}: {events:?}"
+        );
+        let started = Instant::now();
+        let stopped: Value = host
+            .post(&format!("/services/{name}/stop"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(stopped["state"], "stopped", "{name}: {stopped}");
+        if name == "stubborn" {
+            assert!(
+                started.elapsed() >= Duration::from_secs(1),
+                "the grace was given"
+            );
+        }
+    }
+    let released = std::fs::read_to_string(gpu.dir.path().join("released")).unwrap();
+    assert_eq!(
+        released.lines().count(),
+        1,
+        "the release URL was called once"
+    );
+    assert_eq!(starts(&gpu), 2);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn memory_that_never_comes_back_blocks_every_grant() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(
+        &gpu,
+        &service(&gpu, "leaky", "--leak 9000 --mib 9000", ""),
+    ))
+    .await
+    .ready()
+    .await;
+    let events = grant_events(host.post("/services/leaky/start").send().await.unwrap()).await;
+    assert!(matches!(events.last(), Some(GrantEvent::Healthy { .. })));
+    let stopped: Value = host
+        .post("/services/leaky/stop")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stopped["state"], "failed", "{stopped}");
+    assert!(
+        stopped["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("did not come back"),
+        "{stopped}"
+    );
+    let s = status(&host).await;
+    assert_eq!(s["decision"], "busy");
+    assert!(
+        s["reason"].as_str().unwrap().contains("service leaky"),
+        "{s:#}"
+    );
+    // Nothing is granted meanwhile.
+    let refused = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "bob"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+    let body: Value = refused.json().await.unwrap();
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not come back"),
+        "{body}"
+    );
+    // The memory comes back (the leak ends): grants resume.
+    std::fs::remove_file(gpu.procs_dir().join("leak")).unwrap();
+    wait_status(&host, "the block to lift", |s| {
+        s["decision"] != "busy" || s["reason"].as_str().is_some_and(|r| !r.contains("leaky"))
+    })
+    .await;
+    let granted = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "bob"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(granted.status(), 200);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn an_unrenewed_lease_is_reclaimed_after_its_ttl() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let first: Value = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "crashed-notebook", "ttl_s": 0.5, "vram_mib": 1000}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(first["lease_id"].is_u64(), "{first}");
+    // A second holder waits, and gets the GPU once the first lease expires.
+    let started = Instant::now();
+    let events = grant_events(
+        host.post("/gpu/lease")
+            .json(&json!({"holder": "next", "wait": true, "vram_mib": 1000}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(
+        matches!(events.first(), Some(GrantEvent::Queued { position: 1, waiting_for: Some(w) }) if w.contains("crashed-notebook")),
+        "{events:?}"
+    );
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Granted { .. })),
+        "{events:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn jobs_service_starts_and_leases_take_turns_in_fifo_order() {
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(
+        &gpu,
+        &service(&gpu, "llm", "--load-s 0.2 --mib 8000", "busy_grace_s = 0.3"),
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let first: Value = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "first"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let first_id = first["lease_id"].as_u64().unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    // In this order: a speech job, a service start, a lease.
+    let job = {
+        let (order, request) = (
+            order.clone(),
+            host.post("/transcribe").body(wav(0.2, 16000, 1)),
+        );
+        tokio::spawn(async move {
+            let events = read_events(request.send().await.unwrap()).await;
+            result_of(&events);
+            order.lock().unwrap().push("job");
+        })
+    };
+    wait_for("the job to queue", Duration::from_secs(10), || {
+        let n = host.state.queue.waiting();
+        async move { n == 1 }
+    })
+    .await;
+    let start = {
+        let (order, request) = (order.clone(), host.post("/services/llm/start"));
+        tokio::spawn(async move {
+            let events = grant_events(request.send().await.unwrap()).await;
+            assert!(
+                matches!(events.last(), Some(GrantEvent::Healthy { .. })),
+                "{events:?}"
+            );
+            order.lock().unwrap().push("service");
+        })
+    };
+    wait_for("the start to queue", Duration::from_secs(10), || {
+        let n = host.state.queue.waiting();
+        async move { n == 2 }
+    })
+    .await;
+    let lease = {
+        let (order, request) = (
+            order.clone(),
+            host.post("/gpu/lease")
+                .json(&json!({"holder": "last", "wait": true})),
+        );
+        tokio::spawn(async move {
+            let events = grant_events(request.send().await.unwrap()).await;
+            assert!(
+                matches!(events.last(), Some(GrantEvent::Granted { .. })),
+                "{events:?}"
+            );
+            order.lock().unwrap().push("lease");
+        })
+    };
+    wait_for("the lease to queue", Duration::from_secs(10), || {
+        let n = host.state.queue.waiting();
+        async move { n == 3 }
+    })
+    .await;
+    host.client()
+        .delete(format!("{}/gpu/lease/{first_id}", host.url))
+        .send()
+        .await
+        .unwrap();
+    // The job runs, the service starts and (unused for busy_grace_s) stops for the lease.
+    for task in [job, start, lease] {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["job", "service", "lease"]);
+    let s = status(&host).await;
+    assert_eq!(
+        service_state(&s, "llm"),
+        "stopped",
+        "stopped to make room: {s:#}"
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn an_unused_service_stops_by_itself() {
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(
+        &gpu,
+        &service(
+            &gpu,
+            "llm",
+            "--load-s 0.1 --mib 6000",
+            "idle_stop_after_s = 0.5",
+        ),
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = grant_events(host.post("/services/llm/start").send().await.unwrap()).await;
+    assert!(matches!(events.last(), Some(GrantEvent::Healthy { .. })));
+    let s = wait_status(&host, "the idle stop", |s| {
+        service_state(s, "llm") == "stopped"
+    })
+    .await;
+    assert!(s["holders"].as_array().unwrap().is_empty(), "{s:#}");
+    // And the resident worker it made room for is back.
+    let handle = host.state.supervisor.get("w").unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(15),
+        handle.wait_for_state(|s| s.state == gpuhost::worker::WorkerState::Ready),
+    )
+    .await
+    .unwrap();
+    host.stop().await;
+}
