@@ -223,7 +223,7 @@ async fn release_calls_and_stubborn_services_are_torn_down() {
         &gpu,
         "comfy",
         "--release --mib 8000",
-        &format!("release_url = \"http://127.0.0.1:{{PORT}}/free\"\n"),
+        "release_url = \"http://127.0.0.1:{PORT}/free\"\n",
     );
     // The release URL names the service's own port.
     let port = release
