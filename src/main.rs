@@ -44,6 +44,8 @@ enum Command {
     },
     /// Show a server's GPU status: decision, VRAM, processes, workers, queue.
     Status(cli::status::StatusArgs),
+    /// Run a program while holding a GPU lease from a server (`gpuhost lease -- python train.py`).
+    Lease(cli::lease::LeaseArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -86,6 +88,7 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         Command::Run { worker, job } => cli::run::run(&config, &worker, &job).await,
         Command::Transcribe(t) => cli::transcribe::transcribe(config, t).await,
         Command::Status(s) => cli::status::status(&config, s).await,
+        Command::Lease(l) => cli::lease::lease(&config, l).await,
         Command::Setup { workers, force } => {
             gpuhost::setup::setup(&config, &workers, force, &|line| eprintln!("{line}")).await?;
             Ok(std::process::ExitCode::SUCCESS)

@@ -135,6 +135,35 @@ fn spawn_piped(
     ))
 }
 
+/// Runs a user's program in the foreground (`gpuhost lease -- CMD`): same terminal, same process
+/// group (Ctrl-C reaches it), inherited stdio; it gets SIGTERM if gpuhost dies, since the lease
+/// it runs under ends then too.
+pub fn spawn_foreground(argv: &[String]) -> io::Result<Child> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the command is empty"))?;
+    #[allow(clippy::disallowed_methods)] // this module is the one allowed spawner
+    let mut cmd = Command::new(program);
+    cmd.args(args).kill_on_drop(true);
+    for key in SECRET_ENV {
+        cmd.env_remove(key);
+    }
+    // SAFETY: only async-signal-safe calls (prctl) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGTERM as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
 /// What a short helper command printed.
 #[derive(Debug)]
 pub struct Captured {

@@ -512,3 +512,99 @@ async fn an_unused_service_stops_by_itself() {
     .unwrap();
     host.stop().await;
 }
+
+async fn leases(host: &TestHost) -> Vec<Value> {
+    let v: Value = host
+        .get("/gpu/leases")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["leases"].as_array().unwrap().clone()
+}
+
+fn lease_command(host: &TestHost, extra: &[&str], command: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"));
+    c.args(["lease", "--server", &host.url, "--purpose", "test run"])
+        .args(extra)
+        .arg("--")
+        .args(command)
+        .env_remove("GPUHOST_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    c
+}
+
+#[tokio::test]
+async fn gpuhost_lease_runs_a_program_under_a_lease_and_passes_its_status() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let mut child = lease_command(
+        &host,
+        &["--vram", "1000", "--ttl", "1"],
+        &["sh", "-c", "sleep 1.5; exit 7"],
+    )
+    .spawn()
+    .unwrap();
+    wait_for("the lease to show", Duration::from_secs(10), || {
+        let host = &host;
+        async move {
+            leases(host)
+                .await
+                .iter()
+                .any(|l| l["purpose"] == "test run")
+        }
+    })
+    .await;
+    let status = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        status.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(String::from_utf8_lossy(&status.stderr).contains("granted lease"));
+    // Renewed past its 1 s TTL while the program ran, released when it ended.
+    assert!(leases(&host).await.is_empty());
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_killed_lease_holder_is_reclaimed_after_its_ttl() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let mut child = lease_command(&host, &["--vram", "1000", "--ttl", "1"], &["sleep", "600"])
+        .spawn()
+        .unwrap();
+    wait_for("the lease to show", Duration::from_secs(10), || {
+        let host = &host;
+        async move { !leases(host).await.is_empty() }
+    })
+    .await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_for("the lease to be reclaimed", Duration::from_secs(5), || {
+        let host = &host;
+        async move { leases(host).await.is_empty() }
+    })
+    .await;
+    let next = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "next", "vram_mib": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(next.status(), 200);
+    host.stop().await;
+}

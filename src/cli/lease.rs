@@ -1,0 +1,153 @@
+//! `gpuhost lease -- CMD…`: runs any program while holding a GPU lease — waits for the grant
+//! (progress on stderr), renews in the background, releases when the program exits (passing its
+//! exit status through) and on Ctrl-C. This is how notebooks, training scripts and one-off jobs
+//! take their turn with the server's own work.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use futures_util::StreamExt;
+use gpuhost::protocol::GrantEvent;
+use serde_json::json;
+
+#[derive(clap::Args)]
+pub struct LeaseArgs {
+    /// Base URL of the server; default: the config's listen address.
+    #[arg(long)]
+    server: Option<String>,
+    #[arg(long, env = "GPUHOST_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Memory the program needs (MiB); room is made for it. Unknown: every idle worker unloads.
+    #[arg(long = "vram")]
+    vram_mib: Option<u64>,
+    /// What it is for (shown in /status and /gpu/leases).
+    #[arg(long, default_value = "")]
+    purpose: String,
+    /// Who holds it; default: user@host.
+    #[arg(long)]
+    holder: Option<String>,
+    /// Seconds without a renewal after which the server reclaims the lease.
+    #[arg(long, default_value_t = 60.0)]
+    ttl: f64,
+    /// Higher goes first among waiters.
+    #[arg(long, default_value_t = 0)]
+    priority: i32,
+    /// The program and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+pub async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::Result<ExitCode> {
+    let base = args
+        .server
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.listen));
+    let base = reqwest::Url::parse(&base).with_context(|| format!("{base} is not a URL"))?;
+    let token = args.token.clone().or(config.token.clone());
+    let client = reqwest::Client::new();
+    let authed = |r: reqwest::RequestBuilder| match &token {
+        Some(t) => r.bearer_auth(t),
+        None => r,
+    };
+    let holder = args.holder.clone().unwrap_or_else(default_holder);
+    let body = json!({
+        "holder": holder, "purpose": args.purpose, "vram_mib": args.vram_mib,
+        "ttl_s": args.ttl, "wait": true, "priority": args.priority,
+    });
+    let url = base.join("gpu/lease")?;
+    let response = authed(client.post(url.clone()).json(&body))
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {url}"))?;
+    if !response.status().is_success() {
+        let code = response.status();
+        let text = response.text().await.unwrap_or_default();
+        bail!("{url} answered {code}: {text}");
+    }
+    let lease_id = wait_for_grant(response).await?;
+    // Renew at a third of the TTL, so two missed renewals still keep the lease.
+    let renew_url = base.join(&format!("gpu/lease/{lease_id}/renew"))?;
+    let renewer = {
+        let request = authed(client.post(renew_url));
+        let every = Duration::from_secs_f64((args.ttl / 3.0).max(0.2));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Some(r) = request.try_clone() {
+                    match r.send().await {
+                        Ok(r) if r.status().is_success() => {}
+                        Ok(r) => eprintln!("gpuhost lease: renewal refused ({})", r.status()),
+                        Err(e) => eprintln!("gpuhost lease: renewal failed: {e}"),
+                    }
+                }
+            }
+        })
+    };
+    let mut child = gpuhost::process::spawn_foreground(&args.command)
+        .with_context(|| format!("cannot run {:?}", args.command))?;
+    // Ctrl-C reaches the program too (same process group): wait for it to end, then release.
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status?,
+            _ = tokio::signal::ctrl_c() => eprintln!("gpuhost lease: interrupted; waiting for the program to exit"),
+        }
+    };
+    renewer.abort();
+    let release = authed(client.delete(base.join(&format!("gpu/lease/{lease_id}"))?));
+    match release.send().await {
+        Ok(r) if r.status().is_success() => eprintln!("gpuhost lease: lease {lease_id} released"),
+        Ok(r) => eprintln!("gpuhost lease: release answered {}", r.status()),
+        Err(e) => eprintln!(
+            "gpuhost lease: release failed ({e}); the server reclaims it after {} s",
+            args.ttl
+        ),
+    }
+    use std::os::unix::process::ExitStatusExt;
+    let code = status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1);
+    Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+async fn wait_for_grant(response: reqwest::Response) -> anyhow::Result<u64> {
+    let mut stream = response.bytes_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk?);
+        while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let event: GrantEvent = serde_json::from_slice(&line).context("a malformed event")?;
+            match event {
+                GrantEvent::Queued {
+                    position,
+                    waiting_for,
+                } => eprintln!(
+                    "gpuhost lease: queued, position {position}{}",
+                    waiting_for
+                        .map(|w| format!(" (waiting for {w})"))
+                        .unwrap_or_default()
+                ),
+                GrantEvent::MakingRoom { action, target } => {
+                    eprintln!("gpuhost lease: making room: {action} {target}")
+                }
+                GrantEvent::Granted { lease_id, ttl_s } => {
+                    eprintln!("gpuhost lease: granted lease {lease_id} (ttl {ttl_s} s)");
+                    return Ok(lease_id);
+                }
+                GrantEvent::Error { code, message } => {
+                    bail!("the lease was refused ({code}): {message}")
+                }
+                _ => {}
+            }
+        }
+    }
+    bail!("the server ended the stream without a grant")
+}
+
+fn default_holder() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "someone".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{user}@{}", host.trim())
+}
