@@ -544,7 +544,7 @@ async fn gpuhost_lease_runs_a_program_under_a_lease_and_passes_its_status() {
         .await
         .ready()
         .await;
-    let mut child = lease_command(
+    let child = lease_command(
         &host,
         &["--vram", "1000", "--ttl", "1"],
         &["sh", "-c", "sleep 1.5; exit 7"],
