@@ -32,6 +32,9 @@ pub struct TranscribeQuery {
     pub min_speakers: Option<u32>,
     pub max_speakers: Option<u32>,
     pub prompt: Option<String>,
+    /// Higher goes first among requests waiting for the GPU (default 0); nothing running is
+    /// interrupted.
+    pub priority: Option<i32>,
     /// Answer with the finished transcript in this format instead of the NDJSON stream.
     pub format: Option<Format>,
 }
@@ -79,9 +82,11 @@ pub async fn transcribe(
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let format = query.format;
+    let priority = query.priority.unwrap_or(0);
     // Refuse before taking the upload when the queue is full already.
     job::QueueFull::check(&app).map_err(|full| ApiError::queue_full(&full))?;
-    let job = prepare(&app, query, request).await?;
+    let mut job = prepare(&app, query, request).await?;
+    job.priority = priority;
     let events = start_job(app, job).map_err(|full| ApiError::queue_full(&full))?;
     match format {
         None => Ok(ndjson_response(events)),
