@@ -181,6 +181,52 @@ pub fn render(app: &App) -> String {
     out.family("gpuhost_queue_running", "gauge", "Jobs holding the GPU");
     out.sample("gpuhost_queue_running", &[], app.queue.running() as f64);
 
+    out.family(
+        "gpuhost_leases",
+        "gauge",
+        "GPU leases held by outside programs",
+    );
+    out.sample(
+        "gpuhost_leases",
+        &[],
+        app.arbiter.leases.list().len() as f64,
+    );
+    out.family(
+        "gpuhost_gpu_blocked",
+        "gauge",
+        "1 while nothing is granted because a holder's memory did not come back",
+    );
+    out.sample(
+        "gpuhost_gpu_blocked",
+        &[],
+        f64::from(u8::from(app.queue.blocked().is_some())),
+    );
+    let services = app.arbiter.services.statuses();
+    out.family(
+        "gpuhost_service_state",
+        "gauge",
+        "1 for the state each on-demand service is in",
+    );
+    for s in &services {
+        out.sample(
+            "gpuhost_service_state",
+            &[("service", s.name.clone()), ("state", serde_name(s.state))],
+            1.0,
+        );
+    }
+    out.family(
+        "gpuhost_service_starts_total",
+        "counter",
+        "Processes started per on-demand service",
+    );
+    for s in &services {
+        out.sample(
+            "gpuhost_service_starts_total",
+            &[("service", s.name.clone())],
+            s.starts as f64,
+        );
+    }
+
     let stats = &app.stats;
     let (ok, failed) = (
         stats.succeeded.load(Ordering::Relaxed),

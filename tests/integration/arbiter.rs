@@ -118,6 +118,22 @@ async fn twenty_concurrent_starts_start_one_process() {
         );
     }
     assert_eq!(starts(&gpu), 1, "exactly one process for 20 callers");
+    let metrics = host
+        .get("/metrics")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("gpuhost_service_starts_total{service=\"llm\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("gpuhost_service_state{service=\"llm\",state=\"healthy\"} 1"),
+        "{metrics}"
+    );
     // While loading the service held the GPU: /status said busy even before its memory showed.
     let s = wait_status(&host, "the service's memory in the sample", |s| {
         s["gpu"]["memory_used_mib"].as_u64() > Some(20_000)
