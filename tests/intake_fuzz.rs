@@ -1,6 +1,8 @@
 //! Property test of audio intake on hostile input: arbitrary bytes, and structurally valid WAV,
 //! FLAC and MP3 headers with arbitrary field values. Intake must return an error or a bounded
-//! WAV, never panic (not even inside the decoder), and never ask for more memory than a bound.
+//! WAV, never let a panic out (a decoder bug — symphonia's debug-build overflow checks do fire on
+//! such input — must end as a clean 415 error without internals), and never ask for more memory
+//! than a bound. The seed is fixed so CI runs are repeatable; `PROPTEST_RNG_SEED` explores others.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,8 +61,12 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// Cases run one at a time, so the panic count belongs to the case that is running.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs intake on `bytes` and checks the properties.
 fn check(bytes: Vec<u8>) -> Result<(), TestCaseError> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("audio.wav");
     let panics = PANICS.load(Ordering::Relaxed);
@@ -71,8 +77,15 @@ fn check(bytes: Vec<u8>) -> Result<(), TestCaseError> {
         MAX_SECONDS,
         "",
     ));
-    prop_assert_eq!(PANICS.load(Ordering::Relaxed), panics, "intake panicked");
+    let panicked = PANICS.load(Ordering::Relaxed) != panics;
     prop_assert!(LARGEST.load(Ordering::Relaxed) <= MAX_ALLOCATION);
+    if panicked {
+        // Caught inside intake: the caller sees an ordinary error that reveals nothing.
+        match &result {
+            Err(e) => prop_assert!(!e.to_string().contains("panick"), "{}", e),
+            Ok(_) => prop_assert!(false, "a decoder panic produced audio"),
+        }
+    }
     if let Ok(info) = result {
         prop_assert!(info.seconds <= MAX_SECONDS);
         let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
@@ -156,7 +169,14 @@ fn field_u16() -> impl Strategy<Value = u16> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 200,
+        failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(
+            std::env::var("PROPTEST_RNG_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x6770_7568),
+        ),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
