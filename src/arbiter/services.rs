@@ -18,7 +18,7 @@ use super::Core;
 use crate::config::{Config, ServiceConfig};
 use crate::process::{describe_exit, spawn_service, ProcessGroup};
 use crate::protocol::GrantEvent;
-use crate::worker::lines::LineReader;
+use crate::worker::lines::{next_line_opt as next_line, LineReader};
 
 /// Log lines kept to explain a failure.
 const TAIL_LINES: usize = 20;
@@ -490,21 +490,5 @@ impl Actor {
                 s.measured_vram_mib = Some(s.measured_vram_mib.unwrap_or(0).max(used))
             });
         }
-    }
-}
-
-/// Reads from an optional pipe; once it closes it is set to `None` and never polled again.
-async fn next_line<R: tokio::io::AsyncRead + Unpin>(
-    reader: &mut Option<LineReader<R>>,
-) -> Option<String> {
-    match reader {
-        Some(inner) => match inner.next_line().await {
-            Some(line) => Some(line),
-            None => {
-                *reader = None;
-                None
-            }
-        },
-        None => std::future::pending().await,
     }
 }
