@@ -78,6 +78,23 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
     }
 }
 
+/// Reads from an optional pipe; once it closes it is set to `None` and never polled again
+/// (pending forever), so a `select!` over several pipes keeps working after one ends.
+pub async fn next_line_opt<R: AsyncRead + Unpin>(
+    reader: &mut Option<LineReader<R>>,
+) -> Option<String> {
+    match reader {
+        Some(inner) => match inner.next_line().await {
+            Some(line) => Some(line),
+            None => {
+                *reader = None;
+                None
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,22 +145,5 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(reader.next_line().await.as_deref(), Some("half a line"));
-    }
-}
-
-/// Reads from an optional pipe; once it closes it is set to `None` and never polled again
-/// (pending forever), so a `select!` over several pipes keeps working after one ends.
-pub async fn next_line_opt<R: AsyncRead + Unpin>(
-    reader: &mut Option<LineReader<R>>,
-) -> Option<String> {
-    match reader {
-        Some(inner) => match inner.next_line().await {
-            Some(line) => Some(line),
-            None => {
-                *reader = None;
-                None
-            }
-        },
-        None => std::future::pending().await,
     }
 }
