@@ -4,6 +4,7 @@
 //! back (`teardown.rs`) before the next holder is granted; and a background loop expires leases,
 //! stops idle services, stops an idle service the queue is waiting on, and reloads residents.
 
+pub mod footprints;
 pub mod leases;
 pub mod queue;
 pub mod services;
@@ -21,6 +22,7 @@ use crate::gpu::{GpuMonitor, Snapshot};
 use crate::protocol::GrantEvent;
 use crate::supervisor::Supervisor;
 use crate::worker::WorkerState;
+use footprints::Footprints;
 use leases::Leases;
 use queue::{GpuQueue, HolderKind};
 use services::Services;
@@ -33,11 +35,13 @@ pub struct Core {
     pub supervisor: Arc<Supervisor>,
     snapshots: watch::Receiver<Arc<Snapshot>>,
     observed: bool,
-    device: u32,
+    pub device: u32,
     /// Residents the arbiter unloaded to make room; reloaded when the GPU is free again.
     /// std Mutex: a few instructions, never across `.await`.
     unloaded: Mutex<BTreeSet<String>>,
     pub http: reqwest::Client,
+    /// Configured and measured VRAM of every worker and service.
+    pub footprints: Footprints,
 }
 
 pub struct Arbiter {
@@ -205,6 +209,21 @@ impl Core {
         }
     }
 
+    /// Measures the loaded workers' memory (their peaks become their footprints).
+    fn observe_workers(&self) {
+        let snap = self.snapshot();
+        if snap.taken.is_none() {
+            return;
+        }
+        for status in self.supervisor.statuses() {
+            if let (Some(pid), WorkerState::Ready | WorkerState::Busy) = (status.pid, status.state)
+            {
+                self.footprints
+                    .observe(&worker_key(&status.name), pid, self.device, &snap);
+            }
+        }
+    }
+
     /// Unloads residents idle longer than `idle_unload_after_s` (they reload at the next job).
     fn unload_idle_residents(&self) {
         if self.config.idle_unload_after_s <= 0.0 {
@@ -246,6 +265,7 @@ impl Arbiter {
                 .timeout(Duration::from_secs(5))
                 .build()
                 .unwrap_or_default(),
+            footprints: Footprints::load(Some(config.state_dir().join("footprints.json"))),
         });
         let services = Services::start(config, &core);
         let arbiter = Arc::new(Arbiter {
@@ -295,8 +315,14 @@ impl Arbiter {
             if let Some(head) = self.core.queue.head() {
                 self.services.yield_to(&head.label);
             }
+            self.core.observe_workers();
             self.core.reload_if_free();
             self.core.unload_idle_residents();
         }
     }
+}
+
+/// The footprint file's key for a worker.
+pub fn worker_key(name: &str) -> String {
+    format!("worker {name}")
 }

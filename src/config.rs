@@ -38,6 +38,9 @@ pub struct Config {
     /// On-demand services started through the GPU queue.
     pub services: Vec<ServiceConfig>,
     pub arbiter: ArbiterConfig,
+    /// Folder for what gpuhost keeps between runs (measured VRAM footprints), relative to the
+    /// config file; created on first use.
+    pub state_dir: PathBuf,
     /// Folder the config file was read from; relative paths resolve against it.
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -140,6 +143,7 @@ impl Default for Config {
             setup: SetupConfig::default(),
             services: Vec::new(),
             arbiter: ArbiterConfig::default(),
+            state_dir: PathBuf::from("state"),
             base_dir: PathBuf::from("."),
         }
     }
@@ -362,6 +366,11 @@ impl Config {
             )));
         }
         Ok(())
+    }
+
+    /// `state_dir`, resolved.
+    pub fn state_dir(&self) -> PathBuf {
+        self.resolve(&self.state_dir)
     }
 
     /// Where job folders are created.

@@ -48,7 +48,7 @@ pub struct RawSample {
 }
 
 /// A process on the GPU with everything `/status` says about it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct GpuProcess {
     pub pid: u32,
     pub name: String,

@@ -80,6 +80,11 @@ async fn workers(State(app): State<AppState>) -> Json<Value> {
         .map(|s| {
             let mut v = serde_json::to_value(&s).unwrap_or_default();
             v["uptime_s"] = json!(crate::pipeline::round3(s.uptime_s()));
+            v["measured_vram_mib"] = json!(app
+                .arbiter
+                .core
+                .footprints
+                .measured(&crate::arbiter::worker_key(&s.name)));
             v["state_for_s"] = json!(crate::pipeline::round3(
                 s.state_since.elapsed().as_secs_f64()
             ));

@@ -1,4 +1,5 @@
-//! The `gpuhost` command line: `serve`, `setup`, `run`, `transcribe`, `status` (anyhow lives here and in `cli/` only).
+//! The `gpuhost` command line: `serve`, `setup`, `run`, `transcribe`, `status`, `lease`,
+//! `unload`/`load`/`start`/`stop` (anyhow lives here and in `cli/` only).
 
 mod cli;
 
@@ -46,6 +47,14 @@ enum Command {
     Status(cli::status::StatusArgs),
     /// Run a program while holding a GPU lease from a server (`gpuhost lease -- python train.py`).
     Lease(cli::lease::LeaseArgs),
+    /// Unload a resident worker on a server (frees its GPU memory; it reloads at the next job).
+    Unload(cli::control::ControlArgs),
+    /// Load an unloaded worker on a server now.
+    Load(cli::control::ControlArgs),
+    /// Start an on-demand service on a server (through the GPU queue); progress on stderr.
+    Start(cli::control::ControlArgs),
+    /// Stop an on-demand service on a server (release call, signal, grace, kill, teardown check).
+    Stop(cli::control::ControlArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -89,6 +98,10 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         Command::Transcribe(t) => cli::transcribe::transcribe(config, t).await,
         Command::Status(s) => cli::status::status(&config, s).await,
         Command::Lease(l) => cli::lease::lease(&config, l).await,
+        Command::Unload(c) => cli::control::control(&config, cli::control::Action::Unload, c).await,
+        Command::Load(c) => cli::control::control(&config, cli::control::Action::Load, c).await,
+        Command::Start(c) => cli::control::control(&config, cli::control::Action::Start, c).await,
+        Command::Stop(c) => cli::control::control(&config, cli::control::Action::Stop, c).await,
         Command::Setup { workers, force } => {
             gpuhost::setup::setup(&config, &workers, force, &|line| eprintln!("{line}")).await?;
             Ok(std::process::ExitCode::SUCCESS)

@@ -112,7 +112,7 @@ impl Services {
                     state: ServiceState::Stopped,
                     pid: None,
                     vram_mib: spec.vram_mib,
-                    measured_vram_mib: None,
+                    measured_vram_mib: core.footprints.measured(&footprint_key(&spec.name)),
                     starts: 0,
                     last_error: None,
                     since: None,
@@ -260,7 +260,17 @@ impl Actor {
         let notify = move |e: GrantEvent| {
             let _ = events.send(e);
         };
-        if let Err(why) = self.core.make_room(self.spec.vram_mib, &notify).await {
+        if let Err(why) = self
+            .core
+            .make_room(
+                self.core.footprints.need(
+                    &footprint_key(&self.spec.name),
+                    self.spec.vram_mib.unwrap_or(0),
+                ),
+                &notify,
+            )
+            .await
+        {
             return self.fail("no_room", why);
         }
         let started = Instant::now();
@@ -476,19 +486,19 @@ impl Actor {
         self.tail.iter().cloned().collect::<Vec<_>>().join("\n")
     }
 
-    /// Records the peak memory seen for the service's processes.
+    /// Records the peak memory seen for the service's processes (kept across restarts).
     fn measure(&self, pgid: u32) {
+        let key = footprint_key(&self.spec.name);
         let snap = self.core.snapshot();
-        let used: u64 = snap
-            .processes
-            .iter()
-            .filter(|p| p.pid == pgid || super::teardown::process_group(p.pid) == Some(pgid))
-            .map(|p| p.used_memory_mib)
-            .sum();
-        if used > 0 {
-            self.status.send_modify(|s| {
-                s.measured_vram_mib = Some(s.measured_vram_mib.unwrap_or(0).max(used))
-            });
-        }
+        self.core
+            .footprints
+            .observe(&key, pgid, self.core.device, &snap);
+        let measured = self.core.footprints.measured(&key);
+        self.status.send_modify(|s| s.measured_vram_mib = measured);
     }
+}
+
+/// The footprint file's key for a service.
+pub fn footprint_key(name: &str) -> String {
+    format!("service {name}")
 }

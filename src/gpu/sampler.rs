@@ -32,7 +32,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    fn empty(reason: &str) -> Snapshot {
+    pub fn empty(reason: &str) -> Snapshot {
         Snapshot {
             taken: None,
             taken_wall: None,

@@ -624,3 +624,119 @@ async fn a_killed_lease_holder_is_reclaimed_after_its_ttl() {
     assert_eq!(next.status(), 200);
     host.stop().await;
 }
+
+/// Runs `gpuhost ACTION NAME --server URL` and returns (exit code, stderr, stdout).
+async fn cli(host: &TestHost, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"));
+    c.args(args)
+        .args(["--server", &host.url])
+        .env_remove("GPUHOST_TOKEN");
+    let out = tokio::task::spawn_blocking(move || c.output())
+        .await
+        .unwrap()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_command_line_unloads_loads_starts_and_stops() {
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(&gpu, &service(&gpu, "llm", "--load-s 0.3 --mib 9000", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    let (code, err, out) = cli(&host, &["unload", "w"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("\"unloaded\""), "{out}");
+    let workers: Value = host
+        .get("/workers")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(workers["workers"][0]["state"], "unloaded", "{workers:#}");
+    let (code, err, _) = cli(&host, &["load", "w"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let host = host.ready().await;
+    let (code, err, _) = cli(&host, &["start", "llm"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("llm: healthy"), "{err}");
+    assert_eq!(service_state(&status(&host).await, "llm"), "healthy");
+    let (code, err, _) = cli(&host, &["stop", "llm"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    wait_status(&host, "llm stopped", |s| {
+        service_state(s, "llm") == "stopped"
+    })
+    .await;
+    // A name the server does not know: the server's message, exit 1.
+    let (code, err, _) = cli(&host, &["stop", "nope"]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no service `nope`"), "{err}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn measured_footprints_replace_the_guess_and_survive_a_restart() {
+    let gpu = FakeGpu::new(IDLE);
+    let state = gpu.dir.path().join("gpuhost-state");
+    let config = format!(
+        "state_dir = {:?}\n{}",
+        state.display().to_string(),
+        arbiter_config(
+            &gpu,
+            &service(&gpu, "llm", "--load-s 0.2 --mib 7000", "vram_mib = 20000")
+        )
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = grant_events(host.post("/services/llm/start").send().await.unwrap()).await;
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
+        "{events:?}"
+    );
+    let measured = |v: &Value| v["services"].as_array().unwrap()[0]["measured_vram_mib"].as_u64();
+    wait_for(
+        "the service's peak to be measured",
+        Duration::from_secs(10),
+        || {
+            let host = &host;
+            async move {
+                let v: Value = host
+                    .get("/services")
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                measured(&v) == Some(7000)
+            }
+        },
+    )
+    .await;
+    host.post("/services/llm/stop").send().await.unwrap();
+    wait_status(&host, "llm stopped", |s| {
+        service_state(s, "llm") == "stopped"
+    })
+    .await;
+    host.stop().await;
+    let file: Value =
+        serde_json::from_slice(&std::fs::read(state.join("footprints.json")).unwrap()).unwrap();
+    assert_eq!(file["peaks_mib"]["service llm"], 7000, "{file:#}");
+    // A new server knows it before the service ever runs again.
+    let host = TestHost::start(&config).await.ready().await;
+    let v: Value = host
+        .get("/services")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(measured(&v), Some(7000), "{v:#}");
+    assert_eq!(v["services"][0]["vram_mib"], 20000);
+    host.stop().await;
+}

@@ -1,0 +1,118 @@
+//! `gpuhost unload|load WORKER` and `gpuhost start|stop SERVICE`: the dashboard's buttons on the
+//! command line, as thin clients of the server's `/workers/{name}/…` and `/services/{name}/…`.
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use futures_util::StreamExt;
+use gpuhost::protocol::GrantEvent;
+use serde_json::Value;
+
+#[derive(clap::Args)]
+pub struct ControlArgs {
+    /// Worker (unload/load) or service (start/stop) name from the server's config.
+    name: String,
+    /// Base URL of the server; default: the config's listen address.
+    #[arg(long)]
+    server: Option<String>,
+    #[arg(long, env = "GPUHOST_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+/// Which button.
+#[derive(Clone, Copy)]
+pub enum Action {
+    Unload,
+    Load,
+    Start,
+    Stop,
+}
+
+impl Action {
+    fn path(self, name: &str) -> String {
+        match self {
+            Action::Unload => format!("workers/{name}/unload"),
+            Action::Load => format!("workers/{name}/load"),
+            Action::Start => format!("services/{name}/start"),
+            Action::Stop => format!("services/{name}/stop"),
+        }
+    }
+}
+
+pub async fn control(
+    config: &gpuhost::Config,
+    action: Action,
+    args: ControlArgs,
+) -> anyhow::Result<ExitCode> {
+    let base = args
+        .server
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.listen));
+    let url = reqwest::Url::parse(&base)
+        .with_context(|| format!("{base} is not a URL"))?
+        .join(&action.path(&args.name))?;
+    let mut request = reqwest::Client::new().post(url.clone());
+    if let Some(token) = args.token.as_ref().or(config.token.as_ref()) {
+        request = request.bearer_auth(token);
+    }
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {url}"))?;
+    let code = response.status();
+    if !code.is_success() {
+        let body: Value = response.json().await.unwrap_or_default();
+        bail!(
+            "{url} answered {code}: {}",
+            body["message"].as_str().unwrap_or("(no message)")
+        );
+    }
+    if matches!(action, Action::Start) {
+        return follow_start(&args.name, response).await;
+    }
+    let body: Value = response.json().await.unwrap_or_default();
+    println!("{}", serde_json::to_string(&body)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the start's events on stderr until `healthy` (exit 0) or `error` (exit 1).
+async fn follow_start(name: &str, response: reqwest::Response) -> anyhow::Result<ExitCode> {
+    let mut stream = response.bytes_stream();
+    let mut buf = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        buf.extend_from_slice(&chunk?);
+        while let Some(end) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=end).collect();
+            let event: GrantEvent = serde_json::from_slice(&line).context("a malformed event")?;
+            match event {
+                GrantEvent::Queued {
+                    position,
+                    waiting_for,
+                } => eprintln!(
+                    "{name}: queued, position {position}{}",
+                    waiting_for
+                        .map(|w| format!(" (waiting for {w})"))
+                        .unwrap_or_default()
+                ),
+                GrantEvent::MakingRoom { action, target } => {
+                    eprintln!("{name}: making room: {action} {target}")
+                }
+                GrantEvent::Starting { pid } => eprintln!("{name}: starting (pid {pid})"),
+                GrantEvent::Log { line } => eprintln!("{name}| {line}"),
+                GrantEvent::Healthy { pid, seconds } => {
+                    eprintln!(
+                        "{name}: healthy{} after {seconds} s",
+                        pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                }
+                GrantEvent::Error { code, message } => {
+                    eprintln!("{name}: failed ({code}): {message}");
+                    return Ok(ExitCode::FAILURE);
+                }
+                _ => {}
+            }
+        }
+    }
+    bail!("the server ended the stream before {name} was healthy")
+}
