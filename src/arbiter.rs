@@ -5,6 +5,7 @@
 //! stops idle services, stops an idle service the queue is waiting on, and reloads residents.
 
 pub mod footprints;
+pub mod history;
 pub mod leases;
 pub mod queue;
 pub mod services;
@@ -151,6 +152,10 @@ impl Core {
                 target: format!("worker {}", status.name),
             });
             let before = Instant::now();
+            let event = self.queue.history.begin_event(
+                history::GrantKind::Unload,
+                &format!("worker {}", status.name),
+            );
             let pid = handle.unload().await;
             self.lock_unloaded().insert(status.name.clone());
             if let Some(pid) = pid {
@@ -161,7 +166,11 @@ impl Core {
                     baseline_used_mib: None,
                     after: before,
                 };
-                self.verify_teardown(&gone).await?;
+                let verified = self.verify_teardown(&gone).await;
+                self.queue.history.end_event(event);
+                verified?;
+            } else {
+                self.queue.history.end_event(event);
             }
         }
         match (need_mib, self.free_mib()) {
@@ -205,6 +214,19 @@ impl Core {
             if let Some(handle) = self.supervisor.get(&name) {
                 tracing::info!(worker = %name, "reloading after the GPU was released");
                 handle.load();
+                let event = self
+                    .queue
+                    .history
+                    .begin_event(history::GrantKind::Reload, &format!("worker {name}"));
+                let (queue, handle) = (Arc::clone(&self.queue), handle.clone());
+                tokio::spawn(async move {
+                    handle
+                        .wait_for_state(|s| {
+                            s.state != WorkerState::Starting && s.state != WorkerState::Unloaded
+                        })
+                        .await;
+                    queue.history.end_event(event);
+                });
             }
         }
     }
@@ -237,8 +259,14 @@ impl Core {
             {
                 if let Some(handle) = self.supervisor.get(&status.name).cloned() {
                     tracing::info!(worker = %status.name, "unloading a worker idle for idle_unload_after_s");
+                    let event = self.queue.history.begin_event(
+                        history::GrantKind::Unload,
+                        &format!("worker {}", status.name),
+                    );
+                    let queue = Arc::clone(&self.queue);
                     tokio::spawn(async move {
                         handle.unload().await;
+                        queue.history.end_event(event);
                     });
                 }
             }
@@ -305,9 +333,14 @@ impl Arbiter {
 
     async fn run(self: Arc<Self>) {
         let mut changes = self.core.queue.changes();
+        let mut snapshots = self.core.snapshots.clone();
         loop {
             tokio::select! {
                 _ = changes.changed() => {}
+                Ok(()) = snapshots.changed() => {
+                    let snap = Arc::clone(&snapshots.borrow_and_update());
+                    self.core.queue.history.sample(&snap, self.core.queue.waiting());
+                }
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {}
             }
             self.leases.expire();

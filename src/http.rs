@@ -40,6 +40,7 @@ pub fn router(state: AppState) -> Router {
         .route("/gpu/lease/{id}/renew", post(gpu::renew))
         .route("/gpu/lease/{id}", axum::routing::delete(gpu::release))
         .route("/gpu/leases", get(gpu::leases))
+        .route("/gpu/history", get(gpu::history))
         .route("/services", get(services::list))
         .route("/services/{name}/start", post(services::start))
         .route("/services/{name}/stop", post(services::stop))

@@ -73,7 +73,12 @@ impl App {
             config.gpu.status.backend = config::GpuBackendChoice::None;
         }
         let gpu = gpu::GpuMonitor::start(&config, Arc::clone(&supervisor));
-        let queue = GpuQueue::new(config.gpu.max_concurrent_jobs);
+        let queue = GpuQueue::with_history(
+            config.gpu.max_concurrent_jobs,
+            arbiter::history::History::new(std::time::Duration::from_secs_f64(
+                config.arbiter.history_s,
+            )),
+        );
         let arbiter = Arbiter::start(&config, Arc::clone(&queue), Arc::clone(&supervisor), &gpu);
         Arc::new(App {
             gpu,

@@ -13,6 +13,8 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 
+use super::history::History;
+
 /// Who asks for the GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -57,6 +59,8 @@ pub struct GpuQueue {
     /// Bumped on every change so waiters can recompute their position.
     version: watch::Sender<u64>,
     max_running: usize,
+    /// Every grant, for `/gpu/history` and the audit log.
+    pub history: History,
 }
 
 #[derive(Debug)]
@@ -71,6 +75,7 @@ struct Waiting {
     id: u64,
     ticket: Ticket,
     tx: oneshot::Sender<()>,
+    since: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -120,10 +125,18 @@ pub struct GpuPermit {
 
 impl GpuQueue {
     pub fn new(max_running: usize) -> Arc<GpuQueue> {
+        GpuQueue::with_history(
+            max_running,
+            History::new(std::time::Duration::from_secs(3600)),
+        )
+    }
+
+    pub fn with_history(max_running: usize, history: History) -> Arc<GpuQueue> {
         Arc::new(GpuQueue {
             state: Mutex::new(QueueState::default()),
             version: watch::Sender::new(0),
             max_running: max_running.max(1),
+            history,
         })
     }
 
@@ -150,7 +163,15 @@ impl GpuQueue {
                 .iter()
                 .position(|w| w.ticket.priority < ticket.priority)
                 .unwrap_or(state.waiting.len());
-            state.waiting.insert(at, Waiting { id, ticket, tx });
+            state.waiting.insert(
+                at,
+                Waiting {
+                    id,
+                    ticket,
+                    tx,
+                    since: Instant::now(),
+                },
+            );
             self.dispatch(&mut state);
             id
         };
@@ -271,8 +292,15 @@ impl GpuQueue {
             if !self.grantable(state, &head.ticket) {
                 break;
             }
-            let Waiting { id, ticket, tx } = state.waiting.remove(0);
+            let Waiting {
+                id,
+                ticket,
+                tx,
+                since,
+            } = state.waiting.remove(0);
             if tx.send(()).is_ok() {
+                self.history
+                    .granted(id, ticket.kind, &ticket.label, since.elapsed());
                 state.holding.push(Holding {
                     id,
                     ticket,
@@ -285,7 +313,11 @@ impl GpuQueue {
     fn release(&self, id: u64) {
         {
             let mut state = self.lock();
+            let before = state.holding.len();
             state.holding.retain(|h| h.id != id);
+            if state.holding.len() != before {
+                self.history.released(id);
+            }
             self.dispatch(&mut state);
         }
         self.bump();

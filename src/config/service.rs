@@ -135,6 +135,8 @@ pub struct ArbiterConfig {
     /// Default and longest lease TTL.
     pub lease_ttl_s: f64,
     pub max_lease_ttl_s: f64,
+    /// How far back `GET /gpu/history` (and the dashboard's chart) reaches.
+    pub history_s: f64,
 }
 
 impl Default for ArbiterConfig {
@@ -146,6 +148,7 @@ impl Default for ArbiterConfig {
             idle_unload_after_s: 0.0,
             lease_ttl_s: 60.0,
             max_lease_ttl_s: 24.0 * 3600.0,
+            history_s: 3600.0,
         }
     }
 }
@@ -155,6 +158,7 @@ impl ArbiterConfig {
         for (key, value) in [
             ("teardown_timeout_s", self.teardown_timeout_s),
             ("lease_ttl_s", self.lease_ttl_s),
+            ("history_s", self.history_s),
             ("max_lease_ttl_s", self.max_lease_ttl_s),
         ] {
             if !(value.is_finite() && value > 0.0) {

@@ -1,5 +1,7 @@
 //! `GET /`: the dashboard page. The page itself holds no data (it is open); its script reads
-//! `/status` and `/workers` with the token from the URL fragment (`#token=…`) or local storage.
+//! `/status`, `/workers`, `/services`, `/gpu/leases` and `/gpu/history` with the token from the
+//! URL fragment (`#token=…`) or local storage, and its buttons post to the unload/load and
+//! start/stop endpoints.
 
 use axum::http::header;
 use axum::response::IntoResponse;

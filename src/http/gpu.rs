@@ -1,11 +1,12 @@
 //! Leases for any program: `POST /gpu/lease` (NDJSON while waiting with `wait`), renew, release,
-//! and `GET /gpu/leases` with the holders and the queue. The arbiter does the work.
+//! `GET /gpu/leases` with the holders and the queue, and `GET /gpu/history` (who held the GPU,
+//! memory and utilization over time). The arbiter does the work.
 
 use std::convert::Infallible;
 
 use axum::body::Body;
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -143,4 +144,37 @@ fn no_lease(id: u64) -> ApiError {
         "no_such_lease",
         format!("lease {id} does not exist: it was released or expired (renew within its ttl_s)"),
     )
+}
+
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct HistoryQuery {
+    /// Only what happened at or after this Unix time (seconds); default: everything kept.
+    since: Option<f64>,
+}
+
+/// Memory and utilization samples (with the queue length) and every grant — speech job,
+/// service, lease, unload, reload — with holder, start, end, time waited and peak memory, over
+/// the last `[arbiter] history_s`.
+#[utoipa::path(get, path = "/gpu/history", params(HistoryQuery), responses(
+    (status = 200, description = "Samples and grants", body = Object),
+    (status = 400, description = "Bad `since`", body = ErrorBody),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub async fn history(
+    State(app): State<AppState>,
+    query: Result<Query<HistoryQuery>, QueryRejection>,
+) -> Result<Json<crate::arbiter::history::HistoryView>, ApiError> {
+    let Query(query) = query.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{}; `since` is a Unix time in seconds",
+            e.body_text()
+        ))
+    })?;
+    if query.since.is_some_and(|s| !s.is_finite()) {
+        return Err(ApiError::bad_request(
+            "`since` must be a finite Unix time in seconds",
+        ));
+    }
+    Ok(Json(app.queue.history.view(query.since)))
 }

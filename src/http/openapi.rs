@@ -60,6 +60,7 @@ pub enum GuardErrors {
         super::gpu::renew,
         super::gpu::release,
         super::gpu::leases,
+        super::gpu::history,
         super::services::list,
         super::services::start,
         super::services::stop,

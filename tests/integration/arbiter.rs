@@ -22,7 +22,7 @@ fn free_port() -> u16 {
 }
 
 /// A `[[services]]` entry running the fake service on a free port.
-fn service(gpu: &FakeGpu, name: &str, flags: &str, extra: &str) -> String {
+pub(super) fn service(gpu: &FakeGpu, name: &str, flags: &str, extra: &str) -> String {
     let port = free_port();
     let state = gpu.dir.path().display().to_string();
     let mut argv = vec![
@@ -37,7 +37,7 @@ fn service(gpu: &FakeGpu, name: &str, flags: &str, extra: &str) -> String {
     )
 }
 
-fn arbiter_config(gpu: &FakeGpu, rest: &str) -> String {
+pub(super) fn arbiter_config(gpu: &FakeGpu, rest: &str) -> String {
     format!(
         "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}\n{rest}",
         fake_worker("w", ""),
@@ -738,5 +738,101 @@ async fn measured_footprints_replace_the_guess_and_survive_a_restart() {
         .unwrap();
     assert_eq!(measured(&v), Some(7000), "{v:#}");
     assert_eq!(v["services"][0]["vram_mib"], 20000);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn the_history_shows_who_held_the_gpu_and_who_waited() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let before = host
+        .get("/gpu/history")
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()["now"]
+        .as_f64()
+        .unwrap();
+    let granted: Value = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "alice", "purpose": "training", "vram_mib": 1000}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = granted["lease_id"].as_u64().expect("a lease id");
+    // A speech job waits behind the lease, then runs.
+    let job = host.post("/transcribe").body(wav(0.2, 16000, 1)).send();
+    let job = tokio::spawn(job);
+    wait_status(&host, "the job to wait", |s| s["queue"]["waiting"] == 1).await;
+    wait_for("a sample with the waiter", Duration::from_secs(10), || {
+        let host = &host;
+        async move {
+            let h: Value = host
+                .get("/gpu/history")
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            h["samples"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["waiting"] == 1)
+        }
+    })
+    .await;
+    host.client()
+        .delete(format!("{}/gpu/lease/{id}", host.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(job.await.unwrap().unwrap().status(), 200);
+    let h: Value = host
+        .get(&format!("/gpu/history?since={before}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let grants = h["grants"].as_array().unwrap();
+    let lease = grants
+        .iter()
+        .find(|g| g["kind"] == "lease")
+        .expect("the lease");
+    assert!(lease["holder"].as_str().unwrap().contains("alice"), "{h:#}");
+    assert!(lease["end"].as_f64().unwrap() > lease["start"].as_f64().unwrap());
+    assert_eq!(
+        lease["peak_mib"], 512,
+        "the sampled peak while it held: {h:#}"
+    );
+    let jobs: Vec<&Value> = grants.iter().filter(|g| g["kind"] == "job").collect();
+    assert_eq!(jobs.len(), 1, "{h:#}");
+    assert!(jobs[0]["waited_s"].as_f64().unwrap() > 0.0, "{h:#}");
+    assert!(jobs[0]["start"].as_f64() >= lease["end"].as_f64(), "{h:#}");
+    let s = &h["samples"].as_array().unwrap()[0];
+    assert_eq!(s["gpus"][0]["memory_total_mib"], 32607, "{h:#}");
+    // A bad `since` is a JSON 400.
+    let bad = host
+        .get("/gpu/history?since=yesterday")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let body: Value = bad.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("Unix time"),
+        "{body}"
+    );
     host.stop().await;
 }

@@ -128,3 +128,52 @@ async fn dashboard_shows_status_with_the_token() {
     }
     host.stop().await;
 }
+
+#[tokio::test]
+async fn dashboard_shows_services_holders_buttons_and_the_history_chart() {
+    use super::arbiter::{arbiter_config, service};
+    let gpu = FakeGpu::new("gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\n");
+    let config = arbiter_config(&gpu, &service(&gpu, "llm", "--load-s 0.2 --mib 9000", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    let text = host
+        .post("/services/llm/start")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("\"healthy\""), "{text}");
+    let url = format!("{}/", host.url);
+    let dump = tokio::task::spawn_blocking(move || headless(&url, &["--dump-dom"]))
+        .await
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dom.contains(">llm<") && dom.contains(">healthy<"),
+        "services: {dom}"
+    );
+    assert!(
+        dom.contains(">stop</button>"),
+        "a stop button for the service: {dom}"
+    );
+    // The start made room: the idle resident was unloaded, so its button loads it.
+    assert!(
+        dom.contains(">unloaded<") && dom.contains(">load</button>"),
+        "worker: {dom}"
+    );
+    assert!(
+        dom.contains("<title>worker w (unload)"),
+        "the unload in the chart: {dom}"
+    );
+    assert!(
+        dom.contains(">service llm<") && dom.contains("holding"),
+        "holders: {dom}"
+    );
+    assert!(
+        dom.contains("<title>service llm (service)"),
+        "a band in the chart: {dom}"
+    );
+    assert!(dom.contains("<path d=\"M "), "the memory area: {dom}");
+    host.stop().await;
+}
