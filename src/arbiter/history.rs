@@ -206,7 +206,7 @@ impl History {
         }
         rings
             .grants
-            .retain(|r| r.end.is_none_or(|end| end >= oldest));
+            .retain(|r| r.end.map_or(true, |end| end >= oldest));
     }
 
     /// Everything since `since` (unix seconds; everything kept when `None`).
@@ -226,7 +226,7 @@ impl History {
             grants: rings
                 .grants
                 .iter()
-                .filter(|r| r.end.is_none_or(|end| end >= since))
+                .filter(|r| r.end.map_or(true, |end| end >= since))
                 .cloned()
                 .collect(),
         }
