@@ -10,6 +10,7 @@ pub mod leases;
 pub mod queue;
 pub mod services;
 pub mod teardown;
+pub mod watched;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::{ArbiterConfig, Config, Mode, Reload};
+use crate::config::{ArbiterConfig, Config, Mode, Reload, WatchConfig};
 use crate::gpu::{GpuMonitor, Snapshot};
 use crate::protocol::GrantEvent;
 use crate::supervisor::Supervisor;
@@ -43,6 +44,8 @@ pub struct Core {
     pub http: reqwest::Client,
     /// Configured and measured VRAM of every worker and service.
     pub footprints: Footprints,
+    /// `[[gpu.watch]]` servers that can be asked to free their memory.
+    watches: Vec<WatchConfig>,
 }
 
 pub struct Arbiter {
@@ -164,6 +167,7 @@ impl Core {
                     pids: vec![pid],
                     pgid: Some(pid),
                     baseline_used_mib: None,
+                    watch: None,
                     after: before,
                 };
                 let verified = self.verify_teardown(&gone).await;
@@ -173,13 +177,66 @@ impl Core {
                 self.queue.history.end_event(event);
             }
         }
+        for watch in &self.watches {
+            if enough(self) {
+                return Ok(());
+            }
+            self.release_watch(watch, notify).await?;
+        }
         match (need_mib, self.free_mib()) {
             (Some(need), Some(free)) if free < need => Err(format!(
-                "{need} MiB are needed but only {free} MiB are free after unloading every idle worker; {}",
+                "{need} MiB are needed but only {free} MiB are free after unloading every idle worker{}; {}",
+                if self.watches.is_empty() { "" } else { " and releasing every watched server" },
                 self.memory_holders()
             )),
             _ => Ok(()),
         }
+    }
+
+    /// Asks a watched server holding memory on the device to free it, then verifies it did.
+    async fn release_watch(
+        &self,
+        watch: &WatchConfig,
+        notify: &(dyn Fn(GrantEvent) + Send + Sync),
+    ) -> Result<(), String> {
+        let Some(how) = &watch.release else {
+            return Ok(());
+        };
+        let holds = self.snapshot().processes.iter().any(|p| {
+            p.gpu_index == self.device
+                && p.used_memory_mib > 0
+                && p.watch.as_deref() == Some(watch.name.as_str())
+        });
+        if !holds {
+            return Ok(());
+        }
+        notify(GrantEvent::MakingRoom {
+            action: "release".into(),
+            target: format!("watched {}", watch.name),
+        });
+        let event = self.queue.history.begin_event(
+            history::GrantKind::Unload,
+            &format!("watched {}", watch.name),
+        );
+        let before = Instant::now();
+        let released = watched::release(&self.http, how).await;
+        let verified = match released {
+            Ok(what) => {
+                tracing::info!(watch = %watch.name, released = ?what, "asked a watched server to free its memory");
+                let gone = Gone {
+                    what: format!("watched {}", watch.name),
+                    pids: Vec::new(),
+                    pgid: None,
+                    baseline_used_mib: None,
+                    watch: Some(watch.name.clone()),
+                    after: before,
+                };
+                self.verify_teardown(&gone).await
+            }
+            Err(e) => Err(format!("the release call to {} failed: {e}", watch.name)),
+        };
+        self.queue.history.end_event(event);
+        verified
     }
 
     fn memory_holders(&self) -> String {
@@ -294,6 +351,13 @@ impl Arbiter {
                 .build()
                 .unwrap_or_default(),
             footprints: Footprints::load(Some(config.state_dir().join("footprints.json"))),
+            watches: config
+                .gpu
+                .watch
+                .iter()
+                .filter(|w| w.release.is_some())
+                .cloned()
+                .collect(),
         });
         let services = Services::start(config, &core);
         let arbiter = Arc::new(Arbiter {

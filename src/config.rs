@@ -12,7 +12,7 @@ mod http;
 mod service;
 mod worker;
 
-pub use gpu::{GpuBackendChoice, GpuConfig, GpuStatusConfig, WatchConfig};
+pub use gpu::{GpuBackendChoice, GpuConfig, GpuStatusConfig, WatchConfig, WatchRelease};
 pub use http::HttpConfig;
 pub use service::{ArbiterConfig, Reload, ServiceConfig};
 pub use worker::{Mode, WorkerConfig, WorkerSpec};

@@ -448,6 +448,7 @@ impl Actor {
             pids: vec![pid],
             pgid: Some(pid),
             baseline_used_mib: running.baseline_used_mib,
+            watch: None,
             after: stopped_at,
         };
         let verified = self.core.verify_teardown(&gone).await;

@@ -20,6 +20,9 @@ pub struct Gone {
     pub pgid: Option<u32>,
     /// Used memory of the device before the holder started.
     pub baseline_used_mib: Option<u64>,
+    /// A `[[gpu.watch]]` server asked to free its memory (it keeps running): the processes
+    /// matched by it may hold no more than the tolerance in all.
+    pub watch: Option<String>,
     /// Only samples taken after this count.
     pub after: Instant,
 }
@@ -78,6 +81,24 @@ pub fn check(snap: &Snapshot, device: u32, gone: &Gone, tolerance_mib: u64) -> R
         .collect();
     if !lingering.is_empty() {
         return Err(format!("{} still on the GPU", lingering.join(", ")));
+    }
+    if let Some(watch) = &gone.watch {
+        let held: Vec<&crate::gpu::GpuProcess> = snap
+            .processes
+            .iter()
+            .filter(|p| p.gpu_index == device && p.watch.as_deref() == Some(watch.as_str()))
+            .collect();
+        let total: u64 = held.iter().map(|p| p.used_memory_mib).sum();
+        if total > tolerance_mib {
+            let pids: Vec<String> = held
+                .iter()
+                .map(|p| format!("pid {} ({} MiB)", p.pid, p.used_memory_mib))
+                .collect();
+            return Err(format!(
+                "{watch} still holds {total} MiB after its release call: {}",
+                pids.join(", ")
+            ));
+        }
     }
     let Some(gpu) = snap.gpus.iter().find(|g| g.index == device) else {
         return Err(format!("GPU {device} is not in the sample"));
@@ -178,6 +199,7 @@ mod tests {
             pids: vec![42],
             pgid: None,
             baseline_used_mib: Some(500),
+            watch: None,
             after: Instant::now(),
         };
         assert!(check(&snap(500, &[42]), 0, &gone, 256)

@@ -62,6 +62,32 @@ pub struct WatchConfig {
     /// Answers 2xx once the service serves; matched but not healthy means `loading`.
     #[serde(default)]
     pub health_url: Option<String>,
+    /// How the arbiter asks this server (which gpuhost did not start) to free its memory when a
+    /// grant needs room; followed by the same teardown check as gpuhost's own holders.
+    #[serde(default)]
+    pub release: Option<WatchRelease>,
+}
+
+/// A "free your memory" call for a server gpuhost did not start.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum WatchRelease {
+    /// Ollama at `url`: `GET /api/ps` lists the loaded models, then each is unloaded with
+    /// `keep_alive: 0`.
+    Ollama { url: String },
+    /// One HTTP call, e.g. llama-swap's `GET /unload` or ComfyUI's `POST /free`.
+    Http {
+        url: String,
+        #[serde(default = "default_release_method")]
+        method: String,
+        /// Sent as JSON when set.
+        #[serde(default)]
+        body: Option<String>,
+    },
+}
+
+fn default_release_method() -> String {
+    "POST".into()
 }
 
 impl Default for GpuConfig {

@@ -836,3 +836,81 @@ async fn the_history_shows_who_held_the_gpu_and_who_waited() {
     );
     host.stop().await;
 }
+
+/// A fake Ollama (not started by gpuhost) holding `mib` for `model`, registered in the fake
+/// `/proc` as `ollama serve`. Killed on drop.
+struct FakeOllama {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl FakeOllama {
+    fn start(gpu: &FakeGpu, model: &str, mib: u64, flags: &[&str]) -> FakeOllama {
+        let port = free_port();
+        let child = std::process::Command::new(python())
+            .arg(fixture("fake_ollama.py"))
+            .args([port.to_string(), gpu.dir.path().display().to_string()])
+            .args(["--model", model, "--mib", &mib.to_string()])
+            .args(flags)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        gpu.process(child.id(), 1, &["/usr/local/bin/ollama", "serve"]);
+        FakeOllama { child, port }
+    }
+}
+
+impl Drop for FakeOllama {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_watched_ollama_is_asked_to_unload_its_models_to_make_room() {
+    let gpu = FakeGpu::new(IDLE);
+    let ollama = FakeOllama::start(&gpu, "nomic-embed-text", 20_000, &["--embed-only"]);
+    let watch = format!(
+        "[[gpu.watch]]\nname = \"ollama\"\npattern = \"ollama serve\"\nrelease = {{ kind = \"ollama\", url = \"http://127.0.0.1:{}\" }}\n",
+        ollama.port
+    );
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
+        fake_worker("w", ""),
+        gpu.config(&watch)
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    wait_status(&host, "Ollama's memory in the sample", |s| {
+        s["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["watch"] == "ollama" && p["used_memory_mib"] == 20_000)
+    })
+    .await;
+    let events = grant_events(
+        host.post("/gpu/lease")
+            .json(&json!({"holder": "bob", "vram_mib": 20_000, "wait": true}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, GrantEvent::MakingRoom { action, target }
+            if action == "release" && target == "watched ollama")),
+        "{events:?}"
+    );
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Granted { .. })),
+        "{events:?}"
+    );
+    let unloaded = std::fs::read_to_string(gpu.dir.path().join("ollama-unloaded")).unwrap();
+    assert_eq!(unloaded.trim(), "nomic-embed-text");
+    let s = status(&host).await;
+    assert!(s["gpu"]["memory_used_mib"].as_u64() < Some(1000), "{s:#}");
+    host.stop().await;
+}
