@@ -9,6 +9,7 @@ pub mod history;
 pub mod leases;
 pub mod queue;
 pub mod services;
+pub mod sharing;
 pub mod teardown;
 pub mod watched;
 
@@ -80,6 +81,32 @@ impl Core {
             .map(|g| g.memory_used_mib)
     }
 
+    /// The device's memory and the residents' footprints, for `share = "vram"`.
+    fn room(&self) -> Option<sharing::Room> {
+        let snap = self.snapshot();
+        let gpu = snap.gpus.iter().find(|g| g.index == self.device)?;
+        let (mut loaded, mut unloaded) = (0, 0);
+        for status in self.supervisor.statuses() {
+            if status.mode != Mode::Resident {
+                continue;
+            }
+            let mib = self
+                .footprints
+                .need(&worker_key(&status.name), status.vram_mib)
+                .unwrap_or(0);
+            match status.state {
+                WorkerState::Unloaded => unloaded += mib,
+                _ => loaded += mib,
+            }
+        }
+        Some(sharing::Room {
+            total_mib: gpu.memory_total_mib,
+            free_mib: gpu.memory_free_mib,
+            residents_mib: loaded,
+            unloaded_residents_mib: unloaded,
+        })
+    }
+
     /// Waits for `gone` (see `teardown::verify`) with the configured deadline and tolerance.
     pub async fn verify_teardown(&self, gone: &Gone) -> Result<(), String> {
         teardown::verify(
@@ -130,6 +157,11 @@ impl Core {
         need_mib: Option<u64>,
         notify: &(dyn Fn(GrantEvent) + Send + Sync),
     ) -> Result<(), String> {
+        if self.queue.holders().len() > 1 {
+            // Granted beside others (`share = "vram"`): the queue found it fits as things are,
+            // and nobody is unloaded under a holder's feet.
+            return Ok(());
+        }
         let enough = |core: &Core| match (need_mib, core.free_mib()) {
             (Some(need), Some(free)) => free >= need,
             (_, None) => false,
@@ -359,6 +391,10 @@ impl Arbiter {
                 .cloned()
                 .collect(),
         });
+        core.queue.set_room(sharing::RoomSource(Box::new({
+            let core = Arc::downgrade(&core);
+            move || core.upgrade().and_then(|c| c.room())
+        })));
         let services = Services::start(config, &core);
         let arbiter = Arc::new(Arbiter {
             leases: Leases::new(Arc::clone(&core)),
@@ -404,6 +440,7 @@ impl Arbiter {
                 Ok(()) = snapshots.changed() => {
                     let snap = Arc::clone(&snapshots.borrow_and_update());
                     self.core.queue.history.sample(&snap, self.core.queue.waiting());
+                    self.core.queue.redispatch();
                 }
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {}
             }

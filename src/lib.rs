@@ -73,11 +73,16 @@ impl App {
             config.gpu.status.backend = config::GpuBackendChoice::None;
         }
         let gpu = gpu::GpuMonitor::start(&config, Arc::clone(&supervisor));
-        let queue = GpuQueue::with_history(
+        let queue = GpuQueue::with_sharing(
             config.gpu.max_concurrent_jobs,
             arbiter::history::History::new(std::time::Duration::from_secs_f64(
                 config.arbiter.history_s,
             )),
+            arbiter::sharing::Sharing {
+                mode: config.gpu.share,
+                headroom_mib: config.gpu.headroom_mib,
+                allow_backfill: config.gpu.allow_backfill,
+            },
         );
         let arbiter = Arbiter::start(&config, Arc::clone(&queue), Arc::clone(&supervisor), &gpu);
         Arc::new(App {

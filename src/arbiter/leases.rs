@@ -108,6 +108,7 @@ impl Leases {
             kind: HolderKind::Lease,
             label: label.clone(),
             priority: request.priority,
+            need_mib: request.vram_mib,
         };
         let Some(mut waiter) = self.core.queue.try_enqueue(ticket, usize::MAX) else {
             return;

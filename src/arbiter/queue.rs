@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 
 use super::history::History;
+use super::sharing::{fits, RoomSource, ShareMode, Sharing};
 
 /// Who asks for the GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -35,6 +36,8 @@ pub struct Ticket {
     pub label: String,
     /// Higher first; FIFO within a priority.
     pub priority: i32,
+    /// The memory it needs, when known (`share = "vram"` packs only known sizes).
+    pub need_mib: Option<u64>,
 }
 
 impl Ticket {
@@ -43,6 +46,8 @@ impl Ticket {
             kind: HolderKind::Job,
             label: "speech job".into(),
             priority,
+            // Its workers' memory is counted as resident; see `Room`.
+            need_mib: Some(0),
         }
     }
 
@@ -61,6 +66,9 @@ pub struct GpuQueue {
     max_running: usize,
     /// Every grant, for `/gpu/history` and the audit log.
     pub history: History,
+    sharing: Sharing,
+    /// The device's memory now, for `share = "vram"`; set once by the arbiter.
+    room: std::sync::OnceLock<RoomSource>,
 }
 
 #[derive(Debug)]
@@ -137,7 +145,47 @@ impl GpuQueue {
             version: watch::Sender::new(0),
             max_running: max_running.max(1),
             history,
+            sharing: Sharing::default(),
+            room: std::sync::OnceLock::new(),
         })
+    }
+
+    /// A queue that may pack holders by memory (see `sharing.rs`).
+    pub fn with_sharing(max_running: usize, history: History, sharing: Sharing) -> Arc<GpuQueue> {
+        Arc::new(GpuQueue {
+            state: Mutex::new(QueueState::default()),
+            version: watch::Sender::new(0),
+            max_running: max_running.max(1),
+            history,
+            sharing,
+            room: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Tells the queue how to read the device's memory (once; later calls are ignored).
+    pub fn set_room(&self, source: RoomSource) {
+        let _ = self.room.set(source);
+    }
+
+    /// Whether holders may share the GPU by memory.
+    pub fn shares_vram(&self) -> bool {
+        self.sharing.mode == ShareMode::Vram
+    }
+
+    /// Grants what fits now (after the memory changed; only matters with `share = "vram"`).
+    pub fn redispatch(&self) {
+        if !self.shares_vram() {
+            return;
+        }
+        let granted = {
+            let mut state = self.lock();
+            let before = state.holding.len();
+            self.dispatch(&mut state);
+            state.holding.len() != before
+        };
+        if granted {
+            self.bump();
+        }
     }
 
     /// Joins the queue as a speech job of normal priority.
@@ -278,18 +326,50 @@ impl GpuQueue {
         if state.blocked.is_some() {
             return false;
         }
-        if ticket.exclusive() {
+        let exclusive_held = state.holding.iter().any(|h| h.ticket.exclusive());
+        let alone = if ticket.exclusive() {
             state.holding.is_empty()
         } else {
-            state.holding.len() < self.max_running
-                && !state.holding.iter().any(|h| h.ticket.exclusive())
+            state.holding.len() < self.max_running && !exclusive_held
+        };
+        if alone {
+            return true;
         }
+        let jobs = state
+            .holding
+            .iter()
+            .filter(|h| h.ticket.kind == HolderKind::Job)
+            .count();
+        if !ticket.exclusive() && jobs >= self.max_running {
+            return false;
+        }
+        let room = self.room.get().and_then(|r| (r.0)());
+        let holders_mib = state
+            .holding
+            .iter()
+            .map(|h| h.ticket.need_mib)
+            .sum::<Option<u64>>();
+        let need = match ticket.kind {
+            HolderKind::Job => ticket
+                .need_mib
+                .zip(room)
+                .map(|(n, r)| n + r.unloaded_residents_mib),
+            _ => ticket.need_mib,
+        };
+        fits(&self.sharing, room, holders_mib, need)
     }
 
-    /// Grants the GPU to the heads of the queue while they fit; never past a head that does not.
+    /// Grants the GPU to the heads of the queue while they fit; never past a head that does not
+    /// (unless `allow_backfill` with `share = "vram"`).
     fn dispatch(&self, state: &mut QueueState) {
-        while let Some(head) = state.waiting.first() {
-            if !self.grantable(state, &head.ticket) {
+        let backfill = self.sharing.allow_backfill && self.shares_vram();
+        let mut i = 0;
+        while i < state.waiting.len() {
+            if !self.grantable(state, &state.waiting[i].ticket) {
+                if backfill {
+                    i += 1;
+                    continue;
+                }
                 break;
             }
             let Waiting {
@@ -297,7 +377,7 @@ impl GpuQueue {
                 ticket,
                 tx,
                 since,
-            } = state.waiting.remove(0);
+            } = state.waiting.remove(i);
             if tx.send(()).is_ok() {
                 self.history
                     .granted(id, ticket.kind, &ticket.label, since.elapsed());
@@ -396,6 +476,7 @@ mod tests {
 
     fn lease(name: &str, priority: i32) -> Ticket {
         Ticket {
+            need_mib: None,
             kind: HolderKind::Lease,
             label: name.into(),
             priority,
@@ -502,5 +583,45 @@ mod tests {
         assert!(q.waiting_for().unwrap().contains("never came back"));
         q.unblock();
         let _p = w.granted().await;
+    }
+
+    #[tokio::test]
+    async fn backfill_lets_what_fits_go_ahead_only_when_allowed() {
+        use super::super::sharing::Room;
+        for allow_backfill in [false, true] {
+            let q = GpuQueue::with_sharing(
+                1,
+                History::new(std::time::Duration::from_secs(60)),
+                Sharing {
+                    mode: ShareMode::Vram,
+                    headroom_mib: 0,
+                    allow_backfill,
+                },
+            );
+            q.set_room(RoomSource(Box::new(|| {
+                Some(Room {
+                    total_mib: 10_000,
+                    free_mib: 10_000,
+                    residents_mib: 0,
+                    unloaded_residents_mib: 0,
+                })
+            })));
+            let sized = |name: &str, mib| Ticket {
+                need_mib: Some(mib),
+                ..lease(name, 0)
+            };
+            let _big = q
+                .try_enqueue(sized("big", 6_000), 9)
+                .unwrap()
+                .granted()
+                .await;
+            let huge = q.try_enqueue(sized("huge", 8_000), 9).unwrap();
+            let small = q.try_enqueue(sized("small", 2_000), 9).unwrap();
+            assert_eq!(huge.position(), Some(1));
+            assert_eq!(
+                small.position(),
+                if allow_backfill { None } else { Some(2) }
+            );
+        }
     }
 }

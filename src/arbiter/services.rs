@@ -325,6 +325,10 @@ impl Actor {
             kind: HolderKind::Service,
             label: format!("service {}", self.spec.name),
             priority: 0,
+            need_mib: self.core.footprints.need(
+                &footprint_key(&self.spec.name),
+                self.spec.vram_mib.unwrap_or(0),
+            ),
         };
         let mut waiter = self.core.queue.try_enqueue(ticket, usize::MAX)?;
         let mut last = None;

@@ -14,6 +14,13 @@ pub struct GpuConfig {
     pub status: GpuStatusConfig,
     /// Services whose command lines are watched to tell `loading` from `busy`.
     pub watch: Vec<WatchConfig>,
+    /// `exclusive` (default): a service or lease holds the GPU alone. `vram`: holders whose
+    /// footprints fit together in `memory_total − headroom_mib` share it.
+    pub share: crate::arbiter::sharing::ShareMode,
+    /// Memory kept free when packing holders (`share = "vram"`).
+    pub headroom_mib: u64,
+    /// With `share = "vram"`: a later request that fits may go ahead of a head that does not.
+    pub allow_backfill: bool,
 }
 
 /// Which way GPU status is sampled.
@@ -97,6 +104,9 @@ impl Default for GpuConfig {
             device: 0,
             status: GpuStatusConfig::default(),
             watch: Vec::new(),
+            share: crate::arbiter::sharing::ShareMode::Exclusive,
+            headroom_mib: 1024,
+            allow_backfill: false,
         }
     }
 }

@@ -914,3 +914,81 @@ async fn a_watched_ollama_is_asked_to_unload_its_models_to_make_room() {
     assert!(s["gpu"]["memory_used_mib"].as_u64() < Some(1000), "{s:#}");
     host.stop().await;
 }
+
+async fn lease_now(host: &TestHost, holder: &str, mib: u64) -> reqwest::Response {
+    host.post("/gpu/lease")
+        .json(&json!({"holder": holder, "vram_mib": mib}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn share_vram_packs_holders_that_fit_and_keeps_fifo() {
+    let gpu = FakeGpu::new(IDLE);
+    // 32 607 MiB, 1 024 headroom: 31 583 to share; the resident worker counts 4 000.
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
+        fake_worker("w", "vram_mib = 4000\n"),
+        gpu.config("").replace(
+            "[gpu.status]",
+            "[gpu]\nshare = \"vram\"\nheadroom_mib = 1024\n[gpu.status]"
+        )
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    wait_status(&host, "a sample", |s| s["gpu"]["memory_total_mib"] == 32607).await;
+    let a = lease_now(&host, "a", 10_000).await;
+    assert_eq!(a.status(), 200);
+    let a: Value = a.json().await.unwrap();
+    // Beside the first: 10 000 + 4 000 + 10 000 fits.
+    let b = lease_now(&host, "b", 10_000).await;
+    assert_eq!(b.status(), 200, "{:?}", b.text().await);
+    // A third does not (34 000 > 31 583): taken.
+    let c = lease_now(&host, "c", 10_000).await;
+    assert_eq!(c.status(), 409);
+    // A speech job needs nothing beyond its resident worker: it runs beside both leases.
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    result_of(&events);
+    let w: Value = host
+        .get("/workers")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(w["workers"][0]["state"], "ready", "nobody unloaded: {w:#}");
+    // FIFO: a waiting 10 000 MiB lease is not overtaken by a small one…
+    let waiting_c = tokio::spawn(
+        host.post("/gpu/lease")
+            .json(&json!({"holder": "c", "vram_mib": 10_000, "wait": true}))
+            .send(),
+    );
+    wait_status(&host, "c to wait", |s| s["queue"]["waiting"] == 1).await;
+    let waiting_d = tokio::spawn(
+        host.post("/gpu/lease")
+            .json(&json!({"holder": "d", "vram_mib": 1_000, "wait": true}))
+            .send(),
+    );
+    wait_status(&host, "d to wait", |s| s["queue"]["waiting"] == 2).await;
+    // …and once `a` leaves, both fit and both are granted.
+    host.client()
+        .delete(format!("{}/gpu/lease/{}", host.url, a["lease_id"]))
+        .send()
+        .await
+        .unwrap();
+    for waiter in [waiting_c, waiting_d] {
+        let events = grant_events(waiter.await.unwrap().unwrap()).await;
+        assert!(
+            matches!(events.last(), Some(GrantEvent::Granted { .. })),
+            "{events:?}"
+        );
+    }
+    let holders = leases(&host).await;
+    assert_eq!(
+        holders.len(),
+        3,
+        "b, c and d hold the GPU together: {holders:?}"
+    );
+    host.stop().await;
+}
