@@ -107,16 +107,16 @@ impl Fake {
     }
 }
 
+async fn is_healthy(client: &reqwest::Client, url: &str) -> bool {
+    client
+        .get(url)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+}
+
 async fn healthy(client: &reqwest::Client, url: &str) {
-    loop {
-        if client
-            .get(url)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            return;
-        }
+    while !is_healthy(client, url).await {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -138,6 +138,7 @@ async fn until_idle(client: &reqwest::Client, base: &str) {
         let s = status(client, base).await;
         if s["processes"].as_array().is_some_and(|p| p.is_empty())
             && s["holders"].as_array().is_some_and(|h| h.is_empty())
+            && s["is_idle"] == true
         {
             return;
         }
@@ -175,17 +176,25 @@ async fn original_round(client: &reqwest::Client, base: &str, fake: &Fake, n: us
     let children = std::sync::Mutex::new(Vec::new());
     let calls = (0..n).map(|_| async {
         let started = Instant::now();
-        if status(client, base).await["is_idle"] == true {
-            let argv = service_argv(fake.port, fake.dir.path());
-            let child = std::process::Command::new(&argv[0])
-                .args(&argv[1..])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .unwrap();
-            children.lock().unwrap().push(child);
+        // The check-then-act loop of the original clients: healthy → done; idle → start it.
+        loop {
+            if is_healthy(client, &health).await {
+                break;
+            }
+            if status(client, base).await["is_idle"] == true {
+                let argv = service_argv(fake.port, fake.dir.path());
+                let child = std::process::Command::new(&argv[0])
+                    .args(&argv[1..])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap();
+                children.lock().unwrap().push(child);
+                healthy(client, &health).await;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        healthy(client, &health).await;
         started.elapsed().as_secs_f64()
     });
     let times = futures_util::future::join_all(calls).await;
@@ -223,6 +232,7 @@ fn main() {
             let _ = stopped.await;
         }));
         let client = reqwest::Client::new();
+        eprintln!("gpuhost under test: {base}");
         println!("# Race: N clients start one GPU service at once, {rounds} rounds per N (same fake GPU)\n");
         println!("| N | pattern | double starts / 1000 rounds | to healthy p50 | p90 |");
         println!("|---|---|---|---|---|");
