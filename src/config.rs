@@ -14,7 +14,7 @@ mod worker;
 
 pub use gpu::{GpuBackendChoice, GpuConfig, GpuStatusConfig, WatchConfig, WatchRelease};
 pub use http::HttpConfig;
-pub use service::{ArbiterConfig, Reload, ServiceConfig};
+pub use service::{ArbiterConfig, Fallback, Reload, ServiceConfig};
 pub use worker::{Mode, WorkerConfig, WorkerSpec};
 
 /// Everything gpuhost can be told. Unknown keys are rejected so a typo never silently
@@ -438,6 +438,7 @@ impl Config {
             stop_grace: Duration::from_secs_f64(w.stop_grace_s),
             cancel_grace: Duration::from_secs_f64(w.cancel_grace_s),
             options: w.options.clone(),
+            unloaded_fallback: self.arbiter.fallback,
         })
     }
 }

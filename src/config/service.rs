@@ -122,6 +122,17 @@ pub enum Reload {
     OnDemand,
 }
 
+/// What a speech job does with a resident worker it finds unloaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fallback {
+    /// Load it again (it stays resident).
+    #[default]
+    Reload,
+    /// Run the stage in a process that exits after the job; the worker stays unloaded.
+    Oneshot,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ArbiterConfig {
@@ -130,6 +141,8 @@ pub struct ArbiterConfig {
     /// Memory counts as back when used memory is within this of the level before the holder.
     pub teardown_tolerance_mib: u64,
     pub reload: Reload,
+    /// What a speech job does with an unloaded resident worker once it has the GPU.
+    pub fallback: Fallback,
     /// Unload a resident worker unused for this long (0 = never); it reloads at the next job.
     pub idle_unload_after_s: f64,
     /// Default and longest lease TTL.
@@ -145,6 +158,7 @@ impl Default for ArbiterConfig {
             teardown_timeout_s: 60.0,
             teardown_tolerance_mib: 512,
             reload: Reload::Eager,
+            fallback: Fallback::Reload,
             idle_unload_after_s: 0.0,
             lease_ttl_s: 60.0,
             max_lease_ttl_s: 24.0 * 3600.0,

@@ -75,4 +75,6 @@ pub struct WorkerSpec {
     pub stop_grace: Duration,
     pub cancel_grace: Duration,
     pub options: serde_json::Map<String, serde_json::Value>,
+    /// A job that finds this resident unloaded: reload it, or run oneshot ([arbiter] fallback).
+    pub unloaded_fallback: super::service::Fallback,
 }

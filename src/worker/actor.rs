@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::session::{IdleEvent, JobLimits, Session};
 use super::{Control, JobError, JobRequest, WorkerState, WorkerStatus};
-use crate::config::{Mode, WorkerSpec};
+use crate::config::{Fallback, Mode, WorkerSpec};
 
 /// Longest wait between restart attempts of a worker that keeps failing.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -199,6 +199,10 @@ impl Actor {
 
     /// Runs one job, loading the worker first when needed. `Err` means a `Stop` came meanwhile.
     async fn handle_job(&mut self, request: JobRequest, reply: Reply) -> Result<(), Interrupted> {
+        // An unloaded resident with `fallback = "oneshot"` serves this job and unloads again.
+        let oneshot_fallback = self.spec.mode == Mode::Resident
+            && self.spec.unloaded_fallback == Fallback::Oneshot
+            && self.status.borrow().state == WorkerState::Unloaded;
         if matches!(self.life, Life::Down { .. }) {
             // Someone is waiting: load now rather than at the backoff deadline.
             if let Err(stop) = self.load().await {
@@ -291,6 +295,16 @@ impl Actor {
                 .map(ToString::to_string)
                 .unwrap_or_default();
             self.went_down(error);
+        } else if oneshot_fallback {
+            if let Life::Up(session) =
+                std::mem::replace(&mut self.life, Life::Down { retry_at: None })
+            {
+                session.finish(self.spec.stop_grace).await;
+            }
+            self.set_state(WorkerState::Unloaded, |s| {
+                s.pid = None;
+                s.process_started = None;
+            });
         } else if self.spec.mode == Mode::Oneshot {
             if let Life::Up(session) =
                 std::mem::replace(&mut self.life, Life::Down { retry_at: None })

@@ -992,3 +992,33 @@ async fn share_vram_packs_holders_that_fit_and_keeps_fifo() {
     );
     host.stop().await;
 }
+
+#[tokio::test]
+async fn fallback_oneshot_serves_a_job_without_bringing_the_resident_back() {
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(&gpu, "").replace(
+        "[arbiter]\n",
+        "[arbiter]\nreload = \"on_demand\"\nfallback = \"oneshot\"\n",
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let unloaded = host.post("/workers/w/unload").send().await.unwrap();
+    assert_eq!(unloaded.status(), 200);
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    result_of(&events);
+    let w: Value = host
+        .get("/workers")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let worker = &w["workers"][0];
+    assert_eq!(worker["state"], "unloaded", "{w:#}");
+    assert_eq!(worker["pid"], Value::Null, "{w:#}");
+    assert_eq!(worker["jobs_done"], 1, "{w:#}");
+    // `/load` still brings it back for good.
+    host.post("/workers/w/load").send().await.unwrap();
+    let host = host.ready().await;
+    host.stop().await;
+}

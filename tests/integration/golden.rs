@@ -68,6 +68,7 @@ async fn replayed_transcripts_give_the_recorded_outcomes() {
             stop_grace: Duration::from_secs(1),
             cancel_grace: Duration::from_secs(1),
             options: Default::default(),
+            unloaded_fallback: Default::default(),
         };
         let (worker, task) = WorkerHandle::spawn(spec);
         let dir = tempfile::tempdir().unwrap();
