@@ -44,13 +44,16 @@ pub struct Core {
     unloaded: Mutex<BTreeSet<String>>,
     pub http: reqwest::Client,
     /// Configured and measured VRAM of every worker and service.
-    pub footprints: Footprints,
+    pub footprints: Arc<Footprints>,
     /// `[[gpu.watch]]` servers that can be asked to free their memory.
     watches: Vec<WatchConfig>,
 }
 
 pub struct Arbiter {
-    pub core: Arc<Core>,
+    /// One per arbitrated GPU.
+    pub cores: Vec<Arc<Core>>,
+    /// Index of `[gpu] device`'s core in `cores`.
+    main: usize,
     pub leases: Leases,
     pub services: Services,
     /// The background loop; taken once on shutdown. std Mutex, never held across `.await`.
@@ -58,6 +61,28 @@ pub struct Arbiter {
 }
 
 impl Core {
+    /// Why this device must read busy whatever the sample shows: an exclusive grant, a block.
+    pub fn busy_reason(&self) -> Option<String> {
+        if let Some(why) = self.queue.blocked() {
+            return Some(why);
+        }
+        let held: Vec<String> = self
+            .queue
+            .holders()
+            .into_iter()
+            .filter(|h| h.kind != HolderKind::Job)
+            .map(|h| h.label)
+            .collect();
+        (!held.is_empty()).then(|| format!("the GPU is granted to {}", held.join(", ")))
+    }
+
+    /// The worker statuses of the residents on this core's device.
+    fn device_workers(&self) -> Vec<crate::worker::WorkerStatus> {
+        let mut all = self.supervisor.statuses();
+        all.retain(|s| s.device == self.device);
+        all
+    }
+
     /// The latest sample.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         Arc::clone(&self.snapshots.borrow())
@@ -86,7 +111,7 @@ impl Core {
         let snap = self.snapshot();
         let gpu = snap.gpus.iter().find(|g| g.index == self.device)?;
         let (mut loaded, mut unloaded) = (0, 0);
-        for status in self.supervisor.statuses() {
+        for status in self.device_workers() {
             if status.mode != Mode::Resident {
                 continue;
             }
@@ -167,7 +192,7 @@ impl Core {
             (_, None) => false,
             (None, Some(_)) => false,
         };
-        for status in self.supervisor.statuses() {
+        for status in self.device_workers() {
             if enough(self) {
                 return Ok(());
             }
@@ -188,6 +213,7 @@ impl Core {
             });
             let before = Instant::now();
             let event = self.queue.history.begin_event(
+                self.device,
                 history::GrantKind::Unload,
                 &format!("worker {}", status.name),
             );
@@ -247,6 +273,7 @@ impl Core {
             target: format!("watched {}", watch.name),
         });
         let event = self.queue.history.begin_event(
+            self.device,
             history::GrantKind::Unload,
             &format!("watched {}", watch.name),
         );
@@ -303,10 +330,11 @@ impl Core {
             if let Some(handle) = self.supervisor.get(&name) {
                 tracing::info!(worker = %name, "reloading after the GPU was released");
                 handle.load();
-                let event = self
-                    .queue
-                    .history
-                    .begin_event(history::GrantKind::Reload, &format!("worker {name}"));
+                let event = self.queue.history.begin_event(
+                    self.device,
+                    history::GrantKind::Reload,
+                    &format!("worker {name}"),
+                );
                 let (queue, handle) = (Arc::clone(&self.queue), handle.clone());
                 tokio::spawn(async move {
                     handle
@@ -326,7 +354,7 @@ impl Core {
         if snap.taken.is_none() {
             return;
         }
-        for status in self.supervisor.statuses() {
+        for status in self.device_workers() {
             if let (Some(pid), WorkerState::Ready | WorkerState::Busy) = (status.pid, status.state)
             {
                 self.footprints
@@ -341,7 +369,7 @@ impl Core {
             return;
         }
         let limit = Duration::from_secs_f64(self.config.idle_unload_after_s);
-        for status in self.supervisor.statuses() {
+        for status in self.device_workers() {
             if status.mode == Mode::Resident
                 && status.state == WorkerState::Ready
                 && status.state_since.elapsed() >= limit
@@ -349,6 +377,7 @@ impl Core {
                 if let Some(handle) = self.supervisor.get(&status.name).cloned() {
                     tracing::info!(worker = %status.name, "unloading a worker idle for idle_unload_after_s");
                     let event = self.queue.history.begin_event(
+                        self.device,
                         history::GrantKind::Unload,
                         &format!("worker {}", status.name),
                     );
@@ -364,42 +393,61 @@ impl Core {
 }
 
 impl Arbiter {
+    /// Starts the arbiter over `queues` (one per arbitrated device; `main` is `[gpu] device`'s,
+    /// where speech jobs queue).
     pub fn start(
         config: &Config,
-        queue: Arc<GpuQueue>,
+        queues: &[Arc<GpuQueue>],
+        main: &Arc<GpuQueue>,
         supervisor: Arc<Supervisor>,
         gpu: &GpuMonitor,
     ) -> Arc<Arbiter> {
-        let core = Arc::new(Core {
-            config: config.arbiter.clone(),
-            queue,
-            supervisor,
-            snapshots: gpu.subscribe(),
-            observed: gpu.observed(),
-            device: gpu.device(),
-            unloaded: Mutex::new(BTreeSet::new()),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .unwrap_or_default(),
-            footprints: Footprints::load(Some(config.state_dir().join("footprints.json"))),
-            watches: config
-                .gpu
-                .watch
-                .iter()
-                .filter(|w| w.release.is_some())
-                .cloned()
-                .collect(),
-        });
-        core.queue.set_room(sharing::RoomSource(Box::new({
-            let core = Arc::downgrade(&core);
-            move || core.upgrade().and_then(|c| c.room())
-        })));
-        let services = Services::start(config, &core);
+        let footprints = Arc::new(Footprints::load(Some(
+            config.state_dir().join("footprints.json"),
+        )));
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap_or_default();
+        let watches: Vec<WatchConfig> = config
+            .gpu
+            .watch
+            .iter()
+            .filter(|w| w.release.is_some())
+            .cloned()
+            .collect();
+        let cores: Vec<Arc<Core>> = queues
+            .iter()
+            .map(|queue| {
+                let core = Arc::new(Core {
+                    config: config.arbiter.clone(),
+                    queue: Arc::clone(queue),
+                    supervisor: Arc::clone(&supervisor),
+                    snapshots: gpu.subscribe(),
+                    observed: gpu.observed(),
+                    device: queue.device,
+                    unloaded: Mutex::new(BTreeSet::new()),
+                    http: http.clone(),
+                    footprints: Arc::clone(&footprints),
+                    watches: watches.clone(),
+                });
+                core.queue.set_room(sharing::RoomSource(Box::new({
+                    let core = Arc::downgrade(&core);
+                    move || core.upgrade().and_then(|c| c.room())
+                })));
+                core
+            })
+            .collect();
+        let main = cores
+            .iter()
+            .position(|c| Arc::ptr_eq(&c.queue, main))
+            .expect("the main queue is one of the queues");
+        let services = Services::start(config, &cores, &cores[main]);
         let arbiter = Arc::new(Arbiter {
-            leases: Leases::new(Arc::clone(&core)),
+            leases: Leases::new(cores.clone(), main),
             services,
-            core,
+            cores,
+            main,
             task: Mutex::new(None),
         });
         let task = tokio::spawn(Arc::clone(&arbiter).run());
@@ -407,20 +455,19 @@ impl Arbiter {
         arbiter
     }
 
+    /// The core of `[gpu] device`.
+    pub fn core(&self) -> &Arc<Core> {
+        &self.cores[self.main]
+    }
+
+    /// The core of `device`, when it is arbitrated.
+    pub fn core_for(&self, device: u32) -> Option<&Arc<Core>> {
+        self.cores.iter().find(|c| c.device == device)
+    }
+
     /// Why `/status` must say busy whatever the sample shows: an exclusive grant, or a block.
     pub fn busy_reason(&self) -> Option<String> {
-        if let Some(why) = self.core.queue.blocked() {
-            return Some(why);
-        }
-        let held: Vec<String> = self
-            .core
-            .queue
-            .holders()
-            .into_iter()
-            .filter(|h| h.kind != HolderKind::Job)
-            .map(|h| h.label)
-            .collect();
-        (!held.is_empty()).then(|| format!("the GPU is granted to {}", held.join(", ")))
+        self.core().busy_reason()
     }
 
     /// Stops the services and the loop (leases end with the process).
@@ -432,26 +479,33 @@ impl Arbiter {
     }
 
     async fn run(self: Arc<Self>) {
-        let mut changes = self.core.queue.changes();
-        let mut snapshots = self.core.snapshots.clone();
+        let mut changes: Vec<watch::Receiver<u64>> =
+            self.cores.iter().map(|c| c.queue.changes()).collect();
+        let mut snapshots = self.core().snapshots.clone();
         loop {
             tokio::select! {
-                _ = changes.changed() => {}
+                _ = futures_util::future::select_all(changes.iter_mut().map(|c| Box::pin(c.changed()))) => {}
                 Ok(()) = snapshots.changed() => {
                     let snap = Arc::clone(&snapshots.borrow_and_update());
-                    self.core.queue.history.sample(&snap, self.core.queue.waiting());
-                    self.core.queue.redispatch();
+                    self.core().queue.history.sample(&snap, |device| {
+                        self.core_for(device).map_or(0, |c| c.queue.waiting())
+                    });
+                    for core in &self.cores {
+                        core.queue.redispatch();
+                    }
                 }
                 _ = tokio::time::sleep(Duration::from_millis(250)) => {}
             }
             self.leases.expire();
             self.services.stop_idle();
-            if let Some(head) = self.core.queue.head() {
-                self.services.yield_to(&head.label);
+            for core in &self.cores {
+                if let Some(head) = core.queue.head() {
+                    self.services.yield_to(core.device, &head.label);
+                }
+                core.observe_workers();
+                core.reload_if_free();
+                core.unload_idle_residents();
             }
-            self.core.observe_workers();
-            self.core.reload_if_free();
-            self.core.unload_idle_residents();
         }
     }
 }

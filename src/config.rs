@@ -220,6 +220,14 @@ fn effective_token(
     Ok(Some(token.to_string()))
 }
 
+/// Points a child at one GPU (nvidia-smi's numbering), unless its env already chose.
+pub fn pin_device(env: &mut BTreeMap<String, String>, device: u32) {
+    env.entry("CUDA_VISIBLE_DEVICES".into())
+        .or_insert_with(|| device.to_string());
+    env.entry("CUDA_DEVICE_ORDER".into())
+        .or_insert_with(|| "PCI_BUS_ID".into());
+}
+
 fn base_dir_join(base: &Path, path: &Path) -> PathBuf {
     if path.is_absolute() {
         path.to_path_buf()
@@ -417,6 +425,9 @@ impl Config {
             None => self.base_dir.clone(),
         };
         let mut env = w.env.clone();
+        if let Some(device) = w.device {
+            pin_device(&mut env, device);
+        }
         if let Some(engine) = &w.engine {
             env.insert("GPUHOST_ENGINE".into(), engine.clone());
         }
@@ -439,7 +450,21 @@ impl Config {
             cancel_grace: Duration::from_secs_f64(w.cancel_grace_s),
             options: w.options.clone(),
             unloaded_fallback: self.arbiter.fallback,
+            device: w.device.unwrap_or(self.gpu.device as u32),
         })
+    }
+
+    /// Every GPU the arbiter keeps a queue for: `[gpu] device`, `[gpu] devices`, and any a
+    /// worker or service names; sorted, each once.
+    pub fn arbitrated_devices(&self) -> Vec<u32> {
+        let mut devices: Vec<u32> = std::iter::once(self.gpu.device as u32)
+            .chain(self.gpu.devices.iter().copied())
+            .chain(self.workers.values().filter_map(|w| w.device))
+            .chain(self.services.iter().filter_map(|s| s.device))
+            .collect();
+        devices.sort_unstable();
+        devices.dedup();
+        devices
     }
 }
 

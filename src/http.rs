@@ -83,7 +83,7 @@ async fn workers(State(app): State<AppState>) -> Json<Value> {
             v["uptime_s"] = json!(crate::pipeline::round3(s.uptime_s()));
             v["measured_vram_mib"] = json!(app
                 .arbiter
-                .core
+                .core()
                 .footprints
                 .measured(&crate::arbiter::worker_key(&s.name)));
             v["state_for_s"] = json!(crate::pipeline::round3(

@@ -73,18 +73,33 @@ impl App {
             config.gpu.status.backend = config::GpuBackendChoice::None;
         }
         let gpu = gpu::GpuMonitor::start(&config, Arc::clone(&supervisor));
-        let queue = GpuQueue::with_sharing(
-            config.gpu.max_concurrent_jobs,
-            arbiter::history::History::new(std::time::Duration::from_secs_f64(
-                config.arbiter.history_s,
-            )),
-            arbiter::sharing::Sharing {
-                mode: config.gpu.share,
-                headroom_mib: config.gpu.headroom_mib,
-                allow_backfill: config.gpu.allow_backfill,
-            },
-        );
-        let arbiter = Arbiter::start(&config, Arc::clone(&queue), Arc::clone(&supervisor), &gpu);
+        let history = Arc::new(arbiter::history::History::new(
+            std::time::Duration::from_secs_f64(config.arbiter.history_s),
+        ));
+        let sharing = arbiter::sharing::Sharing {
+            mode: config.gpu.share,
+            headroom_mib: config.gpu.headroom_mib,
+            allow_backfill: config.gpu.allow_backfill,
+        };
+        // One queue per arbitrated GPU; speech jobs queue on `[gpu] device`'s.
+        let queues: Vec<Arc<GpuQueue>> = config
+            .arbitrated_devices()
+            .into_iter()
+            .map(|device| {
+                GpuQueue::with_sharing(
+                    config.gpu.max_concurrent_jobs,
+                    Arc::clone(&history),
+                    sharing,
+                    device,
+                )
+            })
+            .collect();
+        let queue = queues
+            .iter()
+            .find(|q| q.device == config.gpu.device as u32)
+            .cloned()
+            .expect("[gpu] device is always arbitrated");
+        let arbiter = Arbiter::start(&config, &queues, &queue, Arc::clone(&supervisor), &gpu);
         Arc::new(App {
             gpu,
             queue,

@@ -47,6 +47,8 @@ pub struct WorkerStatus {
     /// What the worker said after `ready` (model, device, protocol).
     pub loaded: Option<ReadyInfo>,
     pub vram_mib: u64,
+    /// The GPU it runs on.
+    pub device: u32,
     pub jobs_done: u64,
     pub jobs_failed: u64,
     /// Jobs given up because their client went away (not failures).
@@ -71,6 +73,7 @@ impl WorkerStatus {
             pid: None,
             loaded: None,
             vram_mib: spec.vram_mib,
+            device: spec.device,
             jobs_done: 0,
             jobs_failed: 0,
             jobs_cancelled: 0,

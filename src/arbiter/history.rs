@@ -19,6 +19,8 @@ pub struct DeviceSample {
     pub memory_used_mib: u64,
     pub memory_total_mib: u64,
     pub utilization: u32,
+    /// Requests waiting for this GPU at that moment.
+    pub waiting: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -26,7 +28,7 @@ pub struct Sample {
     /// Unix time, seconds.
     pub t: f64,
     pub gpus: Vec<DeviceSample>,
-    /// Requests waiting for the GPU at that moment.
+    /// Requests waiting for any GPU at that moment.
     pub waiting: usize,
 }
 
@@ -56,6 +58,8 @@ impl From<HolderKind> for GrantKind {
 #[derive(Debug, Clone, Serialize)]
 pub struct GrantRecord {
     pub id: u64,
+    /// The GPU it held.
+    pub device: u32,
     pub kind: GrantKind,
     pub holder: String,
     /// Unix time, seconds.
@@ -120,9 +124,10 @@ impl History {
     }
 
     /// A queue grant began (`id` is the queue's).
-    pub fn granted(&self, id: u64, kind: HolderKind, holder: &str, waited: Duration) {
+    pub fn granted(&self, id: u64, device: u32, kind: HolderKind, holder: &str, waited: Duration) {
         let record = GrantRecord {
             id,
+            device,
             kind: kind.into(),
             holder: holder.to_string(),
             start: unix_now(),
@@ -130,16 +135,21 @@ impl History {
             waited_s: (waited.as_secs_f64() * 1000.0).round() / 1000.0,
             peak_mib: None,
         };
-        tracing::info!(target: "gpuhost::audit", grant = id, kind = ?record.kind, holder, waited_s = record.waited_s, "GPU granted");
+        tracing::info!(target: "gpuhost::audit", grant = id, device, kind = ?record.kind, holder, waited_s = record.waited_s, "GPU granted");
         let mut rings = self.lock();
         rings.grants.push_back(record);
         self.trim(&mut rings);
     }
 
     /// A queue grant ended.
-    pub fn released(&self, id: u64) {
+    pub fn released(&self, device: u32, id: u64) {
         let mut rings = self.lock();
-        if let Some(r) = rings.grants.iter_mut().rev().find(|r| r.id == id) {
+        if let Some(r) = rings
+            .grants
+            .iter_mut()
+            .rev()
+            .find(|r| r.id == id && r.device == device)
+        {
             let end = unix_now();
             r.end = Some(end);
             tracing::info!(target: "gpuhost::audit", grant = id, kind = ?r.kind, holder = %r.holder, held_s = end - r.start, peak_mib = ?r.peak_mib, "GPU released");
@@ -148,13 +158,14 @@ impl History {
 
     /// Something the arbiter did that is not a queue grant (unload, reload): from now until
     /// `end_event` is called with the returned id.
-    pub fn begin_event(&self, kind: GrantKind, holder: &str) -> u64 {
+    pub fn begin_event(&self, device: u32, kind: GrantKind, holder: &str) -> u64 {
         let mut rings = self.lock();
         let id = EVENT_IDS + rings.next_event_id;
         rings.next_event_id += 1;
-        tracing::info!(target: "gpuhost::audit", event = id, kind = ?kind, holder, "GPU event");
+        tracing::info!(target: "gpuhost::audit", event = id, device, kind = ?kind, holder, "GPU event");
         rings.grants.push_back(GrantRecord {
             id,
+            device,
             kind,
             holder: holder.to_string(),
             start: unix_now(),
@@ -167,11 +178,20 @@ impl History {
     }
 
     pub fn end_event(&self, id: u64) {
-        self.released(id);
+        let device = self
+            .lock()
+            .grants
+            .iter()
+            .find(|r| r.id == id)
+            .map(|r| r.device);
+        if let Some(device) = device {
+            self.released(device, id);
+        }
     }
 
-    /// Adds a sample of `snap` (once per new sample) and raises the peaks of open grants.
-    pub fn sample(&self, snap: &Snapshot, waiting: usize) {
+    /// Adds a sample of `snap` (once per new sample) and raises the peaks of open grants;
+    /// `waiting` tells how many wait for each device.
+    pub fn sample(&self, snap: &Snapshot, waiting: impl Fn(u32) -> usize) {
         let Some(taken) = snap.taken_wall else { return };
         let t = unix(taken);
         let gpus: Vec<DeviceSample> = snap
@@ -182,19 +202,24 @@ impl History {
                 memory_used_mib: g.memory_used_mib,
                 memory_total_mib: g.memory_total_mib,
                 utilization: g.utilization,
+                waiting: waiting(g.index),
             })
             .collect();
-        let used = gpus.iter().map(|g| g.memory_used_mib).max();
+        let total_waiting = gpus.iter().map(|g| g.waiting).sum();
         let mut rings = self.lock();
         if rings.samples.back().is_some_and(|s| s.t >= t) {
             return;
         }
-        if let Some(used) = used {
-            for r in rings.grants.iter_mut().filter(|r| r.end.is_none()) {
-                r.peak_mib = Some(r.peak_mib.unwrap_or(0).max(used));
+        for r in rings.grants.iter_mut().filter(|r| r.end.is_none()) {
+            if let Some(g) = gpus.iter().find(|g| g.index == r.device) {
+                r.peak_mib = Some(r.peak_mib.unwrap_or(0).max(g.memory_used_mib));
             }
         }
-        rings.samples.push_back(Sample { t, gpus, waiting });
+        rings.samples.push_back(Sample {
+            t,
+            gpus,
+            waiting: total_waiting,
+        });
         self.trim(&mut rings);
     }
 
@@ -260,17 +285,18 @@ mod tests {
     fn grants_record_their_peak_and_old_samples_fall_out() {
         let h = History::new(Duration::from_secs(60));
         let now = SystemTime::now();
-        h.sample(&snap(now - Duration::from_secs(120), 100), 0);
+        h.sample(&snap(now - Duration::from_secs(120), 100), |_| 0);
         h.granted(
             1,
+            0,
             HolderKind::Lease,
             "lease 1 (alice)",
             Duration::from_millis(1500),
         );
-        h.sample(&snap(now - Duration::from_secs(1), 9000), 2);
-        h.sample(&snap(now - Duration::from_secs(1), 9999), 2); // the same sample again
-        h.sample(&snap(now, 4000), 1);
-        h.released(1);
+        h.sample(&snap(now - Duration::from_secs(1), 9000), |_| 2);
+        h.sample(&snap(now - Duration::from_secs(1), 9999), |_| 2); // the same sample again
+        h.sample(&snap(now, 4000), |_| 1);
+        h.released(0, 1);
         let v = h.view(None);
         assert_eq!(v.samples.len(), 2, "the two-minute-old sample is gone");
         assert_eq!(v.samples[0].waiting, 2);
@@ -280,7 +306,7 @@ mod tests {
             (GrantKind::Lease, Some(9000), 1.5)
         );
         assert!(g.end.is_some());
-        let e = h.begin_event(GrantKind::Unload, "worker asr");
+        let e = h.begin_event(0, GrantKind::Unload, "worker asr");
         assert!(e >= EVENT_IDS);
         assert!(h.view(None).grants[1].end.is_none());
         h.end_event(e);

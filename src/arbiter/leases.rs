@@ -34,12 +34,27 @@ pub struct LeaseRequest {
     /// Higher goes first among waiters; nothing running is interrupted.
     #[serde(default)]
     pub priority: i32,
+    /// A GPU index, or `"any"` (the one with the most free memory that fits); default: the
+    /// server's `[gpu] device`.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub device: Option<DeviceChoice>,
+}
+
+/// `device` in a lease request: an index or the word `any`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum DeviceChoice {
+    Index(u32),
+    Any(String),
 }
 
 /// A lease as `GET /gpu/leases` shows it.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct LeaseView {
     pub id: u64,
+    /// The GPU it holds.
+    pub device: u32,
     pub holder: String,
     pub purpose: String,
     pub vram_mib: Option<u64>,
@@ -58,16 +73,19 @@ struct Lease {
 }
 
 pub struct Leases {
-    core: Arc<Core>,
+    /// One per arbitrated GPU; `main` is `[gpu] device`'s.
+    cores: Vec<Arc<Core>>,
+    main: usize,
     /// std Mutex: short critical sections, never across `.await`.
     table: Mutex<BTreeMap<u64, Lease>>,
     next: AtomicU64,
 }
 
 impl Leases {
-    pub fn new(core: Arc<Core>) -> Leases {
+    pub fn new(cores: Vec<Arc<Core>>, main: usize) -> Leases {
         Leases {
-            core,
+            cores,
+            main,
             table: Mutex::new(BTreeMap::new()),
             next: AtomicU64::new(1),
         }
@@ -79,14 +97,68 @@ impl Leases {
 
     /// The TTL a request gets: its own (bounded), else the default.
     pub fn ttl(&self, request: &LeaseRequest) -> Result<Duration, String> {
-        let ttl = request.ttl_s.unwrap_or(self.core.config.lease_ttl_s);
-        if !(ttl.is_finite() && ttl > 0.0 && ttl <= self.core.config.max_lease_ttl_s) {
+        let config = &self.cores[self.main].config;
+        let ttl = request.ttl_s.unwrap_or(config.lease_ttl_s);
+        if !(ttl.is_finite() && ttl > 0.0 && ttl <= config.max_lease_ttl_s) {
             return Err(format!(
                 "ttl_s must be above 0 and at most {} (arbiter.max_lease_ttl_s)",
-                self.core.config.max_lease_ttl_s
+                config.max_lease_ttl_s
             ));
         }
         Ok(Duration::from_secs_f64(ttl))
+    }
+
+    /// The device a request gets: the one it names, else `[gpu] device`; with `"any"`, the
+    /// device with the most free memory among those nobody holds or waits for (else among all).
+    pub fn device_for(&self, request: &LeaseRequest) -> Result<u32, String> {
+        let known = || {
+            self.cores
+                .iter()
+                .map(|c| c.device.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match &request.device {
+            None => Ok(self.cores[self.main].device),
+            Some(DeviceChoice::Index(d)) => self
+                .cores
+                .iter()
+                .find(|c| c.device == *d)
+                .map(|c| c.device)
+                .ok_or_else(|| {
+                    format!(
+                        "GPU {d} is not arbitrated here; devices: {} ([gpu] devices)",
+                        known()
+                    )
+                }),
+            Some(DeviceChoice::Any(word)) if word == "any" => {
+                let free = |c: &Arc<Core>| c.free_mib().unwrap_or(0);
+                let quiet: Vec<&Arc<Core>> = self
+                    .cores
+                    .iter()
+                    .filter(|c| c.queue.running() == 0 && c.queue.waiting() == 0)
+                    .collect();
+                let pool: Vec<&Arc<Core>> = if quiet.is_empty() {
+                    self.cores.iter().collect()
+                } else {
+                    quiet
+                };
+                let fits: Vec<&&Arc<Core>> = pool
+                    .iter()
+                    .filter(|c| request.vram_mib.map_or(true, |need| free(c) >= need))
+                    .collect();
+                let best = if fits.is_empty() {
+                    pool.iter().max_by_key(|c| free(c))
+                } else {
+                    fits.into_iter().max_by_key(|c| free(c))
+                };
+                Ok(best.map_or(self.cores[self.main].device, |c| c.device))
+            }
+            Some(DeviceChoice::Any(other)) => Err(format!(
+                "device must be a GPU index or \"any\", not {other:?}; devices: {}",
+                known()
+            )),
+        }
     }
 
     /// Waits for the GPU (reporting on `events`), makes room, and records the lease; the last
@@ -95,9 +167,16 @@ impl Leases {
     pub async fn acquire(
         &self,
         request: LeaseRequest,
+        device: u32,
         ttl: Duration,
         events: mpsc::Sender<GrantEvent>,
     ) {
+        let core = Arc::clone(
+            self.cores
+                .iter()
+                .find(|c| c.device == device)
+                .unwrap_or(&self.cores[self.main]),
+        );
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let label = if request.purpose.is_empty() {
             format!("lease {id} ({})", request.holder)
@@ -110,7 +189,7 @@ impl Leases {
             priority: request.priority,
             need_mib: request.vram_mib,
         };
-        let Some(mut waiter) = self.core.queue.try_enqueue(ticket, usize::MAX) else {
+        let Some(mut waiter) = core.queue.try_enqueue(ticket, usize::MAX) else {
             return;
         };
         let mut last = None;
@@ -118,8 +197,7 @@ impl Leases {
             let position = waiter.position();
             if let Some(position) = position {
                 if !request.wait {
-                    let holders = self
-                        .core
+                    let holders = core
                         .queue
                         .waiting_for()
                         .unwrap_or_else(|| "others waiting".into());
@@ -135,7 +213,7 @@ impl Leases {
                 }
                 if last != Some(position) {
                     last = Some(position);
-                    let waiting_for = self.core.queue.waiting_for();
+                    let waiting_for = core.queue.waiting_for();
                     let _ = events
                         .send(GrantEvent::Queued {
                             position,
@@ -153,7 +231,7 @@ impl Leases {
         let notify = move |e: GrantEvent| {
             let _ = progress.try_send(e);
         };
-        if let Err(why) = self.core.make_room(request.vram_mib, &notify).await {
+        if let Err(why) = core.make_room(request.vram_mib, &notify).await {
             let _ = events
                 .send(GrantEvent::Error {
                     code: "no_room".into(),
@@ -165,6 +243,7 @@ impl Leases {
         let now = Instant::now();
         let view = LeaseView {
             id,
+            device: core.device,
             holder: request.holder,
             purpose: request.purpose,
             vram_mib: request.vram_mib,

@@ -64,8 +64,10 @@ pub struct GpuQueue {
     /// Bumped on every change so waiters can recompute their position.
     version: watch::Sender<u64>,
     max_running: usize,
-    /// Every grant, for `/gpu/history` and the audit log.
-    pub history: History,
+    /// Every grant, for `/gpu/history` and the audit log (one history for every device).
+    pub history: Arc<History>,
+    /// The GPU this queue grants.
+    pub device: u32,
     sharing: Sharing,
     /// The device's memory now, for `share = "vram"`; set once by the arbiter.
     room: std::sync::OnceLock<RoomSource>,
@@ -133,30 +135,27 @@ pub struct GpuPermit {
 
 impl GpuQueue {
     pub fn new(max_running: usize) -> Arc<GpuQueue> {
-        GpuQueue::with_history(
+        GpuQueue::with_sharing(
             max_running,
-            History::new(std::time::Duration::from_secs(3600)),
+            Arc::new(History::new(std::time::Duration::from_secs(3600))),
+            Sharing::default(),
+            0,
         )
     }
 
-    pub fn with_history(max_running: usize, history: History) -> Arc<GpuQueue> {
+    /// The queue of `device`, which may pack holders by memory (see `sharing.rs`).
+    pub fn with_sharing(
+        max_running: usize,
+        history: Arc<History>,
+        sharing: Sharing,
+        device: u32,
+    ) -> Arc<GpuQueue> {
         Arc::new(GpuQueue {
             state: Mutex::new(QueueState::default()),
             version: watch::Sender::new(0),
             max_running: max_running.max(1),
             history,
-            sharing: Sharing::default(),
-            room: std::sync::OnceLock::new(),
-        })
-    }
-
-    /// A queue that may pack holders by memory (see `sharing.rs`).
-    pub fn with_sharing(max_running: usize, history: History, sharing: Sharing) -> Arc<GpuQueue> {
-        Arc::new(GpuQueue {
-            state: Mutex::new(QueueState::default()),
-            version: watch::Sender::new(0),
-            max_running: max_running.max(1),
-            history,
+            device,
             sharing,
             room: std::sync::OnceLock::new(),
         })
@@ -380,7 +379,7 @@ impl GpuQueue {
             } = state.waiting.remove(i);
             if tx.send(()).is_ok() {
                 self.history
-                    .granted(id, ticket.kind, &ticket.label, since.elapsed());
+                    .granted(id, self.device, ticket.kind, &ticket.label, since.elapsed());
                 state.holding.push(Holding {
                     id,
                     ticket,
@@ -396,7 +395,7 @@ impl GpuQueue {
             let before = state.holding.len();
             state.holding.retain(|h| h.id != id);
             if state.holding.len() != before {
-                self.history.released(id);
+                self.history.released(self.device, id);
             }
             self.dispatch(&mut state);
         }
@@ -591,12 +590,13 @@ mod tests {
         for allow_backfill in [false, true] {
             let q = GpuQueue::with_sharing(
                 1,
-                History::new(std::time::Duration::from_secs(60)),
+                Arc::new(History::new(std::time::Duration::from_secs(60))),
                 Sharing {
                     mode: ShareMode::Vram,
                     headroom_mib: 0,
                     allow_backfill,
                 },
+                0,
             );
             q.set_room(RoomSource(Box::new(|| {
                 Some(Room {

@@ -41,6 +41,8 @@ pub struct ServiceStatus {
     pub state: ServiceState,
     pub pid: Option<u32>,
     pub vram_mib: Option<u64>,
+    /// The GPU it runs on.
+    pub device: u32,
     /// Peak memory measured for its processes while it ran.
     pub measured_vram_mib: Option<u64>,
     pub starts: u64,
@@ -101,17 +103,29 @@ pub struct Services {
 }
 
 impl Services {
-    pub fn start(config: &Config, core: &Arc<Core>) -> Services {
+    /// One actor per `[[services]]` entry, on the core of its device (`cores` holds one for
+    /// every arbitrated device; `main` is `[gpu] device`'s).
+    pub fn start(config: &Config, cores: &[Arc<Core>], main: &Arc<Core>) -> Services {
         let map = config
             .services
             .iter()
             .map(|spec| {
+                let core = spec
+                    .device
+                    .and_then(|d| cores.iter().find(|c| c.device == d))
+                    .unwrap_or(main);
+                let mut spec = spec.clone();
+                if let Some(device) = spec.device {
+                    crate::config::pin_device(&mut spec.env, device);
+                }
+                let spec = &spec;
                 let (control, rx) = mpsc::channel(64);
                 let (status_tx, status) = watch::channel(ServiceStatus {
                     name: spec.name.clone(),
                     state: ServiceState::Stopped,
                     pid: None,
                     vram_mib: spec.vram_mib,
+                    device: core.device,
                     measured_vram_mib: core.footprints.measured(&footprint_key(&spec.name)),
                     starts: 0,
                     last_error: None,
@@ -171,11 +185,14 @@ impl Services {
         }
     }
 
-    /// A request waits at the head of the queue: a healthy service unused for `busy_grace_s`
+    /// A request waits at the head of `device`'s queue: a healthy service there unused for `busy_grace_s`
     /// stops to make room; one in use keeps the GPU and the request keeps waiting.
-    pub fn yield_to(&self, waiting: &str) {
+    pub fn yield_to(&self, device: u32, waiting: &str) {
         for (spec, handle) in self.map.values() {
             let s = handle.status();
+            if s.device != device {
+                continue;
+            }
             let idle = s
                 .last_use
                 .map(|t| t.elapsed().as_secs_f64())

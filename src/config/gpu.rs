@@ -9,8 +9,11 @@ use serde::Deserialize;
 pub struct GpuConfig {
     /// How many pipeline jobs may hold the GPU at once.
     pub max_concurrent_jobs: usize,
-    /// Index of the GPU reported as `gpu` in `/status`.
+    /// Index of the GPU reported as `gpu` in `/status`, where speech jobs are queued.
     pub device: usize,
+    /// Every GPU the arbiter keeps a queue for (besides `device` and any a worker or service
+    /// names); leases may ask for one of them or `"any"`.
+    pub devices: Vec<u32>,
     pub status: GpuStatusConfig,
     /// Services whose command lines are watched to tell `loading` from `busy`.
     pub watch: Vec<WatchConfig>,
@@ -102,6 +105,7 @@ impl Default for GpuConfig {
         GpuConfig {
             max_concurrent_jobs: 1,
             device: 0,
+            devices: Vec::new(),
             status: GpuStatusConfig::default(),
             watch: Vec::new(),
             share: crate::arbiter::sharing::ShareMode::Exclusive,

@@ -26,6 +26,10 @@ pub struct ServiceConfig {
     /// Declared memory footprint; room is made for it before the start.
     #[serde(default)]
     pub vram_mib: Option<u64>,
+    /// The GPU it runs on (nvidia-smi index; default `[gpu] device`). When set, gpuhost sets
+    /// `CUDA_VISIBLE_DEVICES` for it and queues its start on that device.
+    #[serde(default)]
+    pub device: Option<u32>,
     /// Signal sent first when stopping: `SIGTERM` (default) or `SIGINT`.
     #[serde(default = "default_stop_signal")]
     pub stop_signal: String,

@@ -26,8 +26,11 @@ pub struct WorkerConfig {
     pub cwd: Option<PathBuf>,
     pub env: BTreeMap<String, String>,
     pub mode: Mode,
-    /// VRAM the worker holds while loaded (documentation and `/workers`; not enforced).
+    /// VRAM the worker holds while loaded: its footprint until one is measured.
     pub vram_mib: u64,
+    /// The GPU it runs on (nvidia-smi index; default `[gpu] device`). When set, gpuhost sets
+    /// `CUDA_VISIBLE_DEVICES` for it; room is made for others on that device by unloading it.
+    pub device: Option<u32>,
     pub load_timeout_s: f64,
     pub job_timeout_s: f64,
     /// Time between SIGTERM and SIGKILL when stopping the worker.
@@ -51,6 +54,7 @@ impl Default for WorkerConfig {
             env: BTreeMap::new(),
             mode: Mode::Resident,
             vram_mib: 0,
+            device: None,
             load_timeout_s: 600.0,
             job_timeout_s: 3600.0,
             stop_grace_s: 5.0,
@@ -77,4 +81,6 @@ pub struct WorkerSpec {
     pub options: serde_json::Map<String, serde_json::Value>,
     /// A job that finds this resident unloaded: reload it, or run oneshot ([arbiter] fallback).
     pub unloaded_fallback: super::service::Fallback,
+    /// The GPU it runs on.
+    pub device: u32,
 }

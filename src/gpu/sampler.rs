@@ -244,7 +244,7 @@ impl GpuMonitor {
             .sum();
         StatusView {
             free_mib: gpu.as_ref().map(|g| g.memory_free_mib),
-            is_idle: fresh && processes.is_empty(),
+            is_idle: fresh && !processes.iter().any(|p| p.gpu_index == self.device),
             gpu,
             processes,
             decision,
@@ -323,9 +323,15 @@ impl Sampler {
             .collect();
         let watched = self.watched(&processes).await;
         let gpu = raw.gpus.iter().find(|g| g.index == self.device);
+        // The decision is about the reported device; other GPUs have their own holders.
+        let on_device: Vec<GpuProcess> = processes
+            .iter()
+            .filter(|p| p.gpu_index == self.device)
+            .cloned()
+            .collect();
         let input = DecisionInput {
             gpu,
-            processes: &processes,
+            processes: &on_device,
             watched: &watched,
             error: error.as_deref(),
         };

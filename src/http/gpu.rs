@@ -52,10 +52,15 @@ pub async fn lease(
         .leases
         .ttl(&request)
         .map_err(ApiError::bad_request)?;
+    let device = app
+        .arbiter
+        .leases
+        .device_for(&request)
+        .map_err(ApiError::bad_request)?;
     let wait = request.wait;
     let (tx, mut rx) = mpsc::channel(64);
     let arbiter = std::sync::Arc::clone(&app.arbiter);
-    tokio::spawn(async move { arbiter.leases.acquire(request, ttl, tx).await });
+    tokio::spawn(async move { arbiter.leases.acquire(request, device, ttl, tx).await });
     if wait {
         let stream = ReceiverStream::new(rx)
             .map(|event| Ok::<_, Infallible>(bytes::Bytes::from(event.to_line())));
@@ -135,6 +140,7 @@ pub async fn leases(State(app): State<AppState>) -> Json<serde_json::Value> {
         "holders": app.queue.holders(),
         "waiting": app.queue.waiters(),
         "blocked": app.queue.blocked(),
+        "devices": super::status::devices(&app),
     }))
 }
 

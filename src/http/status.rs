@@ -32,6 +32,7 @@ pub async fn status(State(app): State<AppState>) -> Json<Value> {
     body["holders"] = json!(app.queue.holders());
     body["waiting"] = json!(app.queue.waiters());
     body["leases"] = json!(app.arbiter.leases.list());
+    body["devices"] = devices(&app);
     body["services"] = app
         .arbiter
         .services
@@ -40,6 +41,23 @@ pub async fn status(State(app): State<AppState>) -> Json<Value> {
         .map(super::services::view)
         .collect();
     Json(body)
+}
+
+/// Each arbitrated GPU's holders, waiters and block (one queue per device).
+pub fn devices(app: &AppState) -> Value {
+    app.arbiter
+        .cores
+        .iter()
+        .map(|c| {
+            json!({
+                "index": c.device,
+                "holders": c.queue.holders(),
+                "waiting": c.queue.waiters(),
+                "blocked": c.queue.blocked(),
+                "busy_reason": c.busy_reason(),
+            })
+        })
+        .collect()
 }
 
 /// Prometheus text exposition.

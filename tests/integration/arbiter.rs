@@ -1022,3 +1022,70 @@ async fn fallback_oneshot_serves_a_job_without_bringing_the_resident_back() {
     let host = host.ready().await;
     host.stop().await;
 }
+
+#[tokio::test]
+async fn several_gpus_get_a_queue_each() {
+    let gpu = FakeGpu::new(
+        "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\ngpu: NVIDIA RTX A4000, 0, 300, 16376, 35, 20.0\n",
+    );
+    let config = format!(
+        "[gpu]\ndevices = [0, 1]\n{}",
+        arbiter_config(
+            &gpu,
+            &service(&gpu, "llm", "--load-s 0.2 --mib 12000", "device = 1"),
+        )
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = grant_events(host.post("/services/llm/start").send().await.unwrap()).await;
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
+        "{events:?}"
+    );
+    // gpuhost pointed the service at GPU 1 (CUDA_VISIBLE_DEVICES): its memory shows there.
+    let s = wait_status(&host, "the service's memory on GPU 1", |s| {
+        s["gpus"][1]["memory_used_mib"].as_u64() > Some(12_000)
+    })
+    .await;
+    assert_eq!(s["gpus"][0]["memory_used_mib"], 512, "{s:#}");
+    let devices = s["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2, "{s:#}");
+    assert_eq!(devices[1]["holders"][0]["label"], "service llm", "{s:#}");
+    assert!(
+        devices[0]["holders"].as_array().unwrap().is_empty(),
+        "{s:#}"
+    );
+    // GPU 0 stays free for speech: the resident was not unloaded, and a job runs at once.
+    assert_eq!(s["workers"][0]["state"], "ready", "{s:#}");
+    assert_eq!(s["decision"], "idle", "GPU 0 is the reported device: {s:#}");
+    result_of(&host.transcribe("", wav(0.2, 16000, 1)).await);
+    // A lease for GPU 1 finds it taken; "any" picks the free GPU 0; an unknown GPU is a 400.
+    let taken = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "x", "vram_mib": 1000, "device": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(taken.status(), 409);
+    let any = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "y", "vram_mib": 1000, "device": "any"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(any.status(), 200);
+    let held = leases(&host).await;
+    assert_eq!(held[0]["device"], 0, "{held:?}");
+    let unknown = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "z", "device": 7}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 400);
+    let body: Value = unknown.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("devices: 0, 1"),
+        "{body}"
+    );
+    host.stop().await;
+}

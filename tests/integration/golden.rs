@@ -69,6 +69,7 @@ async fn replayed_transcripts_give_the_recorded_outcomes() {
             cancel_grace: Duration::from_secs(1),
             options: Default::default(),
             unloaded_fallback: Default::default(),
+            device: 0,
         };
         let (worker, task) = WorkerHandle::spawn(spec);
         let dir = tempfile::tempdir().unwrap();
