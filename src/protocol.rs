@@ -185,7 +185,8 @@ pub enum GrantEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         waiting_for: Option<String>,
     },
-    /// Someone is stopped or unloaded so this request fits: `action` is `unload` or `stop`.
+    /// Someone is stopped, unloaded or asked to free memory so this request fits: `action` is
+    /// `unload`, `stop` or `release`.
     MakingRoom { action: String, target: String },
     /// The service process was started.
     Starting { pid: u32 },

@@ -93,10 +93,11 @@ impl Fake {
     fn config(&self) -> String {
         let d = self.dir.path();
         format!(
-            "[pipeline]\nstages = [\"w\"]\n[workers.w]\ncommand = [{py:?}, {fw:?}, \"w\"]\n\
+            "state_dir = {state:?}\n[pipeline]\nstages = [\"w\"]\n[workers.w]\ncommand = [{py:?}, {fw:?}, \"w\"]\n\
              [gpu.status]\nbackend = \"nvidia-smi\"\nnvidia_smi = {smi:?}\nproc_root = {proc:?}\ninterval_s = 0.05\nstale_after_s = 5\ntimeout_s = 2\nquiet_period_s = 0\n\
              [arbiter]\nteardown_timeout_s = 10\n\
              [[services]]\nname = \"llm\"\ncommand = {argv:?}\nhealth_url = \"http://127.0.0.1:{port}/health\"\npoll_interval_s = 0.05\nstop_grace_s = 2\n",
+            state = d.join("gpuhost-state").display().to_string(),
             py = python(),
             fw = repo().join("tests/fixtures/fake_worker.py").display().to_string(),
             smi = d.join("nvidia-smi").display().to_string(),
@@ -216,6 +217,18 @@ fn main() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(1000);
+    if std::env::var("RACE_LOG").is_ok() {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
+            .init();
+    }
+    // RACE_ONLY=gpuhost|original runs one pattern; RACE_N=8 one client count.
+    let only = std::env::var("RACE_ONLY").unwrap_or_default();
+    let ns: Vec<usize> = std::env::var("RACE_N")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .map_or(vec![2, 8, 32], |n| vec![n]);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -236,8 +249,11 @@ fn main() {
         println!("# Race: N clients start one GPU service at once, {rounds} rounds per N (same fake GPU)\n");
         println!("| N | pattern | double starts / 1000 rounds | to healthy p50 | p90 |");
         println!("|---|---|---|---|---|");
-        for n in [2usize, 8, 32] {
+        for &n in &ns {
             for pattern in ["original (is_idle, then start)", "gpuhost (POST /services/llm/start)"] {
+                if !only.is_empty() && !pattern.starts_with(only.as_str()) {
+                    continue;
+                }
                 let before = starts(fake.dir.path());
                 let mut times = Vec::new();
                 for _ in 0..rounds {
