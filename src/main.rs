@@ -18,8 +18,23 @@ struct Args {
     /// Config file (TOML). Without one, the built-in speech pipeline is served.
     #[arg(long, global = true, env = "GPUHOST_CONFIG")]
     config: Option<PathBuf>,
+    /// Log format on stderr: `text` (colours only on a terminal) or `json` (one object per line,
+    /// for journald, Loki, Kubernetes).
+    #[arg(
+        long,
+        global = true,
+        env = "GPUHOST_LOG_FORMAT",
+        default_value = "text"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -64,13 +79,7 @@ fn main() -> std::process::ExitCode {
         eprintln!("gpuhost: warning: cannot start the orphan guard ({e}); worker children may outlive a killed host");
     }
     gpuhost::serve::raise_fd_limit();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GPUHOST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    init_logging(&args);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -106,6 +115,23 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             gpuhost::setup::setup(&config, &workers, force, &|line| eprintln!("{line}")).await?;
             Ok(std::process::ExitCode::SUCCESS)
         }
+    }
+}
+
+/// `GPUHOST_LOG` filters (default `info`; `warn` for `gpuhost transcribe`, whose progress bars
+/// would be broken up by log lines, unless `-v`).
+fn init_logging(args: &Args) {
+    use std::io::IsTerminal;
+    let quiet = matches!(&args.command, Command::Transcribe(t) if !t.verbose());
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUHOST_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if quiet { "warn" } else { "info" })
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
     }
 }
 

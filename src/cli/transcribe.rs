@@ -37,9 +37,15 @@ pub struct TranscribeArgs {
     min_speakers: Option<u32>,
     #[arg(long)]
     max_speakers: Option<u32>,
-    /// Also show the workers' log lines.
+    /// Also show the workers' log lines and the host's own log.
     #[arg(long, short)]
     verbose: bool,
+}
+
+impl TranscribeArgs {
+    pub fn verbose(&self) -> bool {
+        self.verbose
+    }
 }
 
 pub async fn transcribe(config: gpuhost::Config, args: TranscribeArgs) -> anyhow::Result<ExitCode> {

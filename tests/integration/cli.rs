@@ -67,6 +67,10 @@ fn transcribe_locally_runs_every_stage_oneshot() {
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["stages"]["b"]["earlier"], serde_json::json!(["a"]));
     assert!(stderr.contains("✓ a") && stderr.contains("✓ b"), "{stderr}");
+    assert!(
+        !stderr.contains(" INFO "),
+        "progress without interleaved log lines unless -v: {stderr}"
+    );
 }
 
 #[tokio::test]
@@ -127,4 +131,73 @@ fn json_stdout(out: &std::process::Output) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The server's stderr up to the line announcing its address (then it is stopped).
+fn serve_stderr(extra: &[&str], env: &[(&str, &str)]) -> Vec<String> {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpuhost.toml");
+    std::fs::write(
+        &config,
+        "listen = \"127.0.0.1:0\"\n[pipeline]\nstages = []\n[workers]\n[gpu.status]\nbackend = \"none\"\n",
+    )
+    .unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"));
+    command
+        .args(["serve", "--config"])
+        .arg(&config)
+        .args(extra)
+        .env_remove("GPUHOST_TOKEN")
+        .env_remove("GPUHOST_LOG_FORMAT")
+        .env_remove("GPUHOST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command.spawn().unwrap();
+    let mut lines = Vec::new();
+    for line in std::io::BufReader::new(child.stderr.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+    {
+        let done = line.starts_with("gpuhost listening on ");
+        lines.push(line);
+        if done {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    lines
+}
+
+#[test]
+fn logs_are_json_lines_when_asked_and_never_coloured_into_a_pipe() {
+    for (extra, env) in [
+        (vec!["--log-format", "json"], vec![]),
+        (vec![], vec![("GPUHOST_LOG_FORMAT", "json")]),
+    ] {
+        let lines = serve_stderr(&extra, &env);
+        let logs: Vec<serde_json::Value> = lines
+            .iter()
+            .filter(|l| !l.starts_with("gpuhost listening on "))
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect();
+        assert!(!logs.is_empty(), "{lines:?}");
+        for log in &logs {
+            assert!(
+                log["level"].is_string() && log["message"].is_string(),
+                "{log}"
+            );
+            assert!(log["timestamp"].is_string(), "{log}");
+        }
+    }
+    let text = serve_stderr(&[], &[]);
+    assert!(text.len() > 1, "{text:?}");
+    assert!(
+        text.iter().all(|l| !l.contains('\u{1b}')),
+        "no ANSI escapes into a pipe: {text:?}"
+    );
 }
