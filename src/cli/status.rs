@@ -15,6 +15,9 @@ pub struct StatusArgs {
     /// Print the raw JSON of GET /status.
     #[arg(long)]
     json: bool,
+    /// Also list every GPU backend and path that was tried and why it is unavailable.
+    #[arg(long, short)]
+    verbose: bool,
 }
 
 pub async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow::Result<ExitCode> {
@@ -48,6 +51,19 @@ pub async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow::Resul
         println!("{}", serde_json::to_string_pretty(&body)?);
     } else {
         print!("{}", render(&body));
+        if args.verbose {
+            for u in body["backend"]["unavailable"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                println!(
+                    "backend {} unavailable: {}",
+                    u["backend"].as_str().unwrap_or("?"),
+                    u["error"].as_str().unwrap_or("")
+                );
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

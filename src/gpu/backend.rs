@@ -40,6 +40,24 @@ pub struct Unavailable {
     pub error: String,
 }
 
+impl Unavailable {
+    /// A few words for people; `error` keeps every path tried.
+    pub fn summary(&self) -> String {
+        let missing = self.error.contains("cannot open shared object")
+            || self.error.contains("is not on PATH")
+            || self.error.contains("No such file");
+        match (self.backend, missing) {
+            ("nvml", true) => "NVML library not found".into(),
+            ("nvidia-smi", true) => "nvidia-smi not found".into(),
+            ("all", _) => self.error.clone(),
+            (backend, _) => {
+                let first = self.error.split(';').next().unwrap_or("").trim();
+                format!("{backend}: {}", first.chars().take(120).collect::<String>())
+            }
+        }
+    }
+}
+
 impl Backend {
     pub fn select(config: &GpuStatusConfig) -> (Backend, BackendReport) {
         let timeout = Duration::from_secs_f64(config.timeout_s);

@@ -111,12 +111,11 @@ impl GpuMonitor {
         }
         let initial = match &backend {
             Backend::None => {
-                let why: Vec<String> = report
-                    .unavailable
-                    .iter()
-                    .map(|u| format!("{}: {}", u.backend, u.error))
-                    .collect();
-                let mut s = Snapshot::empty(&format!("no GPU backend ({})", why.join("; ")));
+                let why: Vec<String> = report.unavailable.iter().map(|u| u.summary()).collect();
+                let mut s = Snapshot::empty(&format!(
+                    "no NVIDIA GPU: {} (every path tried: backend.unavailable, or `gpuhost status -v`)",
+                    why.join(", ")
+                ));
                 s.error = Some("no GPU backend".into());
                 s
             }

@@ -201,3 +201,41 @@ fn logs_are_json_lines_when_asked_and_never_coloured_into_a_pipe() {
         "no ANSI escapes into a pipe: {text:?}"
     );
 }
+
+#[tokio::test]
+async fn gpuhost_status_without_a_gpu_says_so_in_one_line() {
+    let host = TestHost::start(
+        "[pipeline]\nstages = []\n[workers]\n[gpu.status]\nbackend = \"auto\"\nnvml_library = \"/nonexistent/libnvidia-ml.so.1\"\nnvidia_smi = \"/nonexistent/nvidia-smi\"\n",
+    )
+    .await;
+    let url = host.url.clone();
+    let run = move |verbose: bool| {
+        let mut c = gpuhost();
+        c.args(["status", "--server", &url]);
+        if verbose {
+            c.arg("-v");
+        }
+        c.env_remove("GPUHOST_TOKEN");
+        c
+    };
+    let out = tokio::task::spawn_blocking(move || {
+        (run(false).output().unwrap(), run(true).output().unwrap())
+    });
+    let (plain, verbose) = out.await.unwrap();
+    let text = String::from_utf8_lossy(&plain.stdout);
+    let first = text.lines().next().unwrap_or("");
+    assert!(
+        first.starts_with("UNKNOWN  no NVIDIA GPU: NVML library not found, nvidia-smi: configured nvidia_smi /nonexistent/nvidia-smi is not an executable"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("libloading"),
+        "the probe list only under -v: {text}"
+    );
+    let text = String::from_utf8_lossy(&verbose.stdout);
+    assert!(
+        text.contains("backend nvml unavailable: /nonexistent/libnvidia-ml.so.1"),
+        "{text}"
+    );
+    host.stop().await;
+}
