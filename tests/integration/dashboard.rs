@@ -177,3 +177,86 @@ async fn dashboard_shows_services_holders_buttons_and_the_history_chart() {
     assert!(dom.contains("<path d=\"M "), "the memory area: {dom}");
     host.stop().await;
 }
+
+/// Runs the menu-bar plugin against `url` and returns its output.
+fn menubar(url: &str, token: Option<&str>) -> String {
+    let mut c = Command::new(python());
+    c.arg(repo().join("deploy/menubar/gpuhost.5s.py"))
+        .env("GPUHOST_URL", url)
+        .env_remove("GPUHOST_TOKEN");
+    if let Some(t) = token {
+        c.env("GPUHOST_TOKEN", t);
+    }
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn the_menu_bar_plugin_shows_decision_vram_queue_and_processes() {
+    let gpu = FakeGpu::new(
+        "gpu: NVIDIA GeForce RTX 5090, 87, 27000, 32607, 71, 455.5\nproc: 4242, python3, 24000\n",
+    );
+    gpu.process(
+        4242,
+        1,
+        &["python3", "-m", "vllm.entrypoints.openai.api_server"],
+    );
+    let config = format!(
+        "token = \"bar-token\"\n[pipeline]\nstages = [\"asr\"]\n{}\n{}",
+        fake_worker("asr", ""),
+        gpu.config("[[gpu.watch]]\nname = \"vllm\"\npattern = \"vllm.entrypoints\"\n")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    wait_for("a sample", std::time::Duration::from_secs(10), || {
+        let host = &host;
+        async move {
+            let s: serde_json::Value = host
+                .get("/status")
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            s["gpu"]["memory_used_mib"] == 27000
+        }
+    })
+    .await;
+    let url = host.url.clone();
+    let out = tokio::task::spawn_blocking(move || menubar(&url, Some("bar-token")))
+        .await
+        .unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "GPU BUSY 26.4/32 GiB | color=#f85149", "{out}");
+    assert_eq!(lines[1], "---", "{out}");
+    assert!(
+        out.contains("NVIDIA GeForce RTX 5090: 27000/32607 MiB (82%), 87% util"),
+        "{out}"
+    );
+    assert!(out.contains("queue: 0 running, 0 waiting"), "{out}");
+    assert!(
+        out.contains("24000 MiB  vllm (pid 4242) | font=Menlo size=11"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("Open dashboard | href={}/", host.url)),
+        "{out}"
+    );
+    // Every menu line is either plain text or `text | key=value…` (xbar's format).
+    for line in &lines {
+        assert!(line.matches(" | ").count() <= 1, "{line}");
+    }
+    // Without the token: one line saying what to do, not a traceback.
+    let url = host.url.clone();
+    let out = tokio::task::spawn_blocking(move || menubar(&url, None))
+        .await
+        .unwrap();
+    assert!(out.starts_with("GPU ? | color="), "{out}");
+    assert!(out.contains("answered 401 (set GPUHOST_TOKEN"), "{out}");
+    host.stop().await;
+}
