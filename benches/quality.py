@@ -8,10 +8,10 @@ Host overhead = request wall time − the time the pipeline's stages ran (first 
 last stage's `done`, as the host measured it: `pipeline_seconds`), i.e. intake, queueing, merging
 and streaming, as a share of that time.
 """
+
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests/speech"))
@@ -44,8 +44,12 @@ def main():
     folder, names = harness.eval_set()
     resident = run("resident", folder, names, rounds)
     oneshot = run("oneshot", folder, names, 1)
-    print(f"# speech quality and speed (median of {rounds} runs resident, 1 oneshot; 2-core CPU, default engines)\n")
-    print("| recording | dur s | WER | DER | boundary ms | spk words | speakers | RTF resident | RTF oneshot | resident/oneshot | host overhead |")
+    print(
+        f"# speech quality and speed (median of {rounds} runs resident, 1 oneshot; 2-core CPU, default engines)\n"
+    )
+    print(
+        "| recording | dur s | WER | DER | boundary ms | spk words | speakers | RTF resident | RTF oneshot | resident/oneshot | host overhead |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     totals = {}
     for name in names:
@@ -54,12 +58,21 @@ def main():
         dur = truth["duration"]
         r, o = resident[name], oneshot[name]
         overhead = (r["wall"] - r["stages"]) / r["stages"]
-        print(f"| {name} | {dur:.1f} | {m['wer']:.3f} | {m['der']:.3f} | {m['boundary_ms']:.0f} | {m['speaker_words']:.3f} "
-              f"| {m['speakers_found']}/{m['speakers_true']} | {r['wall'] / dur:.3f} | {o['wall'] / dur:.3f} "
-              f"| {r['wall'] / o['wall']:.2f} | {overhead * 100:.2f} % |")
-        row = {"wer": m["wer"], "der": m["der"], "boundary": m["boundary_ms"], "spk": m["speaker_words"],
-               "rtf_r": r["wall"] / dur, "rtf_o": o["wall"] / dur, "ratio": r["wall"] / o["wall"],
-               "overhead": overhead * 100}
+        print(
+            f"| {name} | {dur:.1f} | {m['wer']:.3f} | {m['der']:.3f} | {m['boundary_ms']:.0f} | {m['speaker_words']:.3f} "
+            f"| {m['speakers_found']}/{m['speakers_true']} | {r['wall'] / dur:.3f} | {o['wall'] / dur:.3f} "
+            f"| {r['wall'] / o['wall']:.2f} | {overhead * 100:.2f} % |"
+        )
+        row = {
+            "wer": m["wer"],
+            "der": m["der"],
+            "boundary": m["boundary_ms"],
+            "spk": m["speaker_words"],
+            "rtf_r": r["wall"] / dur,
+            "rtf_o": o["wall"] / dur,
+            "ratio": r["wall"] / o["wall"],
+            "overhead": overhead * 100,
+        }
         for group in ("all", truth["set"]):
             for k, v in row.items():
                 totals.setdefault(group, {}).setdefault(k, []).append(v)
@@ -67,8 +80,10 @@ def main():
         if group not in totals:
             continue
         med = {k: statistics.median(v) for k, v in totals[group].items()}
-        print(f"| **median, {group}** | | {med['wer']:.3f} | {med['der']:.3f} | {med['boundary']:.0f} | {med['spk']:.3f} "
-              f"| | {med['rtf_r']:.3f} | {med['rtf_o']:.3f} | {med['ratio']:.2f} | {med['overhead']:.2f} % |")
+        print(
+            f"| **median, {group}** | | {med['wer']:.3f} | {med['der']:.3f} | {med['boundary']:.0f} | {med['spk']:.3f} "
+            f"| | {med['rtf_r']:.3f} | {med['rtf_o']:.3f} | {med['ratio']:.2f} | {med['overhead']:.2f} % |"
+        )
 
 
 if __name__ == "__main__":

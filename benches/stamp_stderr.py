@@ -1,6 +1,7 @@
 """Runs a worker script unmodified, with each stderr line prefixed by the wall-clock time it was
 written, so a benchmark client can measure stderr-line-to-client latency. Used identically for
 gpuhost and the seed anchor.  Usage: python stamp_stderr.py WORKER.py [ARGS...]"""
+
 import runpy
 import sys
 import time

@@ -61,14 +61,27 @@ def render(status, base):
     if total:
         lines.append(
             "%s: %d/%d MiB (%d%%), %s%% util"
-            % (clean(gpu.get("name", "GPU")), used, total, 100 * used // total, gpu.get("utilization", 0))
+            % (
+                clean(gpu.get("name", "GPU")),
+                used,
+                total,
+                100 * used // total,
+                gpu.get("utilization", 0),
+            )
         )
-    lines.append("queue: %s running, %s waiting" % (queue.get("running", 0), queue.get("waiting", 0)))
+    lines.append(
+        "queue: %s running, %s waiting" % (queue.get("running", 0), queue.get("waiting", 0))
+    )
     for holder in status.get("holders", []):
-        lines.append("holds: %s (%.0f s)" % (clean(holder.get("label", "")), holder.get("held_s", 0)))
+        lines.append(
+            "holds: %s (%.0f s)" % (clean(holder.get("label", "")), holder.get("held_s", 0))
+        )
     for p in status.get("processes", []):
         who = p.get("worker") or p.get("watch") or p.get("name", "")
-        lines.append("%s MiB  %s (pid %s) | font=Menlo size=11" % (p.get("used_memory_mib", 0), clean(who), p.get("pid")))
+        lines.append(
+            "%s MiB  %s (pid %s) | font=Menlo size=11"
+            % (p.get("used_memory_mib", 0), clean(who), p.get("pid"))
+        )
     for s in status.get("services", []):
         lines.append("service %s: %s" % (clean(s.get("name", "")), s.get("state", "")))
     lines.append("---")

@@ -1,5 +1,6 @@
 """Starts a real `gpuhost serve` with the three speech workers and talks to it over HTTP (stdlib),
 for the end-to-end tests and the quality benchmark."""
+
 import json
 import os
 import socket
@@ -40,12 +41,20 @@ class Server:
         self.url, self.token = f"http://127.0.0.1:{self.port}", token
         self.dir = tempfile.TemporaryDirectory()
         config = Path(self.dir.name) / "gpuhost.toml"
-        workers = "".join(f'[workers.{w}]\nmode = "{mode}"\n' for w in ("diarizer", "asr", "aligner"))
-        config.write_text(f'listen = "127.0.0.1:{self.port}"\ntoken = "{token}"\nworkers_dir = "{REPO / "workers"}"\n'
-                          f'[setup]\nsdk_dir = "{REPO / "protocol/sdk"}"\n{workers}')
+        workers = "".join(
+            f'[workers.{w}]\nmode = "{mode}"\n' for w in ("diarizer", "asr", "aligner")
+        )
+        config.write_text(
+            f'listen = "127.0.0.1:{self.port}"\ntoken = "{token}"\nworkers_dir = "{REPO / "workers"}"\n'
+            f'[setup]\nsdk_dir = "{REPO / "protocol/sdk"}"\n{workers}'
+        )
         self.log = open(Path(self.dir.name) / "log", "w+")
-        self.proc = subprocess.Popen([binary(), "serve", "--config", str(config)], stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=dict(os.environ, GPUHOST_LOG="info"))
+        self.proc = subprocess.Popen(
+            [binary(), "serve", "--config", str(config)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, GPUHOST_LOG="info"),
+        )
         self.wait_ready(mode)
 
     def wait_ready(self, mode, timeout=300):
@@ -64,8 +73,11 @@ class Server:
         raise RuntimeError("workers did not become ready")
 
     def request(self, path, data=None, headers=None):
-        req = urllib.request.Request(f"{self.url}{path}", data=data,
-                                     headers={"Authorization": f"Bearer {self.token}", **(headers or {})})
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            data=data,
+            headers={"Authorization": f"Bearer {self.token}", **(headers or {})},
+        )
         return urllib.request.urlopen(req, timeout=600)
 
     def transcribe(self, wav, query=""):

@@ -11,6 +11,7 @@ separate the speakers). Stdlib only; needs `espeak-ng` and `sox` on PATH.
 writes OUT_DIR/<name>.wav and OUT_DIR/<name>.json ({"words": [...], "turns": [...], "text": ...,
 "set": ...}).
 """
+
 import array
 import json
 import os
@@ -62,16 +63,27 @@ CONVERSATIONS = {
 # Quick exchanges: the next speaker starts within 0–0.12 s.
 TURN_TAKING = {
     "quick_exchange": [
-        ("bob", "so did the backup finish"), ("carol", "yes at four"), ("bob", "all of it"),
-        ("carol", "every disk except the old one"), ("bob", "which old one"),
-        ("carol", "the grey box under the desk"), ("bob", "right that one is broken anyway"),
-        ("carol", "then we can throw it out"), ("bob", "agreed"),
-        ("carol", "and the new drives arrive on tuesday"), ("bob", "good i will install them"),
+        ("bob", "so did the backup finish"),
+        ("carol", "yes at four"),
+        ("bob", "all of it"),
+        ("carol", "every disk except the old one"),
+        ("bob", "which old one"),
+        ("carol", "the grey box under the desk"),
+        ("bob", "right that one is broken anyway"),
+        ("carol", "then we can throw it out"),
+        ("bob", "agreed"),
+        ("carol", "and the new drives arrive on tuesday"),
+        ("bob", "good i will install them"),
     ],
     "quick_three": [
-        ("alice", "who has the keys"), ("dave", "not me"), ("carol", "i left them at the front desk"),
-        ("alice", "thanks"), ("dave", "is the van ready"), ("carol", "almost it needs fuel"),
-        ("alice", "i can fill it up on the way"), ("dave", "great then we leave at ten"),
+        ("alice", "who has the keys"),
+        ("dave", "not me"),
+        ("carol", "i left them at the front desk"),
+        ("alice", "thanks"),
+        ("dave", "is the van ready"),
+        ("carol", "almost it needs fuel"),
+        ("alice", "i can fill it up on the way"),
+        ("dave", "great then we leave at ten"),
         ("carol", "see you there"),
     ],
 }
@@ -93,10 +105,12 @@ def synth_word(word: str, voice: list, workdir: str) -> array.array:
     threshold = 300
     start = next((i for i, s in enumerate(samples) if abs(s) > threshold), 0)
     end = len(samples) - next((i for i, s in enumerate(reversed(samples)) if abs(s) > threshold), 0)
-    return samples[max(0, start - 40):min(len(samples), end + 40)]
+    return samples[max(0, start - 40) : min(len(samples), end + 40)]
 
 
-def build(name: str, turns: list, workdir: str, rng: random.Random, kind: str = "conversation") -> tuple:
+def build(
+    name: str, turns: list, workdir: str, rng: random.Random, kind: str = "conversation"
+) -> tuple:
     audio = array.array("h", [0] * int(0.6 * RATE))
     words, truth_turns = [], []
     for speaker, sentence in turns:
@@ -107,17 +121,32 @@ def build(name: str, turns: list, workdir: str, rng: random.Random, kind: str = 
                 audio.extend([0] * int(rng.uniform(0.06, 0.11) * RATE))
             start = len(audio) / RATE
             audio.extend(synth_word(word, voice, workdir))
-            words.append({"word": word, "start": round(start, 4), "end": round(len(audio) / RATE, 4),
-                          "speaker": speaker})
-        truth_turns.append({"speaker": speaker, "start": round(turn_start, 4), "end": round(len(audio) / RATE, 4)})
+            words.append(
+                {
+                    "word": word,
+                    "start": round(start, 4),
+                    "end": round(len(audio) / RATE, 4),
+                    "speaker": speaker,
+                }
+            )
+        truth_turns.append(
+            {"speaker": speaker, "start": round(turn_start, 4), "end": round(len(audio) / RATE, 4)}
+        )
         audio.extend([0] * int(rng.uniform(*GAPS[kind]) * RATE))
     if kind != "conversation":
         audio.extend([0] * int(0.6 * RATE))
     # A little noise so the silence is not digital zero.
     noisy = array.array("h", (max(-32768, min(32767, s + rng.randint(-30, 30))) for s in audio))
     text = " ".join(s for _, s in turns)
-    return noisy, {"name": name, "set": kind, "words": words, "turns": truth_turns, "text": text,
-                   "speakers": sorted({s for s, _ in turns}), "duration": round(len(noisy) / RATE, 4)}
+    return noisy, {
+        "name": name,
+        "set": kind,
+        "words": words,
+        "turns": truth_turns,
+        "text": text,
+        "speakers": sorted({s for s, _ in turns}),
+        "duration": round(len(noisy) / RATE, 4),
+    }
 
 
 def write_wav(path: str, samples: array.array, rate: int = RATE) -> None:
@@ -142,8 +171,24 @@ def main(out: str) -> None:
                 json.dump(truth, f, indent=1)
             # Telephone: band-limit, 8 kHz, mu-law, as a phone line would deliver it.
             phone = os.path.join(out, f"{name}_phone.wav")
-            subprocess.run(["sox", wide, "-r", "8000", "-e", "u-law", "-b", "8", phone,
-                            "sinc", "300-3400", "gain", "-1"], check=True)
+            subprocess.run(
+                [
+                    "sox",
+                    wide,
+                    "-r",
+                    "8000",
+                    "-e",
+                    "u-law",
+                    "-b",
+                    "8",
+                    phone,
+                    "sinc",
+                    "300-3400",
+                    "gain",
+                    "-1",
+                ],
+                check=True,
+            )
             with open(os.path.join(out, f"{name}_phone.json"), "w") as f:
                 json.dump(dict(truth, name=f"{name}_phone", narrowband=True), f, indent=1)
     print(f"wrote {len(names())} recordings to {out}")

@@ -9,6 +9,7 @@
 - Speaker-attributed word accuracy: of the correctly recognized words, those whose speaker maps
   to the true speaker.
 """
+
 import itertools
 import re
 import statistics
@@ -35,7 +36,9 @@ def align_words(ref, hyp):
         d[0][j] = j
     for i in range(1, n + 1):
         for j in range(1, m + 1):
-            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (ref[i - 1] != hyp[j - 1]))
+            d[i][j] = min(
+                d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (ref[i - 1] != hyp[j - 1])
+            )
     pairs, i, j = [], n, m
     while i > 0 and j > 0:
         if ref[i - 1] == hyp[j - 1] and d[i][j] == d[i - 1][j - 1]:
@@ -102,7 +105,9 @@ def der(truth, turns, collar=0.25):
     excluded = [False] * n
     for t in truth["turns"]:
         for edge in (t["start"], t["end"]):
-            for i in range(max(0, int((edge - collar) / FRAME)), min(n, int((edge + collar) / FRAME))):
+            for i in range(
+                max(0, int((edge - collar) / FRAME)), min(n, int((edge + collar) / FRAME))
+            ):
                 excluded[i] = True
     mapping = best_mapping(ref, hyp)
     total = missed = false_alarm = confusion = 0
@@ -122,10 +127,14 @@ def der(truth, turns, collar=0.25):
 
 def word_timing(truth, result):
     """(median boundary error in seconds, speaker-attributed word accuracy)."""
-    ref = [(t, w["start"], w["end"], w["speaker"]) for w in truth["words"] for t in tokens(w["word"])]
+    ref = [
+        (t, w["start"], w["end"], w["speaker"]) for w in truth["words"] for t in tokens(w["word"])
+    ]
     hyp = hyp_words(result)
     _, pairs = align_words([r[0] for r in ref], [h[0] for h in hyp])
-    turns = [{"start": s["start"], "end": s["end"], "speaker": s["speaker"]} for s in result["segments"]]
+    turns = [
+        {"start": s["start"], "end": s["end"], "speaker": s["speaker"]} for s in result["segments"]
+    ]
     _, mapping = der(truth, turns)
     errors, correct = [], 0
     for i, j in pairs:
@@ -136,8 +145,20 @@ def word_timing(truth, result):
 
 
 def evaluate(truth, result):
-    d, _ = der(truth, result.get("turns") or [
-        {"start": s["start"], "end": s["end"], "speaker": s["speaker"]} for s in result["segments"]])
+    d, _ = der(
+        truth,
+        result.get("turns")
+        or [
+            {"start": s["start"], "end": s["end"], "speaker": s["speaker"]}
+            for s in result["segments"]
+        ],
+    )
     boundary, attributed = word_timing(truth, result)
-    return {"wer": wer(truth, result), "der": d, "boundary_ms": boundary * 1000, "speaker_words": attributed,
-            "speakers_found": len(result.get("speakers", [])), "speakers_true": len(truth["speakers"])}
+    return {
+        "wer": wer(truth, result),
+        "der": d,
+        "boundary_ms": boundary * 1000,
+        "speaker_words": attributed,
+        "speakers_found": len(result.get("speakers", [])),
+        "speakers_true": len(truth["speakers"]),
+    }

@@ -1,14 +1,14 @@
 """End to end through HTTP on synthesized speech with exact ground truth (make_eval_set.py):
 wideband and telephone recordings of 2–3 speakers, conversations and quick turn-taking without
 pauses, through the three real workers."""
+
 import json
 import statistics
 import time
 
-import pytest
-
 import harness
 import metrics
+import pytest
 
 # Bounds for the default CPU engines on this evaluation set. The issue's targets apply to the
 # medians over the set (DER ≤ 5 %, word-boundary error ≤ 80 ms, wideband WER ≤ 10 %); each file
@@ -59,15 +59,22 @@ def test_every_recording_meets_the_bounds(recordings, results):
         m["narrowband"] = bool(truth.get("narrowband"))
         m["quick"] = truth["set"] == "turn-taking"
         report[name] = m
-        assert m["wer"] <= (WER_PHONE if m["narrowband"] else WER_QUICK if m["quick"] else WER_WIDE), (name, m)
+        assert m["wer"] <= (
+            WER_PHONE if m["narrowband"] else WER_QUICK if m["quick"] else WER_WIDE
+        ), (name, m)
         assert m["der"] <= DER_MAX, (name, m)
         assert m["speakers_found"] == m["speakers_true"], (name, m)
         assert m["boundary_ms"] <= BOUNDARY_MS_MAX, (name, m)
-        assert m["speaker_words"] >= (SPEAKER_WORDS_QUICK if m["quick"] else SPEAKER_WORDS), (name, m)
+        assert m["speaker_words"] >= (SPEAKER_WORDS_QUICK if m["quick"] else SPEAKER_WORDS), (
+            name,
+            m,
+        )
     print(json.dumps(report, indent=1))
     wide = [m["wer"] for m in report.values() if not m["narrowband"] and not m["quick"]]
     assert statistics.median(wide) <= WER_WIDE_MEDIAN, report
-    assert statistics.median(m["boundary_ms"] for m in report.values()) <= BOUNDARY_MS_MEDIAN, report
+    assert statistics.median(m["boundary_ms"] for m in report.values()) <= BOUNDARY_MS_MEDIAN, (
+        report
+    )
 
 
 def test_stream_carries_stages_progress_and_partial_text(results):
@@ -77,26 +84,35 @@ def test_stream_carries_stages_progress_and_partial_text(results):
     assert stages[:2] == [("diarizer", "started"), ("asr", "started")], stages
     assert set(stages[2:4]) == {("diarizer", "done"), ("asr", "done")}, stages
     assert stages[4:] == [("aligner", "started"), ("aligner", "done")], stages
-    partial = [e for e in events if e["type"] == "progress" and e["stage"] == "asr" and e.get("partial")]
+    partial = [
+        e for e in events if e["type"] == "progress" and e["stage"] == "asr" and e.get("partial")
+    ]
     assert partial and "morning" in partial[0]["partial"]["text"].lower()
     result = final(events)
     assert set(result["timings"]) == {"diarizer", "asr", "aligner"}
-    assert result["pipeline_seconds"] < sum(result["timings"].values()), "the first two stages overlapped"
+    assert result["pipeline_seconds"] < sum(result["timings"].values()), (
+        "the first two stages overlapped"
+    )
     assert result["language"] == "en" and result["duration"] > 40
     word = result["segments"][0]["words"][0]
     assert {"word", "start", "end", "score", "speaker"} <= word.keys()
 
 
-@pytest.mark.parametrize("fmt,check", [
-    ("srt", lambda t: t.startswith("1\n00:00:0") and "[SPEAKER_00]" in t),
-    ("vtt", lambda t: t.startswith("WEBVTT\n\n") and "<v SPEAKER_01>" in t),
-    ("txt", lambda t: t.startswith("SPEAKER_00: ") and "help desk" in t.lower()),
-    ("rttm", lambda t: t.startswith("SPEAKER audio 1 ") and "SPEAKER_01" in t),
-    ("json", lambda t: json.loads(t)["speakers"] == ["SPEAKER_00", "SPEAKER_01"]),
-])
+@pytest.mark.parametrize(
+    "fmt,check",
+    [
+        ("srt", lambda t: t.startswith("1\n00:00:0") and "[SPEAKER_00]" in t),
+        ("vtt", lambda t: t.startswith("WEBVTT\n\n") and "<v SPEAKER_01>" in t),
+        ("txt", lambda t: t.startswith("SPEAKER_00: ") and "help desk" in t.lower()),
+        ("rttm", lambda t: t.startswith("SPEAKER audio 1 ") and "SPEAKER_01" in t),
+        ("json", lambda t: json.loads(t)["speakers"] == ["SPEAKER_00", "SPEAKER_01"]),
+    ],
+)
 def test_formats(server, recordings, fmt, check):
     folder, _ = recordings
-    with server.request(f"/transcribe?format={fmt}", (folder / "support_call.wav").read_bytes()) as r:
+    with server.request(
+        f"/transcribe?format={fmt}", (folder / "support_call.wav").read_bytes()
+    ) as r:
         text = r.read().decode()
     assert check(text), text[:400]
 
@@ -113,12 +129,19 @@ def test_openai_client_works_unchanged(server, recordings):
     folder, _ = recordings
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.token)
     with open(folder / "support_call.wav", "rb") as f:
-        verbose = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="verbose_json",
-                                                     timestamp_granularities=["word", "segment"])
+        verbose = client.audio.transcriptions.create(
+            model="whisper-1",
+            file=f,
+            response_format="verbose_json",
+            timestamp_granularities=["word", "segment"],
+        )
     assert "help desk" in verbose.text.lower()
     assert verbose.language == "english" and verbose.duration > 20
     assert verbose.words and verbose.words[0].end > verbose.words[0].start
-    speakers = {s.model_extra.get("speaker") if hasattr(s, "model_extra") else s["speaker"] for s in verbose.segments}
+    speakers = {
+        s.model_extra.get("speaker") if hasattr(s, "model_extra") else s["speaker"]
+        for s in verbose.segments
+    }
     assert speakers == {"SPEAKER_00", "SPEAKER_01"}
     with open(folder / "support_call.wav", "rb") as f:
         text = client.audio.transcriptions.create(model="whisper-1", file=f, response_format="text")
@@ -149,8 +172,9 @@ def test_client_leaving_mid_asr_cancels_the_stage_and_keeps_the_model(server, re
         time.sleep(0.1)
     else:
         raise AssertionError(f"the ASR job was not cancelled: {asr}")
-    assert asr["pid"] == before["asr"]["pid"] and asr["restarts"] == before["asr"]["restarts"], \
+    assert asr["pid"] == before["asr"]["pid"] and asr["restarts"] == before["asr"]["restarts"], (
         "the model stayed loaded"
+    )
     aligner = {w["name"]: w for w in json.load(server.request("/workers"))["workers"]}["aligner"]
     assert aligner["jobs_done"] == before["aligner"]["jobs_done"], "the aligner stage was skipped"
     # The next job works.

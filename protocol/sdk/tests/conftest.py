@@ -12,14 +12,20 @@ EVENT_PREFIX = "@gpuhost "
 
 
 def load_transcript(path):
-    lines = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     return lines[0], lines[1:]
 
 
 def start_worker(script, *args, env=None):
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    return subprocess.Popen([sys.executable, str(script), *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+    )
 
 
 @pytest.fixture

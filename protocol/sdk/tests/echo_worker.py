@@ -1,5 +1,6 @@
 """The worker behind the SDK golden transcripts: echoes `text`, reports `steps` progress events,
 fails with `fail`, works `sleep` seconds, and prints to stdout like a careless library would."""
+
 import sys
 import time
 

@@ -1,9 +1,9 @@
 """The SDK must produce exactly the worker side of every SDK golden transcript in protocol/golden
 (the Rust host's tests read the same files)."""
+
 import json
 
 import pytest
-
 from conftest import EVENT_PREFIX, GOLDEN, load_transcript
 
 SDK_TRANSCRIPTS = [p for p in sorted(GOLDEN.glob("*.ndjson")) if load_transcript(p)[0]["sdk"]]
@@ -25,13 +25,20 @@ def test_sdk_speaks_the_transcript(path, tmp_path, echo_worker):
     want_stdout = [e["line"] for e in entries if e["channel"] == "stdout"]
     assert stdout.splitlines() == want_stdout
 
-    got_events = [json.loads(l[len(EVENT_PREFIX):]) for l in stderr.splitlines() if l.startswith(EVENT_PREFIX)]
-    want_events = [json.loads(e["line"][len(EVENT_PREFIX):]) for e in entries
-                   if e["channel"] == "stderr" and e["line"].startswith(EVENT_PREFIX)]
+    got_events = [
+        json.loads(x[len(EVENT_PREFIX) :])
+        for x in stderr.splitlines()
+        if x.startswith(EVENT_PREFIX)
+    ]
+    want_events = [
+        json.loads(e["line"][len(EVENT_PREFIX) :])
+        for e in entries
+        if e["channel"] == "stderr" and e["line"].startswith(EVENT_PREFIX)
+    ]
     assert got_events == want_events
 
     # Plain log lines of the transcript appear in order among the real ones (tracebacks add more).
-    plain = iter(l for l in stderr.splitlines() if not l.startswith(EVENT_PREFIX))
+    plain = iter(x for x in stderr.splitlines() if not x.startswith(EVENT_PREFIX))
     for e in entries:
         if e["channel"] == "stderr" and not e["line"].startswith(EVENT_PREFIX):
             assert any(line == e["line"] for line in plain), f"missing log line {e['line']!r}"

@@ -1,4 +1,5 @@
 """Protocol guarantees of the SDK beyond the transcripts."""
+
 import json
 import os
 import signal
@@ -8,13 +9,14 @@ import textwrap
 import time
 
 from conftest import HERE, start_worker
-
 from gpuhost_worker.runner import write_result
 
 
 def test_c_level_stdout_writes_go_to_stderr(tmp_path):
     script = tmp_path / "w.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent(
+            """
         import os, sys
         sys.path.insert(0, %r)
         from gpuhost_worker import Worker, serve
@@ -26,7 +28,10 @@ def test_c_level_stdout_writes_go_to_stderr(tmp_path):
                 print("python noise")
                 return {"ok": True}
         sys.exit(serve(W()))
-    """ % str(HERE.parent / "src")))
+    """
+            % str(HERE.parent / "src")
+        )
+    )
     proc = start_worker(script)
     out = tmp_path / "r.json"
     stdout, stderr = proc.communicate(json.dumps({"_output_path": str(out)}) + "\n", timeout=30)
@@ -40,8 +45,9 @@ def test_c_level_stdout_writes_go_to_stderr(tmp_path):
 def test_bad_job_line_is_an_error_and_worker_survives(tmp_path, echo_worker):
     proc = echo_worker()
     out = tmp_path / "r.json"
-    stdout, _ = proc.communicate("not json\n" + json.dumps({"text": "ok", "_output_path": str(out)}) + "\n",
-                                 timeout=30)
+    stdout, _ = proc.communicate(
+        "not json\n" + json.dumps({"text": "ok", "_output_path": str(out)}) + "\n", timeout=30
+    )
     lines = stdout.splitlines()
     assert lines[1].startswith("error ") and json.loads(lines[1][6:])["kind"] == "ProtocolError"
     assert lines[2] == "done"
@@ -69,14 +75,21 @@ def test_write_result_is_atomic(tmp_path):
 def test_worker_exits_when_parent_dies(tmp_path):
     # A middle process starts the worker and is SIGKILLed; the worker must notice and exit.
     middle = tmp_path / "middle.py"
-    middle.write_text(textwrap.dedent("""
+    middle.write_text(
+        textwrap.dedent(
+            """
         import subprocess, sys, time
         p = subprocess.Popen([sys.executable, %r], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         print(p.pid, flush=True)
         time.sleep(60)
-    """ % str(HERE / "echo_worker.py")))
+    """
+            % str(HERE / "echo_worker.py")
+        )
+    )
     env = dict(os.environ, PYTHONPATH=str(HERE.parent / "src"))
-    proc = subprocess.Popen([sys.executable, str(middle)], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(middle)], stdout=subprocess.PIPE, text=True, env=env
+    )
     worker_pid = int(proc.stdout.readline())
     time.sleep(0.5)
     os.kill(proc.pid, signal.SIGKILL)
@@ -95,7 +108,9 @@ def test_worker_exits_when_parent_dies(tmp_path):
 
 def test_load_failure_exits_nonzero(tmp_path):
     script = tmp_path / "w.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent(
+            """
         import sys
         sys.path.insert(0, %r)
         from gpuhost_worker import Worker, serve
@@ -103,7 +118,10 @@ def test_load_failure_exits_nonzero(tmp_path):
             def load(self):
                 raise RuntimeError("weights not found at /models/x")
         sys.exit(serve(W()))
-    """ % str(HERE.parent / "src")))
+    """
+            % str(HERE.parent / "src")
+        )
+    )
     proc = start_worker(script)
     stdout, stderr = proc.communicate("", timeout=30)
     assert proc.returncode == 2
@@ -123,7 +141,7 @@ def _read_until(stream, text, timeout=20):
 
 def test_sigint_cancels_the_running_job_and_the_model_stays(tmp_path, echo_worker):
     proc = echo_worker()
-    assert json.loads(proc.stdout.readline()[len("ready "):])["cancel"] is True
+    assert json.loads(proc.stdout.readline()[len("ready ") :])["cancel"] is True
     out = tmp_path / "r.json"
     proc.stdin.write(json.dumps({"sleep": 60, "_output_path": str(out)}) + "\n")
     proc.stdin.flush()
@@ -132,7 +150,10 @@ def test_sigint_cancels_the_running_job_and_the_model_stays(tmp_path, echo_worke
     proc.send_signal(signal.SIGINT)
     line = proc.stdout.readline()
     assert time.time() - started < 5
-    assert line.startswith("error ") and json.loads(line[6:]) == {"message": "cancelled", "kind": "cancelled"}
+    assert line.startswith("error ") and json.loads(line[6:]) == {
+        "message": "cancelled",
+        "kind": "cancelled",
+    }
     assert not out.exists(), "no result for a cancelled job"
     proc.stdin.write(json.dumps({"text": "next", "_output_path": str(out)}) + "\n")
     proc.stdin.flush()
@@ -163,9 +184,11 @@ def test_a_job_cancelled_before_it_was_read_is_given_up_at_once(tmp_path, echo_w
     assert proc.stdout.readline().startswith("ready")
     marker, out = tmp_path / "job.cancel", tmp_path / "r.json"
     marker.touch()
-    jobs = [{"sleep": 60, "_output_path": str(out), "_cancel_path": str(marker)},
-            {"text": "next", "_output_path": str(out), "_cancel_path": str(tmp_path / "next.cancel")}]
+    jobs = [
+        {"sleep": 60, "_output_path": str(out), "_cancel_path": str(marker)},
+        {"text": "next", "_output_path": str(out), "_cancel_path": str(tmp_path / "next.cancel")},
+    ]
     stdout, _ = proc.communicate("\n".join(json.dumps(j) for j in jobs) + "\n", timeout=20)
     lines = stdout.splitlines()
-    assert json.loads(lines[0][len("error "):])["kind"] == "cancelled"
+    assert json.loads(lines[0][len("error ") :])["kind"] == "cancelled"
     assert lines[1] == "done" and json.loads(out.read_text())["echo"] == "next"

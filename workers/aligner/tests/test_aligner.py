@@ -2,7 +2,6 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import start_worker
 from gpuhost_aligner.engine import SphinxAligner, read_wav
 from gpuhost_aligner.text import letter_to_phones, normalize
@@ -21,9 +20,17 @@ def rough_words(audio, text):
     start, end = voiced[0] / 16000, voiced[-1] / 16000
     words = text.split()
     step = (end - start) / len(words)
-    return [{"start": round(start, 2), "end": round(end, 2), "text": text,
-             "words": [{"word": w, "start": start + i * step, "end": start + (i + 1) * step}
-                       for i, w in enumerate(words)]}]
+    return [
+        {
+            "start": round(start, 2),
+            "end": round(end, 2),
+            "text": text,
+            "words": [
+                {"word": w, "start": start + i * step, "end": start + (i + 1) * step}
+                for i, w in enumerate(words)
+            ],
+        }
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +54,18 @@ def test_aligns_every_word_in_order(aligner, speech_wav):
 
 def test_out_of_vocabulary_words_still_align(aligner, speech_wav):
     audio = read_wav(speech_wav)
-    result = aligner.align(audio, rough_words(audio, "hello world, this is a test of the gpuhost worker"))
+    result = aligner.align(
+        audio, rough_words(audio, "hello world, this is a test of the gpuhost worker")
+    )
     assert result["aligned_words"] == result["total_words"]
 
 
 def test_protocol_needs_the_asr_result(tmp_path, speech_wav):
     proc = start_worker("gpuhost_aligner")
     out = tmp_path / "r.json"
-    stdout, _ = proc.communicate(json.dumps({"audio_path": speech_wav, "_output_path": str(out)}) + "\n", timeout=120)
+    stdout, _ = proc.communicate(
+        json.dumps({"audio_path": speech_wav, "_output_path": str(out)}) + "\n", timeout=120
+    )
     lines = stdout.splitlines()
     assert lines[0].startswith("ready")
     assert lines[1].startswith("error ") and "asr stage" in lines[1]

@@ -4,7 +4,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import start_worker
 from gpuhost_asr.engine import AsrSettings, Transcriber
 
@@ -48,7 +47,9 @@ def test_protocol_streams_partial_segments(tmp_path, speech_wav):
     ready = json.loads(lines[0].split(" ", 1)[1])
     assert ready["protocol"] == 1 and "tiny.en" in ready["model"] and ready["device"] == "cpu/int8"
     assert lines[1:] == ["done"], stderr
-    events = [json.loads(l[len("@gpuhost "):]) for l in stderr.splitlines() if l.startswith("@gpuhost ")]
+    events = [
+        json.loads(x[len("@gpuhost ") :]) for x in stderr.splitlines() if x.startswith("@gpuhost ")
+    ]
     assert any(e["event"] == "progress" and "text" in e.get("partial", {}) for e in events)
     assert "hello" in json.loads(out.read_text())["segments"][0]["text"].lower()
 
@@ -65,7 +66,10 @@ def test_sigint_abandons_a_long_transcription_and_the_model_stays(tmp_path, spee
     while True:  # until the first segment is out
         line = proc.stderr.readline()
         assert line, "worker exited"
-        if line.startswith("@gpuhost ") and json.loads(line[len("@gpuhost "):])["event"] == "progress":
+        if (
+            line.startswith("@gpuhost ")
+            and json.loads(line[len("@gpuhost ") :])["event"] == "progress"
+        ):
             break
     started = time.time()
     proc.send_signal(signal.SIGINT)

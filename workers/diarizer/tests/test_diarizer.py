@@ -3,7 +3,6 @@ import subprocess
 
 import numpy as np
 import pytest
-
 from conftest import start_worker
 from gpuhost_diarizer.cluster import cluster, cluster_segments, distances
 from gpuhost_diarizer.engine import VadDvectorDiarizer, read_wav
@@ -13,20 +12,44 @@ from gpuhost_diarizer.engine import VadDvectorDiarizer, read_wav
 def two_speakers(tmp_path_factory):
     """A high female and a low male voice taking turns with short (0.25 s) pauses."""
     d = tmp_path_factory.mktemp("two")
-    parts, turns, t = [], [], 0.5
-    lines = [("en-us+f3", "62", "the weather is lovely today and the sun is out"),
-             ("en-gb+m1", "25", "i would rather stay inside and read a long book"),
-             ("en-us+f3", "62", "then i will walk to the park on my own"),
-             ("en-gb+m1", "25", "enjoy the walk and bring back some coffee")]
+    parts = []
+    lines = [
+        ("en-us+f3", "62", "the weather is lovely today and the sun is out"),
+        ("en-gb+m1", "25", "i would rather stay inside and read a long book"),
+        ("en-us+f3", "62", "then i will walk to the park on my own"),
+        ("en-gb+m1", "25", "enjoy the walk and bring back some coffee"),
+    ]
     for i, (voice, pitch, text) in enumerate(lines):
         raw = d / f"{i}.wav"
         subprocess.run(["espeak-ng", "-v", voice, "-p", pitch, "-w", str(raw), text], check=True)
         padded = d / f"{i}p.wav"
-        subprocess.run(["sox", str(raw), str(padded), "silence", "1", "0.01", "1%", "reverse", "silence", "1", "0.01",
-                        "1%", "reverse", "pad", "0", "0.25"], check=True)
+        subprocess.run(
+            [
+                "sox",
+                str(raw),
+                str(padded),
+                "silence",
+                "1",
+                "0.01",
+                "1%",
+                "reverse",
+                "silence",
+                "1",
+                "0.01",
+                "1%",
+                "reverse",
+                "pad",
+                "0",
+                "0.25",
+            ],
+            check=True,
+        )
         parts.append(str(padded))
     wav = d / "conv.wav"
-    subprocess.run(["sox", *parts, "-r", "16000", "-b", "16", "-c", "1", str(wav), "pad", "0.5", "0.5"], check=True)
+    subprocess.run(
+        ["sox", *parts, "-r", "16000", "-b", "16", "-c", "1", str(wav), "pad", "0.5", "0.5"],
+        check=True,
+    )
     return str(wav)
 
 
@@ -35,18 +58,48 @@ def no_pause(tmp_path_factory):
     """The same two voices, each answering the other at once: one VAD region, three turns.
     Returns (wav path, the two change times in seconds)."""
     d = tmp_path_factory.mktemp("nopause")
-    lines = [("en-us+f3", "62", "did you finish the report for the meeting"),
-             ("en-gb+m1", "25", "yes i sent it to everyone this morning"),
-             ("en-us+f3", "62", "great thank you very much")]
+    lines = [
+        ("en-us+f3", "62", "did you finish the report for the meeting"),
+        ("en-gb+m1", "25", "yes i sent it to everyone this morning"),
+        ("en-us+f3", "62", "great thank you very much"),
+    ]
     parts = []
     for i, (voice, pitch, text) in enumerate(lines):
         raw, trimmed = d / f"{i}.wav", d / f"{i}t.wav"
         subprocess.run(["espeak-ng", "-v", voice, "-p", pitch, "-w", str(raw), text], check=True)
-        subprocess.run(["sox", str(raw), "-r", "16000", "-b", "16", "-c", "1", str(trimmed), "silence", "1", "0.01",
-                        "1%", "reverse", "silence", "1", "0.01", "1%", "reverse"], check=True)
+        subprocess.run(
+            [
+                "sox",
+                str(raw),
+                "-r",
+                "16000",
+                "-b",
+                "16",
+                "-c",
+                "1",
+                str(trimmed),
+                "silence",
+                "1",
+                "0.01",
+                "1%",
+                "reverse",
+                "silence",
+                "1",
+                "0.01",
+                "1%",
+                "reverse",
+            ],
+            check=True,
+        )
         parts.append(trimmed)
-    lengths = [float(subprocess.run(["soxi", "-D", str(p)], capture_output=True, text=True, check=True).stdout)
-               for p in parts]
+    lengths = [
+        float(
+            subprocess.run(
+                ["soxi", "-D", str(p)], capture_output=True, text=True, check=True
+            ).stdout
+        )
+        for p in parts
+    ]
     wav = d / "conv.wav"
     subprocess.run(["sox", *map(str, parts), str(wav), "pad", "0.5", "0.5"], check=True)
     return str(wav), [0.5 + lengths[0], 0.5 + lengths[0] + lengths[1]]
@@ -68,7 +121,9 @@ def test_finds_speaker_changes_without_a_pause(diarizer, no_pause):
     wav, changes = no_pause
     result = diarizer.diarize(read_wav(wav))
     assert len(result["speech_regions"]) == 1, "no pause: VAD sees one region"
-    assert [t["speaker"] for t in result["turns"]] == ["SPEAKER_00", "SPEAKER_01", "SPEAKER_00"], result["turns"]
+    assert [t["speaker"] for t in result["turns"]] == ["SPEAKER_00", "SPEAKER_01", "SPEAKER_00"], (
+        result["turns"]
+    )
     found = [t["start"] for t in result["turns"][1:]]
     assert all(abs(f - c) <= 0.25 for f, c in zip(found, changes)), (found, changes)
 
@@ -82,7 +137,9 @@ def test_short_segments_join_a_speaker_instead_of_founding_one():
     lengths = np.array([3.0, 3.0, 3.0, 3.0, 0.6])
     labels = cluster_segments(distances(emb, f0), lengths)
     assert labels.tolist() == [0, 0, 1, 1, 0]
-    assert len(set(cluster(distances(emb, f0)).tolist())) == 3, "plain clustering would found a third"
+    assert len(set(cluster(distances(emb, f0)).tolist())) == 3, (
+        "plain clustering would found a third"
+    )
 
 
 def test_speaker_bounds_are_honoured(diarizer, two_speakers):

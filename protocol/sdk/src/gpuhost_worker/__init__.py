@@ -4,9 +4,19 @@ The protocol (see protocol/PROTOCOL.md in the gpuhost repository) is handled her
 real stdout, logs and events on stderr, results written atomically, errors turned into the `error`
 signal, exit when the parent dies, persistent and one-shot modes.
 """
+
 from .channels import Channels
 from .options import engine, options
 from .progress import Progress
 from .runner import PROTOCOL_VERSION, JobCancelled, Worker, serve
 
-__all__ = ["Channels", "JobCancelled", "Progress", "PROTOCOL_VERSION", "Worker", "engine", "options", "serve"]
+__all__ = [
+    "Channels",
+    "JobCancelled",
+    "Progress",
+    "PROTOCOL_VERSION",
+    "Worker",
+    "engine",
+    "options",
+    "serve",
+]

@@ -1,6 +1,7 @@
 """The three channels. Protocol signals get a private duplicate of fd 1; fd 1 itself is pointed at
 stderr, so anything a library prints (Python or C level, progress bars included) lands in the log
 and can never corrupt the signal stream."""
+
 import json
 import os
 import sys

@@ -1,4 +1,5 @@
 """Parent-death guard: a worker must never outlive its host (an orphan keeps its GPU memory)."""
+
 import ctypes
 import os
 import signal

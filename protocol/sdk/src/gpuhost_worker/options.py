@@ -1,4 +1,5 @@
 """What the host configured for this worker: `[workers.<name>] engine` and `options`."""
+
 import json
 import os
 

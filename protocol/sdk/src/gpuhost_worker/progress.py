@@ -1,4 +1,5 @@
 """The `progress` object handed to `Worker.run`: fraction 0..1, message, partial results, logs."""
+
 import math
 import time
 
@@ -9,8 +10,13 @@ class Progress:
         self._min_interval = min_interval
         self._last = 0.0
 
-    def __call__(self, fraction: float | None = None, message: str | None = None, partial=None,
-                 force: bool = False) -> None:
+    def __call__(
+        self,
+        fraction: float | None = None,
+        message: str | None = None,
+        partial=None,
+        force: bool = False,
+    ) -> None:
         """Reports progress. Calls closer than `min_interval` apart are dropped unless they carry a
         partial result, are final (fraction 1) or `force` is set."""
         now = time.monotonic()

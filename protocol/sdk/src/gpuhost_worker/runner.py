@@ -1,6 +1,7 @@
 """The worker loop: load once, say `ready`, then per stdin line run the job, write the result
 atomically to `_output_path`, and say `done` (or `error`, staying alive for the next job).
 `SIGINT` during a job abandons it (`error` of kind `cancelled`); the model stays loaded."""
+
 import gc
 import json
 import os
@@ -83,8 +84,12 @@ def oneshot_requested(argv=None) -> bool:
     return "--oneshot" in argv or os.environ.get("GPUHOST_MODE", "").lower() == "oneshot"
 
 
-def serve(worker: Worker, channels: Channels | None = None, oneshot: bool | None = None,
-          guard: bool = True) -> int:
+def serve(
+    worker: Worker,
+    channels: Channels | None = None,
+    oneshot: bool | None = None,
+    guard: bool = True,
+) -> int:
     """Runs the protocol until stdin closes (or after one job in one-shot mode). Returns the exit code."""
     if channels is None:
         channels = Channels.take_over_stdout()
@@ -97,7 +102,9 @@ def serve(worker: Worker, channels: Channels | None = None, oneshot: bool | None
     except ImportError as e:  # a broken or stale venv: say how to fix it
         traceback.print_exc(file=sys.stderr)
         name = os.environ.get("GPUHOST_WORKER", "<worker>")
-        sys.stderr.write(f"load failed: {e}. The worker's venv is missing packages: run `gpuhost setup {name}`\n")
+        sys.stderr.write(
+            f"load failed: {e}. The worker's venv is missing packages: run `gpuhost setup {name}`\n"
+        )
         sys.stderr.flush()
         return 3
     except Exception as e:  # a failed load is fatal: the host reports the log tail

@@ -1,4 +1,5 @@
 """Protocol glue: the aligner engine behind the gpuhost worker SDK."""
+
 import sys
 
 from gpuhost_worker import Worker, engine, options, serve
@@ -14,7 +15,9 @@ class AlignerWorker(Worker):
     def run(self, job, progress):
         asr = (job.get("results") or {}).get("asr")
         if not asr:
-            raise ValueError("the aligner needs the asr stage's result (put asr before aligner in the pipeline)")
+            raise ValueError(
+                "the aligner needs the asr stage's result (put asr before aligner in the pipeline)"
+            )
         audio = read_wav(job["audio_path"])
         segments = asr.get("segments", [])
         out = {"engine": self.engine.name, "segments": [], "aligned_words": 0, "total_words": 0}

@@ -12,6 +12,7 @@ to make it reliable:
 - words that still fail keep the ASR's own timestamps, marked `aligned: false`.
 Production engine: torchaudio's MMS forced-alignment bundle (wav2vec2 CTC) on CUDA.
 """
+
 from __future__ import annotations
 
 import wave
@@ -25,7 +26,12 @@ PAD_S = 0.5
 MARGIN_S = 0.15
 FRAME_S = 0.01
 # (beam, wbeam, pbeam); tried in order until one aligns every word.
-BEAMS = [(1e-48, 7e-29, 1e-48), (1e-80, 1e-60, 1e-80), (1e-64, 1e-40, 1e-64), (1e-100, 1e-80, 1e-100)]
+BEAMS = [
+    (1e-48, 7e-29, 1e-48),
+    (1e-80, 1e-60, 1e-80),
+    (1e-64, 1e-40, 1e-64),
+    (1e-100, 1e-80, 1e-100),
+]
 
 
 def read_wav(path: str) -> np.ndarray:
@@ -75,12 +81,19 @@ class SphinxAligner:
                 decoder.end_utt()
             except RuntimeError:
                 continue
-            words = [s for s in (decoder.seg() or []) if s.word not in ("<s>", "</s>", "<sil>") and not s.word.startswith("[")]
+            words = [
+                s
+                for s in (decoder.seg() or [])
+                if s.word not in ("<s>", "</s>", "<sil>") and not s.word.startswith("[")
+            ]
             names = [s.word.split("(")[0] for s in words]
             if names != tokens:
                 continue  # partial alignment: try the next beam setting
             self._preferred = i
-            return [(s.start_frame * FRAME_S - PAD_S, (s.end_frame + 1) * FRAME_S - PAD_S, s.prob) for s in words]
+            return [
+                (s.start_frame * FRAME_S - PAD_S, (s.end_frame + 1) * FRAME_S - PAD_S, s.prob)
+                for s in words
+            ]
         return None
 
     def align(self, audio: np.ndarray, segments: list) -> dict:
@@ -96,7 +109,7 @@ class SphinxAligner:
                 self._ensure_words(tokens)
                 start = max(0.0, seg["start"] - MARGIN_S)
                 end = min(len(audio) / RATE, seg["end"] + MARGIN_S)
-                piece = audio[int(start * RATE):int(end * RATE)]
+                piece = audio[int(start * RATE) : int(end * RATE)]
                 timing = self._align_piece(piece, tokens)
             k = 0
             for w, ts in zip(asr_words, tokens_per_word):
@@ -104,16 +117,40 @@ class SphinxAligner:
                 if timing is not None and ts:
                     first, last = timing[k], timing[k + len(ts) - 1]
                     k += len(ts)
-                    words.append({"word": w["word"], "start": round(start + max(first[0], 0.0), 3),
-                                  "end": round(start + max(last[1], first[0] + FRAME_S), 3),
-                                  "score": round(float(np.exp(max(min(first[2], 0), -700) / 10000)), 4),
-                                  "aligned": True})
+                    words.append(
+                        {
+                            "word": w["word"],
+                            "start": round(start + max(first[0], 0.0), 3),
+                            "end": round(start + max(last[1], first[0] + FRAME_S), 3),
+                            "score": round(float(np.exp(max(min(first[2], 0), -700) / 10000)), 4),
+                            "aligned": True,
+                        }
+                    )
                     aligned += 1
                 else:
-                    words.append({"word": w["word"], "start": w["start"], "end": w["end"],
-                                  "score": 0.0, "aligned": False})
-            out_segments.append({"start": seg["start"], "end": seg["end"], "text": seg.get("text", ""), "words": words})
-        return {"engine": self.name, "segments": out_segments, "aligned_words": aligned, "total_words": total}
+                    words.append(
+                        {
+                            "word": w["word"],
+                            "start": w["start"],
+                            "end": w["end"],
+                            "score": 0.0,
+                            "aligned": False,
+                        }
+                    )
+            out_segments.append(
+                {
+                    "start": seg["start"],
+                    "end": seg["end"],
+                    "text": seg.get("text", ""),
+                    "words": words,
+                }
+            )
+        return {
+            "engine": self.name,
+            "segments": out_segments,
+            "aligned_words": aligned,
+            "total_words": total,
+        }
 
 
 class MmsAligner:
@@ -137,7 +174,10 @@ class MmsAligner:
             asr_words = seg.get("words") or []
             tokens = [" ".join(normalize(w["word"])).replace(" ", "") for w in asr_words]
             start = max(0.0, seg["start"] - MARGIN_S)
-            piece = audio[int(start * RATE):int((seg["end"] + MARGIN_S) * RATE)].astype(np.float32) / 32768.0
+            piece = (
+                audio[int(start * RATE) : int((seg["end"] + MARGIN_S) * RATE)].astype(np.float32)
+                / 32768.0
+            )
             words = []
             keep = [t for t in tokens if t]
             spans = None
@@ -151,14 +191,40 @@ class MmsAligner:
                 total += 1
                 span = next(it) if (t and spans) else None
                 if span:
-                    words.append({"word": w["word"], "start": round(start + span[0].start * ratio, 3),
-                                  "end": round(start + span[-1].end * ratio, 3),
-                                  "score": round(float(sum(s.score for s in span) / len(span)), 4), "aligned": True})
+                    words.append(
+                        {
+                            "word": w["word"],
+                            "start": round(start + span[0].start * ratio, 3),
+                            "end": round(start + span[-1].end * ratio, 3),
+                            "score": round(float(sum(s.score for s in span) / len(span)), 4),
+                            "aligned": True,
+                        }
+                    )
                     aligned += 1
                 else:
-                    words.append({"word": w["word"], "start": w["start"], "end": w["end"], "score": 0.0, "aligned": False})
-            out_segments.append({"start": seg["start"], "end": seg["end"], "text": seg.get("text", ""), "words": words})
-        return {"engine": self.name, "segments": out_segments, "aligned_words": aligned, "total_words": total}
+                    words.append(
+                        {
+                            "word": w["word"],
+                            "start": w["start"],
+                            "end": w["end"],
+                            "score": 0.0,
+                            "aligned": False,
+                        }
+                    )
+            out_segments.append(
+                {
+                    "start": seg["start"],
+                    "end": seg["end"],
+                    "text": seg.get("text", ""),
+                    "words": words,
+                }
+            )
+        return {
+            "engine": self.name,
+            "segments": out_segments,
+            "aligned_words": aligned,
+            "total_words": total,
+        }
 
 
 def load(engine: str, options: dict):

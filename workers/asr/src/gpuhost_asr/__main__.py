@@ -1,4 +1,5 @@
 """Protocol glue: the ASR engine behind the gpuhost worker SDK."""
+
 import sys
 
 from gpuhost_worker import Worker, engine, options, serve
@@ -16,11 +17,18 @@ class AsrWorker(Worker):
     def run(self, job, progress):
         def on_segment(segment, duration):
             fraction = segment["end"] / duration if duration else None
-            progress(fraction, segment["text"], partial={"start": segment["start"], "end": segment["end"],
-                                                         "text": segment["text"]})
+            progress(
+                fraction,
+                segment["text"],
+                partial={"start": segment["start"], "end": segment["end"], "text": segment["text"]},
+            )
 
-        return self.transcriber.transcribe(job["audio_path"], language=job.get("language"),
-                                           prompt=job.get("prompt"), on_segment=on_segment)
+        return self.transcriber.transcribe(
+            job["audio_path"],
+            language=job.get("language"),
+            prompt=job.get("prompt"),
+            on_segment=on_segment,
+        )
 
 
 if __name__ == "__main__":

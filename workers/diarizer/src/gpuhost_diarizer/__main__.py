@@ -1,4 +1,5 @@
 """Protocol glue: the diarizer engine behind the gpuhost worker SDK."""
+
 import sys
 
 from gpuhost_worker import Worker, engine, options, serve
@@ -14,8 +15,13 @@ class DiarizerWorker(Worker):
 
     def run(self, job, progress):
         audio = read_wav(job["audio_path"])
-        return self.engine.diarize(audio, job.get("num_speakers"), job.get("min_speakers"),
-                                   job.get("max_speakers"), progress=progress)
+        return self.engine.diarize(
+            audio,
+            job.get("num_speakers"),
+            job.get("min_speakers"),
+            job.get("max_speakers"),
+            progress=progress,
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ difference of the median F0 (octaves) in the second before and after b. Peaks ab
 within ±0.5 s, across which F0 differs most: the windows locate a change to ~0.4 s, the pitch
 track to a word gap.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -53,8 +54,14 @@ class PitchTrack:
         return 0.0 if np.isnan(d) else d
 
 
-def change_points(starts: list, emb: np.ndarray, pitch: PitchTrack, energy: np.ndarray,
-                  region: tuple, threshold: float = CHANGE_THRESHOLD) -> list:
+def change_points(
+    starts: list,
+    emb: np.ndarray,
+    pitch: PitchTrack,
+    energy: np.ndarray,
+    region: tuple,
+    threshold: float = CHANGE_THRESHOLD,
+) -> list:
     """Speaker changes (seconds) inside `region`, given its encoder windows: `starts` (feature
     frame of each window) and their L2-normalised d-vectors `emb`; `energy` per feature frame."""
     if len(starts) < 3:
@@ -86,7 +93,9 @@ def snap(b: int, pitch: PitchTrack, energy: np.ndarray, region: tuple) -> float:
         return b * FRAME_S
     e = energy[lo:hi]
     quiet = np.percentile(energy[first:last], 20)
-    pauses = [lo + i for i in range(1, len(e) - 1) if e[i] <= min(e[i - 1], e[i + 1]) and e[i] <= quiet]
+    pauses = [
+        lo + i for i in range(1, len(e) - 1) if e[i] <= min(e[i - 1], e[i + 1]) and e[i] <= quiet
+    ]
     if not pauses:
         return (lo + int(np.argmin(e))) * FRAME_S
     return max(pauses, key=lambda g: pitch.jump(g * FRAME_S, 0.6)) * FRAME_S

