@@ -1089,3 +1089,42 @@ async fn several_gpus_get_a_queue_each() {
     );
     host.stop().await;
 }
+
+#[tokio::test]
+async fn an_idle_resident_is_unloaded_and_comes_back_for_the_next_job() {
+    let gpu = FakeGpu::new(IDLE);
+    let config =
+        arbiter_config(&gpu, "").replace("[arbiter]\n", "[arbiter]\nidle_unload_after_s = 0.5\n");
+    let host = TestHost::start(&config).await.ready().await;
+    let state = |host: &TestHost| {
+        let request = host.get("/workers");
+        async move {
+            let w: Value = request.send().await.unwrap().json().await.unwrap();
+            w["workers"][0]["state"].as_str().unwrap().to_string()
+        }
+    };
+    wait_for("the idle worker to unload", Duration::from_secs(10), || {
+        let host = &host;
+        async move { state(host).await == "unloaded" }
+    })
+    .await;
+    // The next job loads it again (keep-alive, like Ollama's) and works.
+    result_of(&host.transcribe("", wav(0.2, 16000, 1)).await);
+    let h: Value = host
+        .get("/gpu/history")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        h["grants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["kind"] == "unload" && g["holder"] == "worker w"),
+        "{h:#}"
+    );
+    host.stop().await;
+}
