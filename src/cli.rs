@@ -1,8 +1,8 @@
 //! Subcommands that act as clients or one-off runners (the server itself lives in the library).
 
-pub mod control;
-pub mod lease;
-pub mod progress;
-pub mod run;
-pub mod status;
-pub mod transcribe;
+pub(crate) mod control;
+pub(crate) mod lease;
+pub(crate) mod progress;
+pub(crate) mod run;
+pub(crate) mod status;
+pub(crate) mod transcribe;

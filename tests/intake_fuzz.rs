@@ -3,6 +3,7 @@
 //! WAV, never let a panic out (a decoder bug — symphonia's debug-build overflow checks do fire on
 //! such input — must end as a clean 415 error without internals), and never ask for more memory
 //! than a bound. The seed is fixed so CI runs are repeatable; `PROPTEST_RNG_SEED` explores others.
+#![allow(clippy::unwrap_used, unreachable_pub)] // test and bench code: a panic is the failure report
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,5 @@
 //! Integration tests: the real server on port 0, real worker processes, real HTTP.
+#![allow(clippy::unwrap_used, unreachable_pub)] // test and bench code: a panic is the failure report
 #![allow(clippy::disallowed_methods)] // tests start the gpuhost binary and helper processes directly
 
 mod integration {
@@ -19,4 +20,5 @@ mod integration {
     mod parallel;
     mod queue;
     mod setup;
+    mod style;
 }

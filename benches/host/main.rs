@@ -4,6 +4,7 @@
 //! `cargo bench --bench host` prints no-op job latency p50/p99 and throughput over HTTP,
 //! stderr-line-to-client latency, idle host RSS and `/status` throughput and latency, each with
 //! the ratio gpuhost/anchor. The anchor's Python venv is made under `.bench/` on first use.
+#![allow(clippy::unwrap_used, unreachable_pub)] // test and bench code: a panic is the failure report
 #![allow(clippy::disallowed_methods)] // the benchmark starts both servers as processes
 
 mod measure;

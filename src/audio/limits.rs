@@ -6,16 +6,20 @@ use super::AudioError;
 
 /// Lowest accepted sample rate: below it no speech survives, and a tiny file would decode into
 /// hours of audio (a 28 KB WAV at 1 Hz is almost 4 hours).
-pub const MIN_RATE: u32 = 4_000;
+pub(super) const MIN_RATE: u32 = 4_000;
 /// Highest accepted sample rate (studio formats top out at 384 kHz).
-pub const MAX_RATE: u32 = 384_000;
+pub(super) const MAX_RATE: u32 = 384_000;
 /// Most channels accepted (they are mixed down to one).
-pub const MAX_CHANNELS: usize = 32;
+pub(super) const MAX_CHANNELS: usize = 32;
 /// Deepest accepted sample format.
-pub const MAX_BITS: u32 = 64;
+pub(super) const MAX_BITS: u32 = 64;
 
 /// Checks the fields a decoder will size its buffers by.
-pub fn check_format(rate: u32, channels: usize, bits: Option<u32>) -> Result<(), AudioError> {
+pub(super) fn check_format(
+    rate: u32,
+    channels: usize,
+    bits: Option<u32>,
+) -> Result<(), AudioError> {
     if !(MIN_RATE..=MAX_RATE).contains(&rate) {
         return Err(AudioError::BadFormat(format!(
             "the audio declares a sample rate of {rate} Hz; accepted: {MIN_RATE}–{MAX_RATE} Hz"
@@ -38,7 +42,7 @@ pub fn check_format(rate: u32, channels: usize, bits: Option<u32>) -> Result<(),
 
 /// For a RIFF/WAVE file: checks its `fmt ` chunk before any decoder parses it (some decoders
 /// divide by, or allocate by, these fields). Other containers pass through.
-pub fn check_riff_header(head: &[u8]) -> Result<(), AudioError> {
+pub(super) fn check_riff_header(head: &[u8]) -> Result<(), AudioError> {
     if head.len() < 12 || &head[0..4] != b"RIFF" || &head[8..12] != b"WAVE" {
         return Ok(());
     }

@@ -45,7 +45,7 @@ impl WavWriter {
 
 /// When `bytes` is a PCM16 mono WAV at `rate`, writes it to `path` with a clean header and
 /// returns what it holds; `None` when it needs decoding.
-pub fn copy_if_normalized(
+pub(super) fn copy_if_normalized(
     bytes: &[u8],
     path: &Path,
     rate: u32,

@@ -9,7 +9,7 @@ use gpuhost::protocol::GrantEvent;
 use serde_json::Value;
 
 #[derive(clap::Args)]
-pub struct ControlArgs {
+pub(crate) struct ControlArgs {
     /// Worker (unload/load) or service (start/stop) name from the server's config.
     name: String,
     /// Base URL of the server; default: the config's listen address.
@@ -21,7 +21,7 @@ pub struct ControlArgs {
 
 /// Which button.
 #[derive(Clone, Copy)]
-pub enum Action {
+pub(crate) enum Action {
     Unload,
     Load,
     Start,
@@ -39,7 +39,7 @@ impl Action {
     }
 }
 
-pub async fn control(
+pub(crate) async fn control(
     config: &gpuhost::Config,
     action: Action,
     args: ControlArgs,

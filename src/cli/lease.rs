@@ -12,7 +12,7 @@ use gpuhost::protocol::GrantEvent;
 use serde_json::json;
 
 #[derive(clap::Args)]
-pub struct LeaseArgs {
+pub(crate) struct LeaseArgs {
     /// Base URL of the server; default: the config's listen address.
     #[arg(long)]
     server: Option<String>,
@@ -38,7 +38,7 @@ pub struct LeaseArgs {
     command: Vec<String>,
 }
 
-pub async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::Result<ExitCode> {
     let base = args
         .server
         .clone()

@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Write};
 
 use gpuhost::protocol::{ClientEvent, StageStatus};
 
-pub struct Progress {
+pub(crate) struct Progress {
     tty: bool,
     verbose: bool,
     /// Whether the cursor sits at the end of a bar line that `\r` may overwrite.
@@ -12,7 +12,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    pub fn new(verbose: bool) -> Progress {
+    pub(crate) fn new(verbose: bool) -> Progress {
         Progress {
             tty: std::io::stderr().is_terminal(),
             verbose,
@@ -20,7 +20,7 @@ impl Progress {
         }
     }
 
-    pub fn show(&mut self, event: &ClientEvent) {
+    pub(crate) fn show(&mut self, event: &ClientEvent) {
         let mut err = std::io::stderr().lock();
         match event {
             ClientEvent::Queued {

@@ -7,7 +7,11 @@ use anyhow::{bail, Context};
 use gpuhost::config::Mode;
 use gpuhost::worker::{JobRequest, WorkerHandle};
 
-pub async fn run(config: &gpuhost::Config, worker: &str, job: &Path) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(
+    config: &gpuhost::Config,
+    worker: &str,
+    job: &Path,
+) -> anyhow::Result<ExitCode> {
     let Some(mut spec) = config.worker_spec(worker) else {
         let known: Vec<&String> = config.workers.keys().collect();
         bail!("no worker `{worker}` in the config (known: {known:?})");

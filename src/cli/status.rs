@@ -6,7 +6,7 @@ use anyhow::{bail, Context};
 use serde_json::Value;
 
 #[derive(clap::Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// Base URL of the server; default: the config's listen address.
     #[arg(long)]
     server: Option<String>,
@@ -20,7 +20,7 @@ pub struct StatusArgs {
     verbose: bool,
 }
 
-pub async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow::Result<ExitCode> {
     let base = args
         .server
         .clone()
@@ -69,7 +69,7 @@ pub async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow::Resul
 }
 
 /// The terminal view of a `/status` body.
-pub fn render(s: &Value) -> String {
+pub(crate) fn render(s: &Value) -> String {
     let mut out = String::new();
     let decision = s["decision"].as_str().unwrap_or("unknown").to_uppercase();
     out.push_str(&format!(

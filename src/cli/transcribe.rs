@@ -15,7 +15,7 @@ use gpuhost::render::{render, Format};
 use super::progress::Progress;
 
 #[derive(clap::Args)]
-pub struct TranscribeArgs {
+pub(crate) struct TranscribeArgs {
     /// Audio or video file.
     file: PathBuf,
     /// Base URL of a running gpuhost, e.g. http://127.0.0.1:9090
@@ -43,12 +43,15 @@ pub struct TranscribeArgs {
 }
 
 impl TranscribeArgs {
-    pub fn verbose(&self) -> bool {
+    pub(crate) fn verbose(&self) -> bool {
         self.verbose
     }
 }
 
-pub async fn transcribe(config: gpuhost::Config, args: TranscribeArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn transcribe(
+    config: gpuhost::Config,
+    args: TranscribeArgs,
+) -> anyhow::Result<ExitCode> {
     let mut progress = Progress::new(args.verbose);
     let last = match &args.server {
         Some(server) => remote(server, &args, &mut progress).await?,

@@ -79,7 +79,7 @@ pub struct WorkerSpec {
     pub stop_grace: Duration,
     pub cancel_grace: Duration,
     pub options: serde_json::Map<String, serde_json::Value>,
-    /// A job that finds this resident unloaded: reload it, or run oneshot ([arbiter] fallback).
+    /// A job that finds this resident unloaded: reload it, or run oneshot (`[arbiter] fallback`).
     pub unloaded_fallback: super::service::Fallback,
     /// The GPU it runs on.
     pub device: u32,

@@ -10,7 +10,7 @@ use nvml_wrapper::Nvml;
 use super::{GpuInfo, RawProcess, RawSample};
 
 /// Tried in order when the config names no library.
-pub const USUAL_PLACES: &[&str] = &[
+pub(super) const USUAL_PLACES: &[&str] = &[
     "libnvidia-ml.so.1",
     "/usr/lib/wsl/lib/libnvidia-ml.so.1",
     "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",

@@ -8,7 +8,11 @@ use subtle::ConstantTimeEq;
 use super::error::ApiError;
 use crate::AppState;
 
-pub async fn require_token(State(app): State<AppState>, request: Request, next: Next) -> Response {
+pub(super) async fn require_token(
+    State(app): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
     let Some(expected) = app.config.token.as_deref() else {
         return next.run(request).await;
     };

@@ -13,7 +13,7 @@ const PAGE: &str = include_str!("dashboard.html");
     (status = 200, description = "The dashboard page", content_type = "text/html", body = String),
     (status = 403, description = "A Host this server does not answer to", body = super::error::ErrorBody),
 ))]
-pub async fn page() -> impl IntoResponse {
+pub(super) async fn page() -> impl IntoResponse {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),

@@ -31,7 +31,7 @@ use crate::AppState;
     (status = 409, description = "The GPU is taken (without `wait`), or no room can be made", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn lease(
+pub(super) async fn lease(
     State(app): State<AppState>,
     body: Result<Json<LeaseRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
@@ -98,7 +98,7 @@ pub async fn lease(
     (status = 404, description = "No such lease (released or expired)", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn renew(
+pub(super) async fn renew(
     State(app): State<AppState>,
     id: Result<Path<u64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<LeaseView>, ApiError> {
@@ -117,7 +117,7 @@ pub async fn renew(
     (status = 404, description = "No such lease (released or expired)", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn release(
+pub(super) async fn release(
     State(app): State<AppState>,
     id: Result<Path<u64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -134,7 +134,7 @@ pub async fn release(
     (status = 200, description = "Leases, holders and waiters", body = Object),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn leases(State(app): State<AppState>) -> Json<serde_json::Value> {
+pub(super) async fn leases(State(app): State<AppState>) -> Json<serde_json::Value> {
     Json(json!({
         "leases": app.arbiter.leases.list(),
         "holders": app.queue.holders(),
@@ -154,7 +154,7 @@ fn no_lease(id: u64) -> ApiError {
 
 #[derive(serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct HistoryQuery {
+pub(super) struct HistoryQuery {
     /// Only what happened at or after this Unix time (seconds); default: everything kept.
     since: Option<f64>,
 }
@@ -167,7 +167,7 @@ pub struct HistoryQuery {
     (status = 400, description = "Bad `since`", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn history(
+pub(super) async fn history(
     State(app): State<AppState>,
     query: Result<Query<HistoryQuery>, QueryRejection>,
 ) -> Result<Json<crate::arbiter::history::HistoryView>, ApiError> {

@@ -17,7 +17,7 @@ use crate::AppState;
     (status = 200, description = "Alive: status, version, uptime, worker counts, queue, GPU sampling", body = Object),
     (status = 503, description = "Alive but unable to take jobs (`problems` says why)", body = Object),
 ))]
-pub async fn health(State(app): State<AppState>) -> Response {
+pub(super) async fn health(State(app): State<AppState>) -> Response {
     let statuses = app.supervisor.statuses();
     let ready = statuses
         .iter()
@@ -51,7 +51,7 @@ pub async fn health(State(app): State<AppState>) -> Response {
 
 /// The answer of `/ready`.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct Readiness {
+pub(super) struct Readiness {
     pub ready: bool,
     /// Why not, one line each (empty when ready).
     pub reasons: Vec<String>,
@@ -63,7 +63,7 @@ pub struct Readiness {
     (status = 200, description = "Ready for traffic", body = Readiness),
     (status = 503, description = "Not ready now", body = Readiness),
 ))]
-pub async fn ready(State(app): State<AppState>) -> Response {
+pub(super) async fn ready(State(app): State<AppState>) -> Response {
     let mut reasons = Vec::new();
     for s in app.supervisor.statuses() {
         let up = match s.mode {

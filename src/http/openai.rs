@@ -18,7 +18,7 @@ use crate::render::{render, Format};
 use crate::AppState;
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
-pub struct OpenAiError(ApiError);
+pub(super) struct OpenAiError(ApiError);
 
 impl From<ApiError> for OpenAiError {
     fn from(e: ApiError) -> Self {
@@ -57,7 +57,7 @@ struct Form {
 /// OpenAI error shape, for the schema.
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)] // documentation only: built with json!
-pub struct OpenAiErrorBody {
+pub(super) struct OpenAiErrorBody {
     #[schema(value_type = Object)]
     error: serde_json::Value,
 }
@@ -89,7 +89,7 @@ pub struct OpenAiErrorBody {
     ),
     security(("bearer" = []))
 )]
-pub async fn transcriptions(
+pub(super) async fn transcriptions(
     State(app): State<AppState>,
     request: Request,
 ) -> Result<Response, OpenAiError> {

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
 use crate::{AppState, Config};
 
-pub async fn check(State(app): State<AppState>, request: Request, next: Next) -> Response {
+pub(super) async fn check(State(app): State<AppState>, request: Request, next: Next) -> Response {
     if let Err(e) = check_request(request.method(), request.headers(), &app.config) {
         return e.into_response();
     }

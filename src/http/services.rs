@@ -22,12 +22,12 @@ use crate::AppState;
     (status = 200, description = "Services", body = Object),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn list(State(app): State<AppState>) -> Json<Value> {
+pub(super) async fn list(State(app): State<AppState>) -> Json<Value> {
     let services: Vec<Value> = app.arbiter.services.statuses().iter().map(view).collect();
     Json(json!({ "services": services }))
 }
 
-pub fn view(s: &ServiceStatus) -> Value {
+pub(super) fn view(s: &ServiceStatus) -> Value {
     let round = |d: f64| (d * 1000.0).round() / 1000.0;
     let mut v = serde_json::to_value(s).unwrap_or_default();
     let up = matches!(
@@ -73,7 +73,7 @@ fn service(app: &AppState, name: &str) -> Result<ServiceHandle, ApiError> {
     (status = 404, description = "No such service", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn start(
+pub(super) async fn start(
     State(app): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -116,7 +116,7 @@ pub async fn start(
     (status = 404, description = "No such service", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn stop(
+pub(super) async fn stop(
     State(app): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -134,7 +134,7 @@ pub async fn stop(
     (status = 404, description = "No such service", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn touch(
+pub(super) async fn touch(
     State(app): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -159,7 +159,7 @@ fn worker(app: &AppState, name: &str) -> Result<crate::worker::WorkerHandle, Api
     (status = 404, description = "No such worker", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn unload(
+pub(super) async fn unload(
     State(app): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -176,7 +176,7 @@ pub async fn unload(
     (status = 404, description = "No such worker", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn load(
+pub(super) async fn load(
     State(app): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {

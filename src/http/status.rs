@@ -14,7 +14,7 @@ use crate::AppState;
     (status = 200, description = "The latest GPU sample and decision", body = Object),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn status(State(app): State<AppState>) -> Json<Value> {
+pub(super) async fn status(State(app): State<AppState>) -> Json<Value> {
     let workers = app.supervisor.statuses();
     let mut view = app.gpu.view(&workers);
     // A grant the sample cannot see yet (a service still loading, a lease) is still a holder.
@@ -44,7 +44,7 @@ pub async fn status(State(app): State<AppState>) -> Json<Value> {
 }
 
 /// Each arbitrated GPU's holders, waiters and block (one queue per device).
-pub fn devices(app: &AppState) -> Value {
+pub(super) fn devices(app: &AppState) -> Value {
     app.arbiter
         .cores
         .iter()
@@ -65,7 +65,7 @@ pub fn devices(app: &AppState) -> Value {
     (status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
-pub async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
+pub(super) async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,

@@ -75,7 +75,7 @@ pub struct TranscribeQuery {
     ),
     security(("bearer" = []))
 )]
-pub async fn transcribe(
+pub(super) async fn transcribe(
     State(app): State<AppState>,
     query: Result<Query<TranscribeQuery>, QueryRejection>,
     request: Request,
@@ -102,7 +102,7 @@ pub async fn transcribe(
 }
 
 /// Waits for the final event: the result, or the job's error as an HTTP error.
-pub async fn final_result(
+pub(super) async fn final_result(
     mut events: mpsc::Receiver<ClientEvent>,
 ) -> Result<serde_json::Value, ApiError> {
     while let Some(event) = events.recv().await {
@@ -116,7 +116,7 @@ pub async fn final_result(
 }
 
 /// The HTTP status for a job that failed after it was accepted.
-pub fn job_error(code: &str, message: String) -> ApiError {
+pub(super) fn job_error(code: &str, message: String) -> ApiError {
     use axum::http::StatusCode;
     let (status, code) = match code {
         "worker_unavailable" => (StatusCode::SERVICE_UNAVAILABLE, "worker_unavailable"),
@@ -132,7 +132,7 @@ pub fn job_error(code: &str, message: String) -> ApiError {
 
 /// Validates options, stores and decodes the upload. All client mistakes surface here, as
 /// HTTP errors, before anything is queued.
-pub async fn prepare(
+pub(super) async fn prepare(
     app: &AppState,
     query: TranscribeQuery,
     request: Request,

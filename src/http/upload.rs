@@ -17,13 +17,13 @@ use crate::audio::Source;
 
 /// How much of a request body is read, and how long a pause in it may be.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyLimits {
+pub(super) struct BodyLimits {
     pub max_bytes: u64,
     pub idle: Duration,
 }
 
 impl BodyLimits {
-    pub fn from_config(config: &crate::Config) -> BodyLimits {
+    pub(super) fn from_config(config: &crate::Config) -> BodyLimits {
         BodyLimits {
             max_bytes: config.limits.max_upload_bytes,
             idle: Duration::from_secs_f64(config.http.body_idle_timeout_s),
@@ -40,7 +40,7 @@ enum Cut {
 
 /// Set by the guarded body when it cuts the body off.
 #[derive(Debug, Clone, Default)]
-pub struct Tripwire(Arc<Mutex<Option<Cut>>>);
+pub(super) struct Tripwire(Arc<Mutex<Option<Cut>>>);
 
 impl Tripwire {
     fn trip(&self, cut: Cut) {
@@ -48,7 +48,7 @@ impl Tripwire {
     }
 
     /// The HTTP error for a body that was cut off, if it was.
-    pub fn error(&self, limits: &BodyLimits) -> Option<ApiError> {
+    pub(super) fn error(&self, limits: &BodyLimits) -> Option<ApiError> {
         let cut = *self.0.lock().unwrap_or_else(|e| e.into_inner());
         cut.map(|cut| match cut {
             Cut::TooLarge => too_large("the request body", limits.max_bytes),
@@ -66,7 +66,7 @@ impl Tripwire {
 
 /// Replaces the body of `request` with one that counts every byte against `limits.max_bytes`
 /// and gives up after `limits.idle` without data.
-pub fn guard(request: Request, limits: BodyLimits) -> (Request, Tripwire) {
+pub(super) fn guard(request: Request, limits: BodyLimits) -> (Request, Tripwire) {
     let tripwire = Tripwire::default();
     let (parts, body) = request.into_parts();
     let mut data = body.into_data_stream();
@@ -104,10 +104,10 @@ pub fn guard(request: Request, limits: BodyLimits) -> (Request, Tripwire) {
 }
 
 /// Uploads larger than this are streamed to a file instead of kept in memory.
-pub const SPILL_BYTES: usize = 8 * 1024 * 1024;
+pub(super) const SPILL_BYTES: usize = 8 * 1024 * 1024;
 
 /// Receives the upload; `spill` is where a large one goes.
-pub async fn receive(
+pub(super) async fn receive(
     request: Request,
     spill: &Path,
     limits: BodyLimits,
@@ -159,7 +159,7 @@ async fn receive_guarded(request: Request, spill: &Path, limit: u64) -> Result<S
 }
 
 /// Receives one multipart field (the `file` of a form) with the same limits as `receive`.
-pub async fn collect_field(
+pub(super) async fn collect_field(
     field: axum::extract::multipart::Field<'_>,
     spill: &Path,
     limit: u64,

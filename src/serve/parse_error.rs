@@ -10,14 +10,14 @@ use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-pub struct JsonParseErrors<T> {
+pub(super) struct JsonParseErrors<T> {
     inner: T,
     /// A rewritten response being written, and how far; it stands for `reported` bytes of hyper's.
     pending: Option<(Vec<u8>, usize, usize)>,
 }
 
 impl<T> JsonParseErrors<T> {
-    pub fn new(inner: T) -> JsonParseErrors<T> {
+    pub(super) fn new(inner: T) -> JsonParseErrors<T> {
         JsonParseErrors {
             inner,
             pending: None,

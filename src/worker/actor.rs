@@ -46,7 +46,7 @@ enum Interrupted {
 }
 
 impl Actor {
-    pub fn new(
+    pub(super) fn new(
         spec: WorkerSpec,
         rx: mpsc::Receiver<Control>,
         status: watch::Sender<WorkerStatus>,
@@ -64,7 +64,7 @@ impl Actor {
         }
     }
 
-    pub async fn run(mut self) {
+    pub(super) async fn run(mut self) {
         loop {
             if let Some(reply) = self.unload_after.take() {
                 self.unload(reply).await;

@@ -61,7 +61,7 @@ pub(super) enum IdleEvent {
 
 impl Session {
     /// Spawns the worker and waits for `ready` within the load timeout.
-    pub async fn start(spec: &WorkerSpec) -> Result<Session, JobError> {
+    pub(super) async fn start(spec: &WorkerSpec) -> Result<Session, JobError> {
         let mut env = spec.env.clone();
         env.insert("GPUHOST_WORKER".into(), spec.name.clone());
         if spec.mode == Mode::Oneshot {
@@ -115,13 +115,13 @@ impl Session {
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(super) fn pid(&self) -> u32 {
         self.group.pid()
     }
 
     /// Sends one job and follows it to `done`, `error`, a crash or the timeout. When `cancel`
     /// fires, a worker that supports cancelling gets `SIGINT` and `cancel_grace` to give the job up.
-    pub async fn run(
+    pub(super) async fn run(
         &mut self,
         job: &serde_json::Map<String, Value>,
         output: &Path,
@@ -206,7 +206,7 @@ impl Session {
     }
 
     /// Waits for something to happen while no job runs: a log line (logged) or the exit.
-    pub async fn idle(&mut self) -> IdleEvent {
+    pub(super) async fn idle(&mut self) -> IdleEvent {
         tokio::select! {
             Some(line) = recv_opt(&mut self.stderr) => {
                 self.log_line(&line, None);
@@ -273,7 +273,7 @@ impl Session {
     }
 
     /// Oneshot end: close stdin (EOF ends an original-protocol worker), then stop.
-    pub async fn finish(mut self, grace: Duration) {
+    pub(super) async fn finish(mut self, grace: Duration) {
         self.stdin = None;
         if self.group.wait_timeout(grace).await.is_none() {
             self.stop(grace).await;
@@ -281,13 +281,13 @@ impl Session {
     }
 
     /// Signal → grace → kill, then reap.
-    pub async fn stop(mut self, grace: Duration) {
+    pub(super) async fn stop(mut self, grace: Duration) {
         self.stdin = None;
         let status = self.group.terminate(grace).await;
         tracing::info!(worker = %self.name, exit = %status.as_ref().map(describe_exit).unwrap_or_default(), "worker stopped");
     }
 
-    pub fn tail_text(&self) -> String {
+    pub(super) fn tail_text(&self) -> String {
         if self.tail.is_empty() {
             return "(no stderr output)".into();
         }
