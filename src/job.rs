@@ -211,7 +211,7 @@ pub fn start_job(
         if outcome.is_err() {
             let _ = tx
                 .send(ClientEvent::Error {
-                    code: "internal".into(),
+                    code: crate::protocol::ErrorCode::Internal,
                     message: "the job panicked; see the server log".into(),
                 })
                 .await;
@@ -264,7 +264,7 @@ async fn run_job(
         Err(e) => {
             tracing::warn!(error = %e, "job failed");
             ClientEvent::Error {
-                code: e.code().into(),
+                code: e.code(),
                 message: redact(&e.to_string(), job.dir.path()),
             }
         }

@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Mode;
+use crate::protocol::ErrorCode;
 use crate::protocol::{ClientEvent, StageStatus, WorkerEvent};
 use crate::supervisor::Supervisor;
 use crate::worker::{JobError, JobRequest};
@@ -40,25 +41,29 @@ pub enum PipelineError {
     UnknownStage(String),
     #[error("the client went away; the job was abandoned")]
     Cancelled,
+    /// Given up because the stage `by`, running beside it, failed (not the client's doing).
+    #[error("stage `{stage}` was called off because stage `{by}` failed")]
+    CalledOff { stage: String, by: String },
 }
 
 impl PipelineError {
-    /// A stage given up because a sibling stage failed.
-    fn called_off(&self) -> bool {
+    /// A stage given up because the job's cancel token fired (a sibling failed, or the client).
+    fn cancelled(&self) -> bool {
         matches!(
             self,
             PipelineError::Stage {
                 source: JobError::Cancelled { .. },
                 ..
-            }
+            } | PipelineError::CalledOff { .. }
         )
     }
 
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
             PipelineError::Stage { source, .. } => source.code(),
-            PipelineError::UnknownStage(_) => "unknown_stage",
-            PipelineError::Cancelled => "cancelled",
+            PipelineError::UnknownStage(_) => ErrorCode::UnknownStage,
+            PipelineError::Cancelled => ErrorCode::Cancelled,
+            PipelineError::CalledOff { .. } => ErrorCode::CalledOff,
         }
     }
 }
@@ -149,21 +154,39 @@ impl Pipeline {
             }
             // Report the failure that started it all, not the stages it called off.
             let mut failure: Option<PipelineError> = None;
+            let mut called_off = Vec::new();
             for (stage, outcome) in step.iter().zip(outcomes) {
                 match outcome {
                     Ok((result, seconds)) => {
                         timings.insert(stage.clone(), json!(round3(seconds)));
                         results.insert(stage.clone(), result);
                     }
-                    Err(e)
-                        if failure
-                            .as_ref()
-                            .map_or(true, |f| f.called_off() && !e.called_off()) =>
-                    {
-                        failure = Some(e)
+                    Err(e) if e.cancelled() => called_off.push(stage.clone()),
+                    Err(e) => {
+                        if failure.is_none() {
+                            failure = Some(e);
+                        }
                     }
-                    Err(_) => {}
                 }
+            }
+            if let Some(PipelineError::Stage { stage: by, .. }) = &failure {
+                for stage in &called_off {
+                    let e = PipelineError::CalledOff {
+                        stage: stage.clone(),
+                        by: by.clone(),
+                    };
+                    tracing::info!(code = %e.code(), "{e}");
+                    let _ = events
+                        .send(ClientEvent::Stage {
+                            stage: stage.clone(),
+                            status: StageStatus::CalledOff,
+                            seconds: None,
+                        })
+                        .await;
+                }
+            }
+            if failure.is_none() && !called_off.is_empty() {
+                failure = Some(PipelineError::Cancelled);
             }
             if let Some(e) = failure {
                 return Err(e);

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Mode, WorkerSpec};
-use crate::protocol::{ReadyInfo, WorkerEvent};
+use crate::protocol::{ErrorCode, ReadyInfo, WorkerEvent};
 
 /// What the actor is doing. Published through `/workers`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -149,15 +149,15 @@ pub enum JobError {
 
 impl JobError {
     /// Machine-readable code for the NDJSON `error` event.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            JobError::Unavailable { .. } => "worker_unavailable",
-            JobError::Crashed { .. } => "worker_crashed",
-            JobError::Timeout { .. } => "worker_timeout",
-            JobError::Failed { .. } => "job_failed",
-            JobError::BadOutput { .. } => "bad_output",
-            JobError::ShuttingDown { .. } => "shutting_down",
-            JobError::Cancelled { .. } => "cancelled",
+            JobError::Unavailable { .. } => ErrorCode::WorkerUnavailable,
+            JobError::Crashed { .. } => ErrorCode::WorkerCrashed,
+            JobError::Timeout { .. } => ErrorCode::WorkerTimeout,
+            JobError::Failed { .. } => ErrorCode::JobFailed,
+            JobError::BadOutput { .. } => ErrorCode::BadOutput,
+            JobError::ShuttingDown { .. } => ErrorCode::ShuttingDown,
+            JobError::Cancelled { .. } => ErrorCode::Cancelled,
         }
     }
 }

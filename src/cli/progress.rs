@@ -46,6 +46,11 @@ impl Progress {
                 &mut err,
                 &format!("✓ {stage} {:.2} s", seconds.unwrap_or(0.0)),
             ),
+            ClientEvent::Stage {
+                stage,
+                status: StageStatus::CalledOff,
+                ..
+            } => self.line(&mut err, &format!("✗ {stage} called off")),
             ClientEvent::Progress {
                 stage,
                 fraction,

@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 
+use crate::protocol::ErrorCode;
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, Request, State};
@@ -108,26 +109,18 @@ pub(super) async fn final_result(
     while let Some(event) = events.recv().await {
         match event {
             ClientEvent::Result { result } => return Ok(result),
-            ClientEvent::Error { code, message } => return Err(job_error(&code, message)),
+            ClientEvent::Error { code, message } => return Err(job_error(code, message)),
             _ => {}
         }
     }
     Err(ApiError::internal("the job ended without a result"))
 }
 
-/// The HTTP status for a job that failed after it was accepted.
-pub(super) fn job_error(code: &str, message: String) -> ApiError {
-    use axum::http::StatusCode;
-    let (status, code) = match code {
-        "worker_unavailable" => (StatusCode::SERVICE_UNAVAILABLE, "worker_unavailable"),
-        "shutting_down" => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
-        "worker_timeout" => (StatusCode::GATEWAY_TIMEOUT, "worker_timeout"),
-        "job_failed" => (StatusCode::UNPROCESSABLE_ENTITY, "job_failed"),
-        "worker_crashed" => (StatusCode::BAD_GATEWAY, "worker_crashed"),
-        "bad_output" => (StatusCode::BAD_GATEWAY, "bad_output"),
-        _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
-    };
-    ApiError::new(status, code, message)
+/// The HTTP error for a job that failed after it was accepted (status from `ErrorCode`).
+pub(super) fn job_error(code: ErrorCode, message: String) -> ApiError {
+    let status = axum::http::StatusCode::from_u16(code.http_status())
+        .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+    ApiError::new(status, code.as_str(), message)
 }
 
 /// Validates options, stores and decodes the upload. All client mistakes surface here, as

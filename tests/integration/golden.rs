@@ -119,7 +119,7 @@ async fn replayed_transcripts_give_the_recorded_outcomes() {
                     let err = outcome.unwrap_err();
                     let want = job_entries.iter().find_map(|e| e.get("outcome")).unwrap();
                     assert_eq!(
-                        err.code(),
+                        err.code().as_str(),
                         want["error"],
                         "{} job {n}: {err}",
                         path.display()

@@ -462,9 +462,23 @@ async fn no_backend_reads_unknown_with_reasons() {
     assert_eq!(s["decision"], "unknown");
     assert_eq!(s["is_idle"], false);
     assert_eq!(s["backend"]["active"], "none");
+    let reason = s["reason"].as_str().unwrap();
     assert!(
-        s["reason"].as_str().unwrap().contains("nvml: /nonexistent"),
+        reason.starts_with("no NVIDIA GPU: NVML library not found"),
         "{s:#}"
+    );
+    assert!(
+        !reason.contains("/nonexistent"),
+        "one line, no probe list: {s:#}"
+    );
+    let unavailable = s["backend"]["unavailable"].as_array().unwrap();
+    assert!(
+        unavailable.iter().any(|u| u["backend"] == "nvml"
+            && u["error"]
+                .as_str()
+                .unwrap()
+                .contains("/nonexistent/libnvidia-ml.so.1")),
+        "the full probe list stays in backend.unavailable: {s:#}"
     );
     host.stop().await;
 }

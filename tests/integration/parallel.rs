@@ -75,6 +75,10 @@ async fn a_failing_stage_calls_off_its_parallel_sibling() {
         "a's failure is reported, not b's cancel"
     );
     assert!(message.contains("stage `a`"), "{message}");
+    assert!(
+        events.iter().any(|e| matches!(e, ClientEvent::Stage { stage, status: StageStatus::CalledOff, .. } if stage == "b")),
+        "b is reported as called off: {events:#?}"
+    );
     let b = host.worker("b").await;
     assert_eq!(b["jobs_cancelled"], 1);
     assert_eq!(b["restarts"], 0);

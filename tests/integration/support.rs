@@ -262,7 +262,7 @@ pub fn result_of(events: &[ClientEvent]) -> serde_json::Value {
 
 pub fn error_of(events: &[ClientEvent]) -> (String, String) {
     match events.last() {
-        Some(ClientEvent::Error { code, message }) => (code.clone(), message.clone()),
+        Some(ClientEvent::Error { code, message }) => (code.to_string(), message.clone()),
         other => panic!("expected an error, got {other:?}\nall events: {events:#?}"),
     }
 }
