@@ -1,77 +1,97 @@
-//! `GET /metrics` in the Prometheus text format: GPUs, GPU processes, workers, queue and jobs.
+//! `GET /metrics` in the OpenMetrics text format (`prometheus-client`): GPUs, GPU processes,
+//! workers, services, queue and jobs, read from the live state at each scrape.
 
-use std::fmt::Write;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use crate::gpu::Decision;
 use crate::worker::WorkerState;
 use crate::App;
 
-/// Escapes a label value.
-fn label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
+/// The content type of [`render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-struct Out(String);
+type Labels = Vec<(&'static str, String)>;
+type Gauges = Family<Labels, Gauge<f64, AtomicU64>>;
+type Counters = Family<Labels, Counter<f64, AtomicU64>>;
 
-impl Out {
-    fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+/// A registry built for one scrape: each family is registered once and filled from the state.
+struct Scrape(Registry);
+
+impl Scrape {
+    fn gauges(&mut self, name: &str, help: &str) -> Gauges {
+        let family = Gauges::default();
+        self.0.register(name, help, family.clone());
+        family
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, String)], value: f64) {
-        let labels: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| format!("{k}=\"{}\"", label(v)))
-            .collect();
-        if labels.is_empty() {
-            let _ = writeln!(self.0, "{name} {value}");
-        } else {
-            let _ = writeln!(self.0, "{name}{{{}}} {value}", labels.join(","));
-        }
+    /// One label-less gauge.
+    fn gauge(&mut self, name: &str, help: &str, value: f64) {
+        let gauge = Gauge::<f64, AtomicU64>::default();
+        gauge.set(value);
+        self.0.register(name, help, gauge);
+    }
+
+    /// A counter family; the encoder appends `_total` to `name`.
+    fn counters(&mut self, name: &str, help: &str) -> Counters {
+        let family = Counters::default();
+        self.0.register(name, help, family.clone());
+        family
     }
 }
+
+fn set(family: &Gauges, labels: Labels, value: f64) {
+    family.get_or_create(&labels).set(value);
+}
+
+fn count(family: &Counters, labels: Labels, value: f64) {
+    family.get_or_create(&labels).inc_by(value);
+}
+
+fn flag(on: bool) -> f64 {
+    f64::from(u8::from(on))
+}
+
+const MIB: f64 = 1048576.0;
 
 pub fn render(app: &App) -> String {
     let workers = app.supervisor.statuses();
     let status = app.gpu.view(&workers);
-    let mut out = Out(String::with_capacity(4096));
+    let mut scrape = Scrape(Registry::default());
 
-    out.family(
+    let sample_ok = scrape.gauges(
         "gpuhost_gpu_sample_ok",
-        "gauge",
         "1 when the last GPU sample succeeded and is fresh",
     );
-    out.sample(
-        "gpuhost_gpu_sample_ok",
-        &[("backend", status.backend.active.to_string())],
-        f64::from(u8::from(status.error.is_none())),
+    let backend = status.backend.active.to_string();
+    set(
+        &sample_ok,
+        vec![("backend", backend)],
+        flag(status.error.is_none()),
     );
-    out.family(
-        "gpuhost_gpu_decision",
-        "gauge",
-        "The scheduling decision, one-hot",
-    );
+    let decision = scrape.gauges("gpuhost_gpu_decision", "The scheduling decision, one-hot");
     for d in [
         Decision::Idle,
         Decision::Loading,
         Decision::Busy,
         Decision::Unknown,
     ] {
-        let name = serde_name(d);
-        out.sample(
-            "gpuhost_gpu_decision",
-            &[("decision", name)],
-            f64::from(u8::from(status.decision == d)),
+        set(
+            &decision,
+            vec![("decision", serde_name(d))],
+            flag(status.decision == d),
         );
     }
+
     let gpus = if status.error.is_some() {
-        Vec::new()
+        &[][..]
     } else {
-        status.gpus.clone()
+        &status.gpus[..]
     };
     type GpuField = fn(&crate::gpu::GpuInfo) -> f64;
     let per_gpu: [(&str, &str, GpuField); 5] = [
@@ -79,12 +99,12 @@ pub fn render(app: &App) -> String {
             f64::from(g.utilization)
         }),
         ("gpuhost_gpu_memory_used_bytes", "GPU memory in use", |g| {
-            g.memory_used_mib as f64 * 1048576.0
+            g.memory_used_mib as f64 * MIB
         }),
         (
             "gpuhost_gpu_memory_total_bytes",
             "GPU memory installed",
-            |g| g.memory_total_mib as f64 * 1048576.0,
+            |g| g.memory_total_mib as f64 * MIB,
         ),
         ("gpuhost_gpu_temperature_celsius", "GPU temperature", |g| {
             f64::from(g.temperature)
@@ -94,36 +114,34 @@ pub fn render(app: &App) -> String {
         }),
     ];
     for (name, help, get) in per_gpu {
-        out.family(name, "gauge", help);
-        for g in &gpus {
-            let labels = [
+        let family = scrape.gauges(name, help);
+        for g in gpus {
+            let labels = vec![
                 ("gpu", g.index.to_string()),
                 ("uuid", g.uuid.clone()),
                 ("name", g.name.clone()),
             ];
-            out.sample(name, &labels, get(g));
+            set(&family, labels, get(g));
         }
     }
-    out.family(
-        "gpuhost_gpu_process_memory_bytes",
-        "gauge",
-        "GPU memory per process",
-    );
+    let process_memory =
+        scrape.gauges("gpuhost_gpu_process_memory_bytes", "GPU memory per process");
     for p in &status.processes {
-        let labels = [
+        let labels = vec![
             ("gpu", p.gpu_index.to_string()),
             ("pid", p.pid.to_string()),
             ("name", p.name.clone()),
             ("worker", p.worker.clone().unwrap_or_default()),
         ];
-        out.sample(
-            "gpuhost_gpu_process_memory_bytes",
-            &labels,
-            p.used_memory_mib as f64 * 1048576.0,
-        );
+        set(&process_memory, labels, p.used_memory_mib as f64 * MIB);
     }
 
-    out.family("gpuhost_worker_state", "gauge", "Worker state, one-hot");
+    let state = scrape.gauges("gpuhost_worker_state", "Worker state, one-hot");
+    let jobs = scrape.counters("gpuhost_worker_jobs", "Jobs a worker finished, by outcome");
+    let restarts = scrape.counters(
+        "gpuhost_worker_restarts",
+        "Worker restarts after a crash, hang or failed load",
+    );
     for w in &workers {
         for s in [
             WorkerState::Starting,
@@ -133,145 +151,77 @@ pub fn render(app: &App) -> String {
             WorkerState::Idle,
             WorkerState::Stopped,
         ] {
-            let name = serde_name(s);
-            out.sample(
-                "gpuhost_worker_state",
-                &[("worker", w.name.clone()), ("state", name)],
-                f64::from(u8::from(w.state == s)),
-            );
+            let labels = vec![("worker", w.name.clone()), ("state", serde_name(s))];
+            set(&state, labels, flag(w.state == s));
         }
-    }
-    out.family(
-        "gpuhost_worker_jobs_total",
-        "counter",
-        "Jobs a worker finished, by outcome",
-    );
-    for w in &workers {
-        out.sample(
-            "gpuhost_worker_jobs_total",
-            &[("worker", w.name.clone()), ("outcome", "ok".into())],
-            w.jobs_done as f64,
-        );
-        out.sample(
-            "gpuhost_worker_jobs_total",
-            &[("worker", w.name.clone()), ("outcome", "error".into())],
-            w.jobs_failed as f64,
-        );
-        out.sample(
-            "gpuhost_worker_jobs_total",
-            &[("worker", w.name.clone()), ("outcome", "cancelled".into())],
-            w.jobs_cancelled as f64,
-        );
-    }
-    out.family(
-        "gpuhost_worker_restarts_total",
-        "counter",
-        "Worker restarts after a crash, hang or failed load",
-    );
-    for w in &workers {
-        out.sample(
-            "gpuhost_worker_restarts_total",
-            &[("worker", w.name.clone())],
+        for (outcome, n) in [
+            ("ok", w.jobs_done),
+            ("error", w.jobs_failed),
+            ("cancelled", w.jobs_cancelled),
+        ] {
+            let labels = vec![("worker", w.name.clone()), ("outcome", outcome.into())];
+            count(&jobs, labels, n as f64);
+        }
+        count(
+            &restarts,
+            vec![("worker", w.name.clone())],
             w.restarts as f64,
         );
     }
 
-    out.family("gpuhost_queue_waiting", "gauge", "Jobs waiting for the GPU");
-    out.sample("gpuhost_queue_waiting", &[], app.queue.waiting() as f64);
-    out.family("gpuhost_queue_running", "gauge", "Jobs holding the GPU");
-    out.sample("gpuhost_queue_running", &[], app.queue.running() as f64);
-
-    out.family(
+    let waiting = app.queue.waiting() as f64;
+    scrape.gauge("gpuhost_queue_waiting", "Jobs waiting for the GPU", waiting);
+    let running = app.queue.running() as f64;
+    scrape.gauge("gpuhost_queue_running", "Jobs holding the GPU", running);
+    let leases = app.arbiter.leases.list().len() as f64;
+    scrape.gauge(
         "gpuhost_leases",
-        "gauge",
         "GPU leases held by outside programs",
+        leases,
     );
-    out.sample(
-        "gpuhost_leases",
-        &[],
-        app.arbiter.leases.list().len() as f64,
-    );
-    out.family(
+    scrape.gauge(
         "gpuhost_gpu_blocked",
-        "gauge",
         "1 while nothing is granted because a holder's memory did not come back",
+        flag(app.queue.blocked().is_some()),
     );
-    out.sample(
-        "gpuhost_gpu_blocked",
-        &[],
-        f64::from(u8::from(app.queue.blocked().is_some())),
-    );
-    let services = app.arbiter.services.statuses();
-    out.family(
+
+    let service_state = scrape.gauges(
         "gpuhost_service_state",
-        "gauge",
         "1 for the state each on-demand service is in",
     );
-    for s in &services {
-        out.sample(
-            "gpuhost_service_state",
-            &[("service", s.name.clone()), ("state", serde_name(s.state))],
-            1.0,
-        );
-    }
-    out.family(
-        "gpuhost_service_starts_total",
-        "counter",
+    let starts = scrape.counters(
+        "gpuhost_service_starts",
         "Processes started per on-demand service",
     );
-    for s in &services {
-        out.sample(
-            "gpuhost_service_starts_total",
-            &[("service", s.name.clone())],
-            s.starts as f64,
-        );
+    for s in &app.arbiter.services.statuses() {
+        let labels = vec![("service", s.name.clone()), ("state", serde_name(s.state))];
+        set(&service_state, labels, 1.0);
+        count(&starts, vec![("service", s.name.clone())], s.starts as f64);
     }
 
     let stats = &app.stats;
-    let (ok, failed) = (
-        stats.succeeded.load(Ordering::Relaxed),
-        stats.failed.load(Ordering::Relaxed),
-    );
-    out.family("gpuhost_jobs_total", "counter", "Pipeline jobs by outcome");
-    out.sample("gpuhost_jobs_total", &[("outcome", "ok".into())], ok as f64);
-    out.sample(
-        "gpuhost_jobs_total",
-        &[("outcome", "error".into())],
-        failed as f64,
-    );
-    out.sample(
-        "gpuhost_jobs_total",
-        &[("outcome", "cancelled".into())],
-        stats.cancelled.load(Ordering::Relaxed) as f64,
-    );
-    out.family(
-        "gpuhost_job_duration_seconds",
-        "histogram",
-        "Time pipeline jobs held the GPU",
-    );
-    for (le, n) in stats.cumulative() {
-        out.sample(
-            "gpuhost_job_duration_seconds_bucket",
-            &[("le", format!("{le}"))],
-            n as f64,
+    let outcomes = scrape.counters("gpuhost_jobs", "Pipeline jobs by outcome");
+    for (outcome, n) in [
+        ("ok", &stats.succeeded),
+        ("error", &stats.failed),
+        ("cancelled", &stats.cancelled),
+    ] {
+        count(
+            &outcomes,
+            vec![("outcome", outcome.into())],
+            n.load(Ordering::Relaxed) as f64,
         );
     }
-    out.sample(
-        "gpuhost_job_duration_seconds_bucket",
-        &[("le", "+Inf".into())],
-        stats.total() as f64,
+    scrape.0.register(
+        "gpuhost_job_duration_seconds",
+        "Time pipeline jobs held the GPU",
+        stats.durations.clone(),
     );
-    out.sample(
-        "gpuhost_job_duration_seconds_sum",
-        &[],
-        stats.busy_micros.load(Ordering::Relaxed) as f64 / 1e6,
-    );
-    out.sample(
-        "gpuhost_job_duration_seconds_count",
-        &[],
-        stats.total() as f64,
-    );
-    out.0
+
+    let mut out = String::with_capacity(8192);
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, &scrape.0);
+    out
 }
 
 /// The name serde gives an enum variant (`"idle"`, `"ready"`): the label value a client also

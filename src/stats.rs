@@ -1,14 +1,17 @@
-//! Job counters for `/health` and `/metrics`: lock-free atomics, never behind the GPU lock.
+//! Job counters for `/health` and `/metrics`: atomics and a `prometheus-client` histogram, never
+//! behind the GPU lock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use prometheus_client::metrics::histogram::Histogram;
 
 use crate::pipeline::PipelineError;
 
 /// Upper bounds (seconds) of the job-duration histogram buckets.
 pub const BUCKETS: [f64; 10] = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct JobStats {
     pub succeeded: AtomicU64,
     pub failed: AtomicU64,
@@ -16,8 +19,20 @@ pub struct JobStats {
     pub cancelled: AtomicU64,
     /// Sum of job durations (GPU held), in microseconds.
     pub busy_micros: AtomicU64,
-    /// Jobs that took at most `BUCKETS[i]` seconds (not cumulative).
-    pub buckets: [AtomicU64; BUCKETS.len()],
+    /// How long jobs held the GPU; a handle `/metrics` registers as it is (it shares the counts).
+    pub durations: Histogram,
+}
+
+impl Default for JobStats {
+    fn default() -> Self {
+        JobStats {
+            succeeded: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            cancelled: AtomicU64::new(0),
+            busy_micros: AtomicU64::new(0),
+            durations: Histogram::new(BUCKETS),
+        }
+    }
 }
 
 impl JobStats {
@@ -29,9 +44,7 @@ impl JobStats {
         };
         self.busy_micros
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
-        if let Some(i) = BUCKETS.iter().position(|&b| took.as_secs_f64() <= b) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
+        self.durations.observe(took.as_secs_f64());
     }
 
     /// Jobs recorded, whatever their outcome.
@@ -39,18 +52,5 @@ impl JobStats {
         self.succeeded.load(Ordering::Relaxed)
             + self.failed.load(Ordering::Relaxed)
             + self.cancelled.load(Ordering::Relaxed)
-    }
-
-    /// Cumulative bucket counts, as Prometheus wants them.
-    pub fn cumulative(&self) -> Vec<(f64, u64)> {
-        let mut total = 0;
-        BUCKETS
-            .iter()
-            .zip(&self.buckets)
-            .map(|(&le, n)| {
-                total += n.load(Ordering::Relaxed);
-                (le, total)
-            })
-            .collect()
     }
 }

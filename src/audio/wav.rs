@@ -1,44 +1,52 @@
-//! Writes 16-bit PCM mono WAV files incrementally and reads their length back.
+//! Writes 16-bit PCM mono WAV files incrementally (through `hound`) and copies uploads that
+//! already are in that format.
 
 use std::fs::File;
-use std::io::{self, BufWriter, Seek, SeekFrom, Write};
+use std::io::{self, BufWriter, Cursor};
 use std::path::Path;
 
+/// The one format every worker reads: PCM, 16 bits, mono, at the target rate.
+fn spec(rate: u32) -> hound::WavSpec {
+    hound::WavSpec {
+        channels: 1,
+        sample_rate: rate,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    }
+}
+
+fn io_error(e: hound::Error) -> io::Error {
+    match e {
+        hound::Error::IoError(e) => e,
+        other => io::Error::new(io::ErrorKind::InvalidInput, other.to_string()),
+    }
+}
+
 pub struct WavWriter {
-    out: BufWriter<File>,
-    rate: u32,
+    out: hound::WavWriter<BufWriter<File>>,
     samples: u64,
 }
 
 impl WavWriter {
     pub fn create(path: &Path, rate: u32) -> io::Result<WavWriter> {
-        let mut out = BufWriter::new(File::create(path)?);
-        out.write_all(&header(rate, 0))?;
-        Ok(WavWriter {
-            out,
-            rate,
-            samples: 0,
-        })
+        let out = hound::WavWriter::create(path, spec(rate)).map_err(io_error)?;
+        Ok(WavWriter { out, samples: 0 })
     }
 
     /// Appends samples in -1..1 (clipped).
     pub fn write(&mut self, samples: &[f32]) -> io::Result<()> {
+        let mut block = self.out.get_i16_writer(samples.len() as u32);
         for &s in samples {
-            let v = (s.clamp(-1.0, 1.0) * 32767.0).round() as i16;
-            self.out.write_all(&v.to_le_bytes())?;
+            block.write_sample((s.clamp(-1.0, 1.0) * 32767.0).round() as i16);
         }
+        block.flush().map_err(io_error)?;
         self.samples += samples.len() as u64;
         Ok(())
     }
 
     /// Fixes the header sizes; returns the number of samples written.
-    pub fn finish(mut self) -> io::Result<u64> {
-        let data_bytes = u32::try_from(self.samples * 2).map_err(|_| {
-            io::Error::new(io::ErrorKind::InvalidInput, "audio too long for a WAV file")
-        })?;
-        self.out.seek(SeekFrom::Start(0))?;
-        self.out.write_all(&header(self.rate, data_bytes))?;
-        self.out.flush()?;
+    pub fn finish(self) -> io::Result<u64> {
+        self.out.finalize().map_err(io_error)?;
         Ok(self.samples)
     }
 }
@@ -53,10 +61,17 @@ pub(super) fn copy_if_normalized(
     let Some(data) = pcm16_mono_data(bytes, rate) else {
         return Ok(None);
     };
-    let mut out = Vec::with_capacity(44 + data.len());
-    out.extend_from_slice(&header(rate, data.len() as u32));
-    out.extend_from_slice(data);
-    std::fs::write(path, out)?;
+    let mut out = Cursor::new(Vec::with_capacity(44 + data.len()));
+    {
+        let mut writer = hound::WavWriter::new(&mut out, spec(rate)).map_err(io_error)?;
+        let mut block = writer.get_i16_writer(data.len() as u32 / 2);
+        for pair in data.chunks_exact(2) {
+            block.write_sample(i16::from_le_bytes([pair[0], pair[1]]));
+        }
+        block.flush().map_err(io_error)?;
+        writer.finalize().map_err(io_error)?;
+    }
+    std::fs::write(path, out.into_inner())?;
     Ok(Some(super::AudioInfo {
         seconds: (data.len() / 2) as f64 / f64::from(rate),
         source_rate: rate,
@@ -65,55 +80,30 @@ pub(super) fn copy_if_normalized(
     }))
 }
 
-/// The sample bytes of a RIFF/WAVE file whose format is PCM, 1 channel, `rate` Hz, 16 bits.
+/// The sample bytes of a RIFF/WAVE file whose format is PCM, 1 channel, `rate` Hz, 16 bits:
+/// `hound` reads the header and leaves the cursor at the first sample.
 fn pcm16_mono_data(bytes: &[u8], rate: u32) -> Option<&[u8]> {
-    if bytes.len() < 12 || &bytes[0..4] != b"RIFF" || &bytes[8..12] != b"WAVE" {
+    let reader = hound::WavReader::new(Cursor::new(bytes)).ok()?;
+    let want = spec(rate);
+    let got = reader.spec();
+    if (
+        got.channels,
+        got.sample_rate,
+        got.bits_per_sample,
+        got.sample_format,
+    ) != (
+        want.channels,
+        want.sample_rate,
+        want.bits_per_sample,
+        want.sample_format,
+    ) {
         return None;
     }
-    let u16_at = |i: usize| Some(u16::from_le_bytes(bytes.get(i..i + 2)?.try_into().ok()?));
-    let u32_at = |i: usize| Some(u32::from_le_bytes(bytes.get(i..i + 4)?.try_into().ok()?));
-    let mut pos = 12;
-    let mut format_ok = false;
-    while pos + 8 <= bytes.len() {
-        let id = &bytes[pos..pos + 4];
-        let size = u32_at(pos + 4)? as usize;
-        let body = pos + 8;
-        match id {
-            b"fmt " => {
-                format_ok = u16_at(body)? == 1
-                    && u16_at(body + 2)? == 1
-                    && u32_at(body + 4)? == rate
-                    && u16_at(body + 14)? == 16;
-                if !format_ok {
-                    return None;
-                }
-            }
-            b"data" if format_ok => {
-                let end = body.checked_add(size)?;
-                let data = bytes.get(body..end.min(bytes.len()))?;
-                return (data.len() >= 2).then(|| &data[..data.len() & !1]);
-            }
-            _ => {}
-        }
-        pos = body.checked_add(size + (size & 1))?;
-    }
-    None
-}
-
-fn header(rate: u32, data_bytes: u32) -> [u8; 44] {
-    let mut h = [0u8; 44];
-    h[0..4].copy_from_slice(b"RIFF");
-    h[4..8].copy_from_slice(&(36 + data_bytes).to_le_bytes());
-    h[8..12].copy_from_slice(b"WAVE");
-    h[12..16].copy_from_slice(b"fmt ");
-    h[16..20].copy_from_slice(&16u32.to_le_bytes());
-    h[20..22].copy_from_slice(&1u16.to_le_bytes()); // PCM
-    h[22..24].copy_from_slice(&1u16.to_le_bytes()); // mono
-    h[24..28].copy_from_slice(&rate.to_le_bytes());
-    h[28..32].copy_from_slice(&(rate * 2).to_le_bytes());
-    h[32..34].copy_from_slice(&2u16.to_le_bytes());
-    h[34..36].copy_from_slice(&16u16.to_le_bytes());
-    h[36..40].copy_from_slice(b"data");
-    h[40..44].copy_from_slice(&data_bytes.to_le_bytes());
-    h
+    let samples = reader.len() as usize; // as declared by the data chunk
+    let start = reader.into_inner().position() as usize;
+    let end = start
+        .saturating_add(samples.saturating_mul(2))
+        .min(bytes.len());
+    let data = bytes.get(start..end)?;
+    (data.len() >= 2).then(|| &data[..data.len() & !1])
 }

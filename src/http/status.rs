@@ -62,15 +62,12 @@ pub(super) fn devices(app: &AppState) -> Value {
 
 /// Prometheus text exposition.
 #[utoipa::path(get, path = "/metrics", responses(
-    (status = 200, description = "Prometheus text format 0.0.4", content_type = "text/plain", body = String),
+    (status = 200, description = "OpenMetrics text format 1.0.0 (Prometheus scrapes it)", content_type = "application/openmetrics-text", body = String),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
 pub(super) async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
     (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         crate::metrics::render(&app),
     )
 }

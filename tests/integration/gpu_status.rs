@@ -411,8 +411,12 @@ async fn metrics_parse_as_prometheus_text() {
     assert!(r.headers()["content-type"]
         .to_str()
         .unwrap()
-        .starts_with("text/plain; version=0.0.4"));
+        .starts_with("application/openmetrics-text; version=1.0.0"));
     let text = r.text().await.unwrap();
+    assert!(
+        text.ends_with("# EOF\n"),
+        "OpenMetrics ends with # EOF:\n{text}"
+    );
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
     let value = |name: &str, label: Option<(&str, &str)>| -> f64 {
         let s = scrape
