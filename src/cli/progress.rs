@@ -1,27 +1,36 @@
-//! Renders the job's event stream on stderr: a progress bar on a terminal, plain lines elsewhere.
+//! Renders the job's event stream on stderr: one `indicatif` bar per running stage on a terminal
+//! (parallel stages each get their own), plain lines elsewhere.
 
+use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 
 use gpuhost::protocol::{ClientEvent, StageStatus};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Bar positions are thousandths of the stage.
+const STEPS: u64 = 1000;
 
 pub(crate) struct Progress {
-    tty: bool,
+    /// `Some` on a terminal: the bars, drawn below the lines printed through it.
+    bars: Option<MultiProgress>,
+    /// The bar of each stage that has reported progress and not finished.
+    running: HashMap<String, ProgressBar>,
     verbose: bool,
-    /// Whether the cursor sits at the end of a bar line that `\r` may overwrite.
-    bar_open: bool,
 }
 
 impl Progress {
     pub(crate) fn new(verbose: bool) -> Progress {
+        let bars = std::io::stderr()
+            .is_terminal()
+            .then(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
         Progress {
-            tty: std::io::stderr().is_terminal(),
+            bars,
+            running: HashMap::new(),
             verbose,
-            bar_open: false,
         }
     }
 
     pub(crate) fn show(&mut self, event: &ClientEvent) {
-        let mut err = std::io::stderr().lock();
         match event {
             ClientEvent::Queued {
                 position,
@@ -31,70 +40,96 @@ impl Progress {
                     .as_deref()
                     .map(|w| format!(" (the GPU is held by {w})"))
                     .unwrap_or_default();
-                self.line(&mut err, &format!("queued: position {position}{why}"))
+                self.line(&format!("queued: position {position}{why}"))
             }
             ClientEvent::Stage {
                 stage,
                 status: StageStatus::Started,
                 ..
-            } => self.line(&mut err, &format!("▸ {stage} …")),
+            } => self.line(&format!("▸ {stage} …")),
             ClientEvent::Stage {
                 stage,
                 status: StageStatus::Done,
                 seconds,
-            } => self.line(
-                &mut err,
-                &format!("✓ {stage} {:.2} s", seconds.unwrap_or(0.0)),
-            ),
+            } => {
+                self.finish(stage);
+                self.line(&format!("✓ {stage} {:.2} s", seconds.unwrap_or(0.0)))
+            }
             ClientEvent::Stage {
                 stage,
                 status: StageStatus::CalledOff,
                 ..
-            } => self.line(&mut err, &format!("✗ {stage} called off")),
+            } => {
+                self.finish(stage);
+                self.line(&format!("✗ {stage} called off"))
+            }
             ClientEvent::Progress {
                 stage,
                 fraction,
                 message,
                 ..
-            } => {
-                let f = fraction.unwrap_or(0.0);
-                let filled = (f * 30.0).round() as usize;
-                let bar = format!(
-                    "  {stage} [{}{}] {:>3.0}% {}",
-                    "#".repeat(filled),
-                    "-".repeat(30 - filled.min(30)),
-                    f * 100.0,
-                    message.as_deref().unwrap_or("")
-                );
-                if self.tty {
-                    let shown: String = bar.chars().take(120).collect();
-                    let _ = write!(err, "\r\x1b[2K{shown}");
-                    self.bar_open = true;
-                } else {
-                    let _ = writeln!(err, "{bar}");
-                }
-            }
+            } => self.progress(stage, fraction.unwrap_or(0.0), message.as_deref()),
             ClientEvent::Log { stage, line, .. } if self.verbose => {
-                self.line(&mut err, &format!("  [{stage}] {line}"))
+                self.line(&format!("  [{stage}] {line}"))
             }
             ClientEvent::Log { .. } => {}
             ClientEvent::Error { code, message } => {
-                self.line(&mut err, &format!("✗ {code}: {message}"))
+                self.clear();
+                self.line(&format!("✗ {code}: {message}"))
             }
-            ClientEvent::Result { .. } => self.close(&mut err),
+            ClientEvent::Result { .. } => self.clear(),
         }
-        let _ = err.flush();
     }
 
-    fn line(&mut self, err: &mut impl Write, text: &str) {
-        self.close(err);
-        let _ = writeln!(err, "{text}");
+    fn progress(&mut self, stage: &str, fraction: f64, message: Option<&str>) {
+        let Some(bars) = &self.bars else {
+            let filled = ((fraction * 30.0).round() as usize).min(30);
+            let bar = format!(
+                "  {stage} [{}{}] {:>3.0}% {}",
+                "#".repeat(filled),
+                "-".repeat(30 - filled),
+                fraction * 100.0,
+                message.unwrap_or("")
+            );
+            return self.line(&bar);
+        };
+        let bar = self.running.entry(stage.to_string()).or_insert_with(|| {
+            let style = ProgressStyle::with_template(
+                "  {prefix} [{bar:30.cyan/blue}] {percent:>3}% {wide_msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("#>-");
+            let bar = bars.add(ProgressBar::new(STEPS).with_style(style));
+            bar.set_prefix(stage.to_string());
+            bar
+        });
+        bar.set_position((fraction.clamp(0.0, 1.0) * STEPS as f64).round() as u64);
+        bar.set_message(message.unwrap_or("").to_string());
     }
 
-    fn close(&mut self, err: &mut impl Write) {
-        if self.bar_open {
-            let _ = writeln!(err);
-            self.bar_open = false;
+    fn finish(&mut self, stage: &str) {
+        if let Some(bar) = self.running.remove(stage) {
+            bar.finish_and_clear();
+        }
+    }
+
+    fn clear(&mut self) {
+        for (_, bar) in self.running.drain() {
+            bar.finish_and_clear();
+        }
+    }
+
+    /// A line above the bars (or a plain line when stderr is not a terminal).
+    fn line(&self, text: &str) {
+        match &self.bars {
+            Some(bars) if !self.running.is_empty() => {
+                let _ = bars.println(text);
+            }
+            _ => {
+                let mut err = std::io::stderr().lock();
+                let _ = writeln!(err, "{text}");
+                let _ = err.flush();
+            }
         }
     }
 }
