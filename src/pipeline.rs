@@ -6,32 +6,17 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Mode;
 use crate::protocol::ErrorCode;
+pub use crate::protocol::JobOptions;
+use crate::protocol::StageJob;
 use crate::protocol::{ClientEvent, StageStatus, WorkerEvent};
 use crate::supervisor::Supervisor;
 use crate::worker::{JobError, JobRequest};
-
-/// Per-request options handed to every stage.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct JobOptions {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub language: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub num_speakers: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_speakers: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_speakers: Option<u32>,
-    /// Text that primes the ASR (names, spelling).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prompt: Option<String>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -127,15 +112,14 @@ impl Pipeline {
             if events.is_closed() {
                 return Err(PipelineError::Cancelled);
             }
-            let mut job = Map::new();
-            let audio_path = Value::from(audio.display().to_string());
-            job.insert("audio_path".into(), audio_path.clone());
-            job.insert("wav_path".into(), audio_path);
-            job.insert("duration".into(), duration.into());
-            if let Value::Object(opts) = serde_json::to_value(options).unwrap_or_default() {
-                job.extend(opts);
-            }
-            job.insert("results".into(), Value::Object(results.clone()));
+            let job = StageJob {
+                audio_path: audio.to_path_buf(),
+                wav_path: audio.to_path_buf(),
+                duration,
+                options: options.clone(),
+                results: results.clone(),
+                stage: String::new(),
+            };
 
             let cancel = CancellationToken::new();
             let runs = step.iter().map(|stage| {
@@ -205,7 +189,7 @@ impl Pipeline {
         &self,
         dir: &Path,
         stage: &str,
-        mut job: Map<String, Value>,
+        mut job: StageJob,
         events: &mpsc::Sender<ClientEvent>,
         cancel: &CancellationToken,
     ) -> Result<(Value, f64), PipelineError> {
@@ -213,7 +197,7 @@ impl Pipeline {
             .supervisor
             .get(stage)
             .ok_or_else(|| PipelineError::UnknownStage(stage.to_string()))?;
-        job.insert("_stage".into(), stage.into());
+        job.stage = stage.to_string();
         let _ = events
             .send(ClientEvent::Stage {
                 stage: stage.to_string(),
@@ -224,7 +208,7 @@ impl Pipeline {
         let started = Instant::now();
         let (tx, mut rx) = mpsc::channel(1024);
         let request = JobRequest {
-            job,
+            job: job.into_fields(),
             output_path: dir.join(format!("{stage}.result.json")),
             events: tx,
             cancel: cancel.clone(),

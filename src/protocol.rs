@@ -4,6 +4,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod job;
+pub use job::{JobLine, JobOptions, StageJob};
+
 /// Protocol version this host speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
 

@@ -17,7 +17,7 @@ use super::lines::LineReader;
 use super::JobError;
 use crate::config::{Mode, WorkerSpec};
 use crate::process::{describe_exit, spawn_worker, ProcessGroup};
-use crate::protocol::{ReadyInfo, Signal, WorkerEvent, PROTOCOL_VERSION};
+use crate::protocol::{JobLine, ReadyInfo, Signal, WorkerEvent};
 
 /// Stderr lines kept to explain a crash.
 const TAIL_LINES: usize = 20;
@@ -128,20 +128,13 @@ impl Session {
         events: &mpsc::Sender<WorkerEvent>,
         limits: JobLimits<'_>,
     ) -> Result<Value, JobError> {
-        let mut job = job.clone();
-        job.insert("_output_path".into(), output.display().to_string().into());
-        job.insert("_protocol".into(), PROTOCOL_VERSION.into());
         // The cancel marker: SIGINT alone can land before the worker has read the job line.
         let cancel_marker = output.with_extension("cancel");
-        if self.ready.cancel {
+        let cancel_path = self.ready.cancel.then(|| {
             let _ = std::fs::remove_file(&cancel_marker);
-            job.insert(
-                "_cancel_path".into(),
-                cancel_marker.display().to_string().into(),
-            );
-        }
-        let mut line = Value::Object(job).to_string();
-        line.push('\n');
+            cancel_marker.clone()
+        });
+        let line = JobLine::new(job.clone(), output.to_path_buf(), cancel_path).to_line();
         let _ = std::fs::remove_file(output);
         if let Err(e) = self.send_line(&line).await {
             let exit = self.collect_exit().await;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gpuhost::config::{Mode, WorkerSpec};
-use gpuhost::protocol::{Signal, WorkerEvent};
+use gpuhost::protocol::{JobLine, Signal, WorkerEvent};
 use gpuhost::worker::{JobRequest, WorkerHandle};
 use serde_json::Value;
 
@@ -81,14 +81,11 @@ async fn replayed_transcripts_give_the_recorded_outcomes() {
         for (n, &start) in starts.iter().enumerate() {
             let end = starts.get(n + 1).copied().unwrap_or(entries.len());
             let job_entries = &entries[start..end];
-            let Value::Object(mut job) =
-                serde_json::from_str(job_entries[0]["line"].as_str().unwrap()).unwrap()
-            else {
-                panic!()
-            };
-            job.remove("_output_path");
-            job.remove("_protocol");
-            job.remove("_cancel_path");
+            // The recorded host line is a `JobLine`; the host must write it back the same way
+            // (the replay worker compares what it reads with the recording).
+            let line: JobLine =
+                serde_json::from_str(job_entries[0]["line"].as_str().unwrap()).unwrap();
+            let job = line.fields;
             let (tx, mut rx) = tokio::sync::mpsc::channel(64);
             let outcome = worker
                 .run(JobRequest {
