@@ -174,20 +174,6 @@ pub fn select_stages(pipeline: &[String], requested: Option<&str>) -> Result<Vec
         .collect())
 }
 
-pub fn check_speakers(o: &JobOptions) -> Result<(), String> {
-    if o.num_speakers == Some(0) || o.min_speakers == Some(0) || o.max_speakers == Some(0) {
-        return Err("speaker counts must be at least 1".into());
-    }
-    if let (Some(min), Some(max)) = (o.min_speakers, o.max_speakers) {
-        if min > max {
-            return Err(format!(
-                "min_speakers ({min}) is above max_speakers ({max})"
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Spawns the job: it waits in the queue, runs, and sends events until its final one. The
 /// receiver dropping (client gone) makes it leave the queue, or skip the stages not yet started.
 /// `Err` when `limits.max_queue` requests wait already.

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod job;
-pub use job::{JobLine, JobOptions, StageJob};
+pub use job::{JobLine, JobOptions, OptionsError, StageJob};
 
 /// Protocol version this host speaks.
 pub const PROTOCOL_VERSION: u32 = 1;

@@ -37,6 +37,9 @@ pub(crate) struct TranscribeArgs {
     min_speakers: Option<u32>,
     #[arg(long)]
     max_speakers: Option<u32>,
+    /// Text that primes the ASR: names, terms, spelling.
+    #[arg(long)]
+    prompt: Option<String>,
     /// Also show the workers' log lines and the host's own log.
     #[arg(long, short)]
     verbose: bool,
@@ -73,7 +76,7 @@ fn options(args: &TranscribeArgs) -> JobOptions {
         num_speakers: args.num_speakers,
         min_speakers: args.min_speakers,
         max_speakers: args.max_speakers,
-        prompt: None,
+        prompt: args.prompt.clone(),
     }
 }
 
@@ -84,8 +87,7 @@ async fn local(
 ) -> anyhow::Result<ClientEvent> {
     let stages = job::select_stages(&config.pipeline.stages, args.stages.as_deref())
         .map_err(anyhow::Error::msg)?;
-    let opts = options(args);
-    job::check_speakers(&opts).map_err(anyhow::Error::msg)?;
+    let opts = options(args).validated(config.limits.max_field_bytes)?;
     gpuhost::setup::ensure(&config, &|line| eprintln!("{line}")).await?;
     let app = gpuhost::App::start_oneshot(config);
     let dir = job::job_dir(&app.config)?;
@@ -126,6 +128,7 @@ async fn remote(
             ("num_speakers", o.num_speakers.map(|n| n.to_string())),
             ("min_speakers", o.min_speakers.map(|n| n.to_string())),
             ("max_speakers", o.max_speakers.map(|n| n.to_string())),
+            ("prompt", o.prompt),
         ] {
             if let Some(v) = v {
                 q.append_pair(k, &v);

@@ -102,6 +102,17 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<crate::protocol::OptionsError> for ApiError {
+    fn from(e: crate::protocol::OptionsError) -> ApiError {
+        match e {
+            crate::protocol::OptionsError::PromptTooLong { .. } => {
+                ApiError::too_large(e.to_string())
+            }
+            _ => ApiError::bad_request(e.to_string()),
+        }
+    }
+}
+
 impl From<AudioError> for ApiError {
     fn from(e: AudioError) -> ApiError {
         let message = e.to_string();

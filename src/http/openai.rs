@@ -118,10 +118,12 @@ pub(super) async fn transcriptions(
         .file
         .ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing"))?;
     let options = JobOptions {
-        language: form.language.filter(|l| !l.is_empty()),
-        prompt: form.prompt.filter(|p| !p.is_empty()),
+        language: form.language,
+        prompt: form.prompt,
         ..JobOptions::default()
-    };
+    }
+    .validated(app.config.limits.max_field_bytes)
+    .map_err(ApiError::from)?;
     let stages = app.config.pipeline.stages.clone();
     let prepared = PreparedJob::from_upload(&app.config, dir, file, options, stages)
         .await

@@ -40,6 +40,19 @@ pub struct TranscribeQuery {
     pub format: Option<Format>,
 }
 
+impl TranscribeQuery {
+    /// The query's request options, unchecked ([`JobOptions::validated`] checks them).
+    fn options(&self) -> JobOptions {
+        JobOptions {
+            language: self.language.clone(),
+            num_speakers: self.num_speakers,
+            min_speakers: self.min_speakers,
+            max_speakers: self.max_speakers,
+            prompt: self.prompt.clone(),
+        }
+    }
+}
+
 /// Transcribe audio: an NDJSON stream of progress events ending in `result` or `error`, or with
 /// `?format=` the finished document.
 #[utoipa::path(
@@ -132,20 +145,9 @@ pub(super) async fn prepare(
 ) -> Result<PreparedJob, ApiError> {
     let stages = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref())
         .map_err(ApiError::bad_request)?;
-    let options = JobOptions {
-        language: query.language.filter(|l| !l.is_empty()),
-        num_speakers: query.num_speakers,
-        min_speakers: query.min_speakers,
-        max_speakers: query.max_speakers,
-        prompt: query.prompt.filter(|p| !p.is_empty()),
-    };
-    job::check_speakers(&options).map_err(ApiError::bad_request)?;
-    let max_field = app.config.limits.max_field_bytes;
-    if options.prompt.as_ref().is_some_and(|p| p.len() > max_field) {
-        return Err(ApiError::too_large(format!(
-            "`prompt` is longer than {max_field} bytes (limits.max_field_bytes)"
-        )));
-    }
+    let options = query
+        .options()
+        .validated(app.config.limits.max_field_bytes)?;
     let dir = job::job_dir(&app.config)
         .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
     let dir_path = dir.path().to_path_buf();

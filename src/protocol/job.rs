@@ -23,6 +23,69 @@ pub struct JobOptions {
     pub prompt: Option<String>,
 }
 
+/// Why request options were refused (400, or 413 for an over-long prompt).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OptionsError {
+    #[error("speaker counts must be at least 1")]
+    ZeroSpeakers,
+    #[error("min_speakers ({min}) is above max_speakers ({max})")]
+    MinAboveMax { min: u32, max: u32 },
+    #[error("num_speakers ({num}) is outside min_speakers..max_speakers ({min}..{max})")]
+    NumOutsideRange { num: u32, min: u32, max: u32 },
+    #[error("`language` must be a language code such as `en` or `ko` (at most {LANGUAGE_MAX} characters, no control characters)")]
+    BadLanguage,
+    #[error("`prompt` is longer than {max} bytes (limits.max_field_bytes)")]
+    PromptTooLong { max: usize },
+}
+
+/// Longest `language` accepted (codes are 2–3 letters; engines also take a few names).
+const LANGUAGE_MAX: usize = 64;
+
+impl JobOptions {
+    /// The one check of request options, whichever door they came in by (query string, OpenAI
+    /// form, CLI flags): empty strings mean "not given", counts must make sense, text is bounded.
+    pub fn validated(mut self, max_prompt_bytes: usize) -> Result<JobOptions, OptionsError> {
+        self.language = self
+            .language
+            .map(|l| l.trim().to_string())
+            .filter(|l| !l.is_empty());
+        self.prompt = self.prompt.filter(|p| !p.trim().is_empty());
+        if let Some(l) = &self.language {
+            if l.chars().count() > LANGUAGE_MAX || l.chars().any(char::is_control) {
+                return Err(OptionsError::BadLanguage);
+            }
+        }
+        if self
+            .prompt
+            .as_ref()
+            .is_some_and(|p| p.len() > max_prompt_bytes)
+        {
+            return Err(OptionsError::PromptTooLong {
+                max: max_prompt_bytes,
+            });
+        }
+        let counts = [self.num_speakers, self.min_speakers, self.max_speakers];
+        if counts.contains(&Some(0)) {
+            return Err(OptionsError::ZeroSpeakers);
+        }
+        if let (Some(min), Some(max)) = (self.min_speakers, self.max_speakers) {
+            if min > max {
+                return Err(OptionsError::MinAboveMax { min, max });
+            }
+        }
+        if let Some(num) = self.num_speakers {
+            let (min, max) = (
+                self.min_speakers.unwrap_or(1),
+                self.max_speakers.unwrap_or(u32::MAX),
+            );
+            if num < min || num > max {
+                return Err(OptionsError::NumOutsideRange { num, min, max });
+            }
+        }
+        Ok(self)
+    }
+}
+
 /// What the pipeline sends one stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageJob {
@@ -117,6 +180,50 @@ mod tests {
         assert_eq!(v["_protocol"], 1);
         assert!(v.get("_cancel_path").is_none());
         assert_eq!(serde_json::from_str::<JobLine>(&text).unwrap(), line);
+    }
+
+    #[test]
+    fn options_are_checked_in_one_place() {
+        let ok = JobOptions {
+            language: Some(" ko ".into()),
+            prompt: Some("  ".into()),
+            min_speakers: Some(2),
+            max_speakers: Some(3),
+            ..JobOptions::default()
+        }
+        .validated(10)
+        .unwrap();
+        assert_eq!(ok.language.as_deref(), Some("ko"));
+        assert_eq!(ok.prompt, None, "blank means not given");
+        let check = |o: JobOptions| o.validated(4).unwrap_err();
+        let speakers = |num, min, max| JobOptions {
+            num_speakers: num,
+            min_speakers: min,
+            max_speakers: max,
+            ..JobOptions::default()
+        };
+        assert_eq!(
+            check(speakers(Some(0), None, None)),
+            OptionsError::ZeroSpeakers
+        );
+        assert_eq!(
+            check(speakers(None, Some(3), Some(2))),
+            OptionsError::MinAboveMax { min: 3, max: 2 }
+        );
+        assert!(matches!(
+            check(speakers(Some(5), None, Some(3))),
+            OptionsError::NumOutsideRange { num: 5, .. }
+        ));
+        let prompt = JobOptions {
+            prompt: Some("names".into()),
+            ..JobOptions::default()
+        };
+        assert_eq!(check(prompt), OptionsError::PromptTooLong { max: 4 });
+        let language = JobOptions {
+            language: Some("e\u{7}n".into()),
+            ..JobOptions::default()
+        };
+        assert_eq!(check(language), OptionsError::BadLanguage);
     }
 
     #[test]

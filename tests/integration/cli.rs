@@ -57,7 +57,7 @@ fn transcribe_locally_runs_every_stage_oneshot() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "");
     let out = gpuhost()
-        .args(["transcribe", "--config"])
+        .args(["transcribe", "--prompt", "Kim Ji-won, 안녕하세요", "--config"])
         .arg(&config)
         .arg(fixture("audio/tone.flac"))
         .output()
@@ -66,6 +66,10 @@ fn transcribe_locally_runs_every_stage_oneshot() {
     assert!(out.status.success(), "{stderr}");
     let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(result["stages"]["b"]["earlier"], serde_json::json!(["a"]));
+    assert_eq!(
+        result["stages"]["a"]["prompt"], "Kim Ji-won, 안녕하세요",
+        "--prompt reaches the workers"
+    );
     assert!(stderr.contains("✓ a") && stderr.contains("✓ b"), "{stderr}");
     assert!(
         !stderr.contains(" INFO "),
