@@ -119,7 +119,7 @@ impl App {
             .get("stages")
             .and_then(Value::as_object)
             .and_then(transcript::build);
-        if let Some(mut transcript) = transcript {
+        if let Some(mut transcript) = transcript.and_then(|t| serde_json::to_value(t).ok()) {
             transcript["duration"] = result["duration"].take();
             transcript["timings"] = result["timings"].take();
             transcript["pipeline_seconds"] = result["pipeline_seconds"].take();

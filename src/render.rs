@@ -5,6 +5,8 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
+use crate::transcript::{Segment, Transcript};
+
 /// Output formats of `?format=` and `gpuhost transcribe --format`.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum, utoipa::ToSchema,
@@ -32,52 +34,37 @@ impl Format {
 
 /// Renders `result` (the `result` of the final event) in `format`.
 pub fn render(result: &Value, format: Format) -> String {
-    match format {
-        Format::Json => serde_json::to_string_pretty(result).unwrap_or_default() + "\n",
-        Format::Txt => text(result),
-        Format::Srt => cues(result, false),
-        Format::Vtt => cues(result, true),
-        Format::Rttm => rttm(result),
+    if format == Format::Json {
+        return serde_json::to_string_pretty(result).unwrap_or_default() + "\n";
     }
-}
-
-fn segments(result: &Value) -> Vec<Value> {
-    result
-        .get("segments")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
-}
-
-fn f(v: &Value, key: &str) -> f64 {
-    v.get(key).and_then(Value::as_f64).unwrap_or(0.0)
-}
-
-fn s<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
-    v.get(key).and_then(Value::as_str)
-}
-
-fn text(result: &Value) -> String {
-    if result.get("segments").is_none() {
-        // No transcript: show each stage's result.
+    let Some(transcript) = Transcript::from_result(result) else {
+        // No transcript (a pipeline without `asr`): show each stage's result.
         return serde_json::to_string_pretty(result.get("stages").unwrap_or(result))
             .unwrap_or_default()
             + "\n";
+    };
+    match format {
+        Format::Json | Format::Txt => text(&transcript),
+        Format::Srt => cues(&transcript, false),
+        Format::Vtt => cues(&transcript, true),
+        Format::Rttm => rttm(&transcript),
     }
+}
+
+fn text(transcript: &Transcript) -> String {
     let mut out = String::new();
     let mut last_speaker = None;
-    for seg in segments(result) {
-        let speaker = s(&seg, "speaker").map(String::from);
-        let text = s(&seg, "text").unwrap_or("").trim();
+    for seg in &transcript.segments {
+        let speaker = seg.speaker.as_deref();
         if speaker.is_some() && speaker != last_speaker {
             if !out.is_empty() {
                 out.push('\n');
             }
-            let _ = write!(out, "{}: ", speaker.as_deref().unwrap_or_default());
+            let _ = write!(out, "{}: ", speaker.unwrap_or_default());
         } else if !out.is_empty() {
             out.push(' ');
         }
-        out.push_str(text);
+        out.push_str(seg.text.trim());
         last_speaker = speaker;
     }
     out.push('\n');
@@ -91,41 +78,43 @@ fn timestamp(seconds: f64, vtt: bool) -> String {
     format!("{h:02}:{m:02}:{s:02}{}{ms:03}", if vtt { '.' } else { ',' })
 }
 
-fn cues(result: &Value, vtt: bool) -> String {
+fn cues(transcript: &Transcript, vtt: bool) -> String {
     let mut out = String::from(if vtt { "WEBVTT\n\n" } else { "" });
-    for (i, seg) in segments(result).iter().enumerate() {
-        let (start, end) = (
-            timestamp(f(seg, "start"), vtt),
-            timestamp(f(seg, "end"), vtt),
-        );
-        let text = s(seg, "text").unwrap_or("").trim();
-        let speaker = s(seg, "speaker");
+    for (i, seg) in transcript.segments.iter().enumerate() {
+        let (start, end) = (timestamp(seg.start, vtt), timestamp(seg.end, vtt));
+        let text = seg.text.trim();
+        let line = match (&seg.speaker, vtt) {
+            (Some(sp), true) => format!("<v {sp}>{text}"),
+            (Some(sp), false) => format!("[{sp}] {text}"),
+            (None, _) => text.to_string(),
+        };
         if vtt {
-            let line = match speaker {
-                Some(sp) => format!("<v {sp}>{text}"),
-                None => text.to_string(),
-            };
             let _ = write!(out, "{start} --> {end}\n{line}\n\n");
         } else {
-            let line = match speaker {
-                Some(sp) => format!("[{sp}] {text}"),
-                None => text.to_string(),
-            };
             let _ = write!(out, "{}\n{start} --> {end}\n{line}\n\n", i + 1);
         }
     }
     out
 }
 
-fn rttm(result: &Value) -> String {
-    let turns: Vec<Value> = match result.get("turns").and_then(Value::as_array) {
-        Some(turns) if !turns.is_empty() => turns.clone(),
-        _ => segments(result),
+/// The diarizer's turns, or the segments' speakers when there were none.
+fn rttm(transcript: &Transcript) -> String {
+    let turns: Vec<(f64, f64, String)> = if transcript.turns.is_empty() {
+        let speaker = |s: &Segment| s.speaker.clone().unwrap_or_else(|| "SPEAKER_00".into());
+        transcript
+            .segments
+            .iter()
+            .map(|s| (s.start, s.end, speaker(s)))
+            .collect()
+    } else {
+        transcript
+            .turns
+            .iter()
+            .map(|t| (t.start, t.end, t.speaker.clone()))
+            .collect()
     };
     let mut out = String::new();
-    for t in turns {
-        let (start, end) = (f(&t, "start"), f(&t, "end"));
-        let speaker = s(&t, "speaker").unwrap_or("SPEAKER_00");
+    for (start, end, speaker) in turns {
         let _ = writeln!(
             out,
             "SPEAKER audio 1 {start:.3} {:.3} <NA> <NA> {speaker} <NA> <NA>",

@@ -2,7 +2,7 @@
 //! words into subtitle-sized segments. Input: the stage results of the speech pipeline.
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 /// A segment ends at a speaker change, a pause this long, or when it would grow past these.
 const MAX_PAUSE_S: f64 = 0.8;
@@ -26,6 +26,7 @@ pub struct Segment {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speaker: Option<String>,
     pub text: String,
+    #[serde(default)]
     pub words: Vec<Word>,
 }
 
@@ -36,8 +37,35 @@ pub struct Turn {
     pub speaker: String,
 }
 
+/// The merged transcript: what a speech job's `result` holds (beside `duration`, `timings`,
+/// `pipeline_seconds` and `audio`), and what the renderers and the OpenAI endpoint read.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Transcript {
+    pub segments: Vec<Segment>,
+    /// Every speaker, in order of first appearance.
+    #[serde(default)]
+    pub speakers: Vec<String>,
+    /// The diarizer's turns (empty without a diarizer stage).
+    #[serde(default)]
+    pub turns: Vec<Turn>,
+    /// The language the ASR used or detected.
+    #[serde(default)]
+    pub language: Option<String>,
+    /// All segments' text, space-separated.
+    #[serde(default)]
+    pub text: String,
+}
+
+impl Transcript {
+    /// The transcript in a job's `result`, when it has one (a pipeline without `asr` has not).
+    pub fn from_result(result: &Value) -> Option<Transcript> {
+        result.get("segments")?;
+        Transcript::deserialize(result).ok()
+    }
+}
+
 /// Builds the transcript when the results hold an `asr` stage; `None` otherwise.
-pub fn build(stages: &Map<String, Value>) -> Option<Value> {
+pub fn build(stages: &Map<String, Value>) -> Option<Transcript> {
     let asr = stages.get("asr")?;
     let turns: Vec<Turn> = stages
         .get("diarizer")
@@ -63,13 +91,21 @@ pub fn build(stages: &Map<String, Value>) -> Option<Value> {
             speakers.push(s);
         }
     }
-    Some(json!({
-        "segments": segments,
-        "speakers": speakers,
-        "turns": turns,
-        "language": asr.get("language").cloned().unwrap_or(Value::Null),
-        "text": segments.iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join(" "),
-    }))
+    let text = segments
+        .iter()
+        .map(|s| s.text.as_str())
+        .collect::<Vec<_>>()
+        .join(" ");
+    Some(Transcript {
+        segments,
+        speakers,
+        turns,
+        language: asr
+            .get("language")
+            .and_then(Value::as_str)
+            .map(String::from),
+        text,
+    })
 }
 
 fn number(v: &Value, key: &str) -> Option<f64> {
@@ -175,6 +211,7 @@ fn ends_sentence(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn w(word: &str, start: f64, end: f64) -> Value {
         json!({"word": word, "start": start, "end": end, "probability": 0.9})
@@ -193,7 +230,7 @@ mod tests {
             ]}
         });
         let out = build(stages.as_object().unwrap()).unwrap();
-        let segs: Vec<Segment> = serde_json::from_value(out["segments"].clone()).unwrap();
+        let segs = &out.segments;
         assert_eq!(segs.len(), 2);
         assert_eq!(segs[0].text, "Hello there.");
         assert_eq!(segs[0].speaker.as_deref(), Some("SPEAKER_00"));
@@ -203,8 +240,14 @@ mod tests {
             Some("SPEAKER_01"),
             "past the last turn: nearest"
         );
-        assert_eq!(out["speakers"], json!(["SPEAKER_00", "SPEAKER_01"]));
-        assert_eq!(out["language"], "en");
+        assert_eq!(out.speakers, ["SPEAKER_00", "SPEAKER_01"]);
+        assert_eq!(out.language.as_deref(), Some("en"));
+        assert_eq!(out.text, "Hello there. General Kenobi");
+        let round = Transcript::from_result(&serde_json::to_value(&out).unwrap()).unwrap();
+        assert_eq!(
+            round, out,
+            "the result's JSON reads back as the same transcript"
+        );
     }
 
     #[test]
@@ -217,7 +260,7 @@ mod tests {
             ]}]}
         });
         let out = build(stages.as_object().unwrap()).unwrap();
-        let segs: Vec<Segment> = serde_json::from_value(out["segments"].clone()).unwrap();
+        let segs = &out.segments;
         assert_eq!(segs.len(), 2);
         assert_eq!(segs[0].words[0].start, 0.05);
         assert_eq!(segs[1].words[0].score, 0.7);

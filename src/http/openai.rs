@@ -15,6 +15,7 @@ use crate::audio::Source;
 use crate::job::{self, start_job, PreparedJob};
 use crate::pipeline::JobOptions;
 use crate::render::{render, Format};
+use crate::transcript::Transcript;
 use crate::AppState;
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
@@ -131,11 +132,11 @@ pub(super) async fn transcriptions(
     let duration = prepared.info.seconds;
     let events = start_job(app, prepared).map_err(|full| ApiError::queue_full(&full))?;
     let result = final_result(events).await?;
-    let text = result
-        .get("text")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let transcript = Transcript::from_result(&result);
+    let text = transcript
+        .as_ref()
+        .map(|t| t.text.clone())
+        .unwrap_or_default();
     Ok(match format {
         "text" => (
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
@@ -153,7 +154,8 @@ pub(super) async fn transcriptions(
         )
             .into_response(),
         "verbose_json" => {
-            Json(verbose(&result, duration, &form.granularities, text)).into_response()
+            let transcript = transcript.unwrap_or_default();
+            Json(verbose(&transcript, duration, &form.granularities)).into_response()
         }
         _ => Json(json!({ "text": text })).into_response(),
     })
@@ -233,39 +235,36 @@ fn language_name(code: &str) -> &str {
     }
 }
 
-fn verbose(result: &Value, duration: f64, granularities: &[String], text: String) -> Value {
-    let segments = result
-        .get("segments")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let language = result.get("language").and_then(Value::as_str).unwrap_or("");
+fn verbose(transcript: &Transcript, duration: f64, granularities: &[String]) -> Value {
+    let language = transcript.language.as_deref().unwrap_or("");
     let mut body = json!({
         "task": "transcribe",
         "language": language_name(language),
         "duration": duration,
-        "text": text,
+        "text": transcript.text,
     });
     let words_wanted = granularities.iter().any(|g| g == "word");
     let segments_wanted = granularities.is_empty() || granularities.iter().any(|g| g == "segment");
     if segments_wanted {
-        body["segments"] = segments
+        body["segments"] = transcript
+            .segments
             .iter()
             .enumerate()
             .map(|(i, s)| {
                 json!({
-                    "id": i, "seek": 0, "start": s["start"], "end": s["end"], "text": s["text"],
+                    "id": i, "seek": 0, "start": s.start, "end": s.end, "text": s.text,
                     "tokens": [], "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0,
-                    "no_speech_prob": 0.0, "speaker": s.get("speaker").cloned().unwrap_or(Value::Null),
+                    "no_speech_prob": 0.0, "speaker": s.speaker,
                 })
             })
             .collect();
     }
     if words_wanted {
-        body["words"] = segments
+        body["words"] = transcript
+            .segments
             .iter()
-            .flat_map(|s| s["words"].as_array().cloned().unwrap_or_default())
-            .map(|w| json!({"word": w["word"], "start": w["start"], "end": w["end"], "speaker": w.get("speaker")}))
+            .flat_map(|s| &s.words)
+            .map(|w| json!({"word": w.word, "start": w.start, "end": w.end, "speaker": w.speaker}))
             .collect();
     }
     body

@@ -57,7 +57,12 @@ fn transcribe_locally_runs_every_stage_oneshot() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "");
     let out = gpuhost()
-        .args(["transcribe", "--prompt", "Kim Ji-won, 안녕하세요", "--config"])
+        .args([
+            "transcribe",
+            "--prompt",
+            "Kim Ji-won, 안녕하세요",
+            "--config",
+        ])
         .arg(&config)
         .arg(fixture("audio/tone.flac"))
         .output()
