@@ -38,6 +38,8 @@ pub struct Config {
     /// On-demand services started through the GPU queue.
     pub services: Vec<ServiceConfig>,
     pub arbiter: ArbiterConfig,
+    /// Wyoming speech-to-text for Home Assistant; off unless `listen` is set.
+    pub wyoming: WyomingConfig,
     /// Folder for what gpuhost keeps between runs (measured VRAM footprints), relative to the
     /// config file; created on first use.
     pub state_dir: PathBuf,
@@ -116,6 +118,46 @@ pub struct LimitsConfig {
     pub temp_dir: Option<PathBuf>,
 }
 
+/// `[wyoming]`: a Wyoming protocol (Home Assistant) speech-to-text server beside the HTTP one.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WyomingConfig {
+    /// Where to serve it (e.g. `"0.0.0.0:10300"`); absent: off. The protocol has no
+    /// authentication, so bind it only where every client may transcribe.
+    pub listen: Option<SocketAddr>,
+    /// Stages a Wyoming request runs, in pipeline order. Default: `asr` alone when the pipeline
+    /// has it (a voice command wants its text fast), else the whole pipeline.
+    pub stages: Option<Vec<String>>,
+    /// Languages announced to Home Assistant. Default `["en"]`: the bundled CPU model is
+    /// English-only; list a multilingual model's languages (`["en", "ko", …]`) when you use one.
+    pub languages: Vec<String>,
+}
+
+impl Default for WyomingConfig {
+    fn default() -> Self {
+        WyomingConfig {
+            listen: None,
+            stages: None,
+            languages: vec!["en".to_string()],
+        }
+    }
+}
+
+impl WyomingConfig {
+    /// The stages a Wyoming request runs.
+    pub fn stages(&self, pipeline: &[String]) -> Vec<String> {
+        match &self.stages {
+            Some(stages) => pipeline
+                .iter()
+                .filter(|s| stages.contains(s))
+                .cloned()
+                .collect(),
+            None if pipeline.iter().any(|s| s == "asr") => vec!["asr".to_string()],
+            None => pipeline.to_vec(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AudioConfig {
@@ -140,6 +182,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             http: HttpConfig::default(),
             audio: AudioConfig::default(),
+            wyoming: WyomingConfig::default(),
             setup: SetupConfig::default(),
             services: Vec::new(),
             arbiter: ArbiterConfig::default(),
@@ -308,6 +351,13 @@ impl Config {
             }
         }
         self.pipeline.validate().map_err(ConfigError::Invalid)?;
+        for stage in self.wyoming.stages.iter().flatten() {
+            if !self.pipeline.stages.contains(stage) {
+                return Err(ConfigError::Invalid(format!(
+                    "[wyoming] stages names `{stage}`, which is not a [pipeline] stage"
+                )));
+            }
+        }
         self.http.validate().map_err(ConfigError::Invalid)?;
         self.arbiter.validate().map_err(ConfigError::Invalid)?;
         let mut names = std::collections::BTreeSet::new();

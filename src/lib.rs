@@ -18,6 +18,7 @@ pub mod stats;
 pub mod supervisor;
 pub mod transcript;
 pub mod worker;
+pub mod wyoming;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -153,6 +154,8 @@ pub enum ServeError {
 /// A host bound to its port, workers starting.
 pub struct Server {
     listener: tokio::net::TcpListener,
+    /// `[wyoming] listen`, when set.
+    wyoming: Option<tokio::net::TcpListener>,
     state: AppState,
 }
 
@@ -162,8 +165,20 @@ pub async fn bind(config: Config) -> Result<Server, ServeError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::Bind { addr, source })?;
+    let wyoming = match config.wyoming.listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Bind { addr, source })?,
+        ),
+        None => None,
+    };
     let state = App::start(config);
-    Ok(Server { listener, state })
+    Ok(Server {
+        listener,
+        wyoming,
+        state,
+    })
 }
 
 impl Server {
@@ -171,6 +186,11 @@ impl Server {
         self.listener
             .local_addr()
             .expect("a bound listener has an address")
+    }
+
+    /// Where the Wyoming server listens, when `[wyoming] listen` is set.
+    pub fn wyoming_addr(&self) -> Option<SocketAddr> {
+        self.wyoming.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     pub fn state(&self) -> &AppState {
@@ -183,9 +203,23 @@ impl Server {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
-        let Server { listener, state } = self;
+        let Server {
+            listener,
+            wyoming,
+            state,
+        } = self;
         tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "gpuhost listening");
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let wyoming = wyoming.map(|listener| {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, "wyoming speech-to-text listening");
+            }
+            tokio::spawn(wyoming::serve(
+                listener,
+                Arc::clone(&state),
+                stop_rx.clone(),
+            ))
+        });
         let supervisor = Arc::clone(&state.supervisor);
         let arbiter = Arc::clone(&state.arbiter);
         let stopper = tokio::spawn(async move {
@@ -207,6 +241,10 @@ impl Server {
             stopper.abort();
         }
         let _ = stopper.await;
+        if let Some(wyoming) = wyoming {
+            wyoming.abort(); // its connections go with it
+            let _ = wyoming.await;
+        }
         state.arbiter.stop().await;
         state.supervisor.stop_all().await;
         state.gpu.stop();

@@ -21,4 +21,5 @@ mod integration {
     mod queue;
     mod setup;
     mod style;
+    mod wyoming;
 }

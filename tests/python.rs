@@ -109,9 +109,10 @@ fn python_suites() {
         );
     }
 
-    // 3. End to end through HTTP on synthesized speech with ground truth, incl. the openai client.
+    // 3. End to end through HTTP on synthesized speech with ground truth, incl. the openai client
+    //    and Home Assistant's `wyoming` client.
     let speech = repo().join("tests/speech");
-    let python = venv(&speech, &["pytest>=7", "openai>=1.40"]);
+    let python = venv(&speech, &["pytest>=7", "openai>=1.40", "wyoming==1.10.2"]);
     failures.extend(
         try_run(
             "speech end-to-end pytest",

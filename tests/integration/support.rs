@@ -101,6 +101,8 @@ pub fn pid_alive(pid: u32) -> bool {
 
 pub struct TestHost {
     pub url: String,
+    /// The Wyoming server, when the config has `[wyoming] listen`.
+    pub wyoming: Option<std::net::SocketAddr>,
     /// The server's own folder; removed when the host is dropped.
     _dir: TempDir,
     pub state: AppState,
@@ -119,6 +121,7 @@ impl TestHost {
         let token = config.token.clone();
         let server = gpuhost::bind(config).await.unwrap();
         let addr = server.local_addr();
+        let wyoming = server.wyoming_addr();
         let state = server.state().clone();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async move {
@@ -126,6 +129,7 @@ impl TestHost {
         }));
         TestHost {
             url: format!("http://{addr}"),
+            wyoming,
             _dir: dir,
             state,
             token,

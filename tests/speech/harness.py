@@ -33,11 +33,15 @@ def eval_set(out=None):
     return out, names
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Server:
     def __init__(self, mode="resident", token="e2e-token"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port, self.wyoming_port = free_port(), free_port()
         self.url, self.token = f"http://127.0.0.1:{self.port}", token
         self.dir = tempfile.TemporaryDirectory()
         config = Path(self.dir.name) / "gpuhost.toml"
@@ -47,6 +51,7 @@ class Server:
         config.write_text(
             f'listen = "127.0.0.1:{self.port}"\ntoken = "{token}"\nworkers_dir = "{REPO / "workers"}"\n'
             f'[setup]\nsdk_dir = "{REPO / "protocol/sdk"}"\n{workers}'
+            f'[wyoming]\nlisten = "127.0.0.1:{self.wyoming_port}"\n'
         )
         self.log = open(Path(self.dir.name) / "log", "w+")
         self.proc = subprocess.Popen(

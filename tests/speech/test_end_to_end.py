@@ -180,3 +180,55 @@ def test_client_leaving_mid_asr_cancels_the_stage_and_keeps_the_model(server, re
     # The next job works.
     events, _ = server.transcribe(folder / "support_call.wav", "?stages=asr")
     assert "help desk" in " ".join(s["text"] for s in final(events)["segments"]).lower()
+
+
+def test_home_assistant_wyoming_client_transcribes(server, recordings):
+    """Home Assistant's own protocol library (`wyoming` from PyPI) against `[wyoming] listen`:
+    describe, then a recording streamed in 20 ms chunks as a voice satellite sends it."""
+    import asyncio
+    import wave
+
+    from wyoming.asr import Transcribe, Transcript
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
+    from wyoming.client import AsyncTcpClient
+    from wyoming.error import Error
+    from wyoming.info import Describe, Info
+
+    folder, _ = recordings
+    truth = json.loads((folder / "support_call.json").read_text())
+    with wave.open(str(folder / "support_call.wav"), "rb") as w:
+        rate, width, channels = w.getframerate(), w.getsampwidth(), w.getnchannels()
+        audio = w.readframes(w.getnframes())
+
+    async def converse():
+        async with AsyncTcpClient("127.0.0.1", server.wyoming_port) as client:
+            await client.write_event(Describe().event())
+            info = Info.from_event(await client.read_event())
+            await client.write_event(Transcribe(language="en").event())
+            await client.write_event(AudioStart(rate=rate, width=width, channels=channels).event())
+            step = rate * width * channels // 50
+            for i in range(0, len(audio), step):
+                chunk = AudioChunk(
+                    rate=rate, width=width, channels=channels, audio=audio[i : i + step]
+                )
+                await client.write_event(chunk.event())
+            await client.write_event(AudioStop().event())
+            answer = await client.read_event()
+            # A wrong format is refused with an `error` event and the connection stays usable.
+            await client.write_event(AudioStart(rate=rate, width=4, channels=channels).event())
+            refused = await client.read_event()
+            return info, answer, refused
+
+    info, answer, refused = asyncio.run(converse())
+    assert info.asr[0].name == "gpuhost" and info.asr[0].installed
+    assert info.asr[0].models[0].languages == ["en"]
+    assert Transcript.is_type(answer.type), answer
+    transcript = Transcript.from_event(answer)
+    hyp = {
+        "segments": [
+            {"words": [{"word": w, "start": 0, "end": 0} for w in transcript.text.split()]}
+        ]
+    }
+    assert metrics.wer(truth, hyp) <= WER_WIDE, transcript.text
+    assert transcript.language == "en"
+    assert Error.is_type(refused.type) and "width 4" in Error.from_event(refused).text

@@ -1,0 +1,330 @@
+//! Wyoming speech-to-text (Home Assistant's voice pipeline): a TCP server speaking the Wyoming
+//! protocol, whose requests become jobs in the same GPU queue as every other. Off by default.
+//!
+//! One connection: `describe` → `info`; `transcribe` (optional `language`) → `audio-start`,
+//! `audio-chunk`s of 16-bit PCM, `audio-stop` → `transcript` (or `error`).
+
+mod event;
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+
+use crate::audio::Source;
+use crate::job::{self, PreparedJob};
+use crate::protocol::{ClientEvent, JobOptions};
+use crate::transcript::Transcript;
+use crate::AppState;
+use event::{read_event, write_event, Event, FrameError};
+
+/// How long a connection may sit between requests before it is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Accepts connections until `stop` turns true; open connections are dropped with it.
+pub async fn serve(listener: TcpListener, app: AppState, mut stop: watch::Receiver<bool>) {
+    let slots = Arc::new(Semaphore::new(app.config.http.max_connections.max(1)));
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = stop.wait_for(|stopped| *stopped) => break,
+            accepted = listener.accept() => {
+                let Ok((stream, peer)) = accepted else { continue };
+                let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                    tracing::warn!(%peer, "wyoming: too many connections; refused");
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let app = Arc::clone(&app);
+                connections.spawn(async move {
+                    if let Err(e) = Connection::new(app, stream).run().await {
+                        tracing::info!(%peer, "wyoming connection closed: {e}");
+                    }
+                    drop(slot);
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    connections.shutdown().await;
+}
+
+/// Where a connection stands with its audio.
+enum Audio {
+    /// Between requests.
+    Idle,
+    /// Between `audio-start` and `audio-stop`: the samples go to a WAV file in the job folder.
+    Receiving {
+        dir: tempfile::TempDir,
+        path: PathBuf,
+        writer: hound::WavWriter<BufWriter<File>>,
+        rate: u32,
+        channels: u16,
+        bytes: u64,
+    },
+}
+
+struct Connection {
+    app: AppState,
+    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+    /// The `language` of the last `transcribe`, for the next audio.
+    language: Option<String>,
+    audio: Audio,
+}
+
+/// What ends a connection.
+#[derive(Debug, thiserror::Error)]
+enum ConnectionError {
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("idle for too long")]
+    Idle,
+}
+
+impl Connection {
+    fn new(app: AppState, stream: TcpStream) -> Connection {
+        let (reader, writer) = stream.into_split();
+        Connection {
+            app,
+            reader: BufReader::new(reader),
+            writer,
+            language: None,
+            audio: Audio::Idle,
+        }
+    }
+
+    async fn run(mut self) -> Result<(), ConnectionError> {
+        loop {
+            let timeout = match self.audio {
+                Audio::Idle => IDLE_TIMEOUT,
+                Audio::Receiving { .. } => {
+                    Duration::from_secs_f64(self.app.config.http.body_idle_timeout_s)
+                }
+            };
+            let event = match tokio::time::timeout(timeout, read_event(&mut self.reader)).await {
+                Err(_) => return Err(ConnectionError::Idle),
+                Ok(Ok(Some(event))) => event,
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Err(e @ (FrameError::BadHeader(_) | FrameError::TooLarge { .. }))) => {
+                    let _ = self.error("bad_event", &e.to_string()).await;
+                    return Err(e.into());
+                }
+                Ok(Err(e)) => return Err(e.into()),
+            };
+            if let Err(message) = self.handle(event).await? {
+                self.audio = Audio::Idle;
+                self.error("bad_request", &message).await?;
+            }
+        }
+    }
+
+    /// `Ok(Err(message))`: the client's mistake, answered with an `error` event.
+    async fn handle(&mut self, event: Event) -> Result<Result<(), String>, ConnectionError> {
+        match event.kind.as_str() {
+            "describe" => {
+                let info = self.info();
+                write_event(&mut self.writer, "info", info).await?;
+            }
+            "transcribe" => self.language = event.str("language").map(String::from),
+            "audio-start" => return Ok(self.start(&event)),
+            "audio-chunk" => {
+                if matches!(self.audio, Audio::Idle) {
+                    if let Err(message) = self.start(&event) {
+                        return Ok(Err(message));
+                    }
+                }
+                return Ok(self.chunk(&event.payload));
+            }
+            "audio-stop" => return self.transcribe().await,
+            other => tracing::debug!(event = other, "wyoming: event ignored"),
+        }
+        Ok(Ok(()))
+    }
+
+    fn info(&self) -> Value {
+        let attribution = json!({"name": "gpuhost", "url": "https://github.com/gpuhost/gpuhost"});
+        let stages = self.stages();
+        json!({
+            "asr": [{
+                "name": "gpuhost",
+                "description": "gpuhost speech pipeline (GPU time-shared through one queue)",
+                "attribution": attribution,
+                "installed": true,
+                "version": env!("CARGO_PKG_VERSION"),
+                "supports_transcript_streaming": false,
+                "models": [{
+                    "name": stages.join("+"),
+                    "description": format!("stages: {}", stages.join(", ")),
+                    "attribution": attribution,
+                    "installed": true,
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "languages": self.app.config.wyoming.languages,
+                }],
+            }],
+        })
+    }
+
+    fn stages(&self) -> Vec<String> {
+        self.app
+            .config
+            .wyoming
+            .stages(&self.app.config.pipeline.stages)
+    }
+
+    fn start(&mut self, event: &Event) -> Result<(), String> {
+        let rate = event.u32("rate").ok_or("`audio-start` needs `rate`")?;
+        let width = event.u32("width").unwrap_or(2);
+        let channels = event.u32("channels").unwrap_or(1);
+        if width != 2 {
+            return Err(format!(
+                "audio width {width} is not supported; send 16-bit PCM (width 2)"
+            ));
+        }
+        if !(4_000..=384_000).contains(&rate) || !(1..=32).contains(&channels) {
+            return Err(format!(
+                "audio of {rate} Hz × {channels} channels is outside 4–384 kHz, 1–32 channels"
+            ));
+        }
+        let dir = job::job_dir(&self.app.config)
+            .map_err(|e| format!("cannot create a job folder: {e}"))?;
+        let path = dir.path().join("wyoming.wav");
+        let spec = hound::WavSpec {
+            channels: channels as u16,
+            sample_rate: rate,
+            bits_per_sample: 16,
+            sample_format: hound::SampleFormat::Int,
+        };
+        let writer = hound::WavWriter::create(&path, spec)
+            .map_err(|e| format!("cannot store the audio: {e}"))?;
+        self.audio = Audio::Receiving {
+            dir,
+            path,
+            writer,
+            rate,
+            channels: channels as u16,
+            bytes: 0,
+        };
+        Ok(())
+    }
+
+    fn chunk(&mut self, payload: &[u8]) -> Result<(), String> {
+        let limits = &self.app.config.limits;
+        let Audio::Receiving {
+            writer,
+            rate,
+            channels,
+            bytes,
+            ..
+        } = &mut self.audio
+        else {
+            return Err("`audio-chunk` before `audio-start`".into());
+        };
+        *bytes += payload.len() as u64;
+        let seconds = *bytes as f64 / (2.0 * f64::from(*rate) * f64::from(*channels));
+        if *bytes > limits.max_upload_bytes || seconds > limits.max_audio_seconds {
+            return Err(format!(
+                "the audio is over limits.max_audio_seconds ({} s) or limits.max_upload_bytes",
+                limits.max_audio_seconds
+            ));
+        }
+        let mut block = writer.get_i16_writer(payload.len() as u32 / 2);
+        for pair in payload.chunks_exact(2) {
+            block.write_sample(i16::from_le_bytes([pair[0], pair[1]]));
+        }
+        block
+            .flush()
+            .map_err(|e| format!("cannot store the audio: {e}"))
+    }
+
+    /// `audio-stop`: runs the job and answers `transcript` or `error`.
+    async fn transcribe(&mut self) -> Result<Result<(), String>, ConnectionError> {
+        let Audio::Receiving {
+            dir, path, writer, ..
+        } = std::mem::replace(&mut self.audio, Audio::Idle)
+        else {
+            return Ok(Err("`audio-stop` before `audio-start`".into()));
+        };
+        if let Err(e) = writer.finalize() {
+            return Ok(Err(format!("cannot store the audio: {e}")));
+        }
+        let options = JobOptions {
+            language: self.language.take(),
+            ..JobOptions::default()
+        };
+        let config = &self.app.config;
+        let options = match options.validated(config.limits.max_field_bytes) {
+            Ok(options) => options,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        let prepared =
+            match PreparedJob::from_upload(config, dir, Source::File(path), options, self.stages())
+                .await
+            {
+                Ok(prepared) => prepared,
+                Err(e) => return Ok(Err(e.to_string())),
+            };
+        let mut events = match job::start_job(Arc::clone(&self.app), prepared) {
+            Ok(events) => events,
+            Err(full) => {
+                let message = format!(
+                    "the GPU queue is full ({} waiting); retry in about {} s",
+                    full.max_queue, full.retry_after_s
+                );
+                self.error("queue_full", &message).await?;
+                return Ok(Ok(()));
+            }
+        };
+        // Wait for the final event; a client that hangs up meanwhile cancels the job (the
+        // receiver is dropped on return).
+        let mut watching = true;
+        let last = loop {
+            tokio::select! {
+                event = events.recv() => match event {
+                    Some(e @ (ClientEvent::Result { .. } | ClientEvent::Error { .. })) => break Some(e),
+                    Some(_) => {}
+                    None => break None,
+                },
+                buffered = self.reader.fill_buf(), if watching => match buffered {
+                    Ok([]) | Err(_) => return Ok(Ok(())),
+                    Ok(_) => watching = false, // the next request came early: keep it
+                },
+            }
+        };
+        match last {
+            Some(ClientEvent::Result { result }) => {
+                let transcript = Transcript::from_result(&result).unwrap_or_default();
+                let mut data = json!({"text": transcript.text.trim()});
+                if let Some(language) = transcript.language {
+                    data["language"] = language.into();
+                }
+                write_event(&mut self.writer, "transcript", data).await?;
+            }
+            Some(ClientEvent::Error { code, message }) => {
+                self.error(code.as_str(), &message).await?;
+            }
+            _ => {
+                self.error("internal", "the job ended without a result")
+                    .await?
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    async fn error(&mut self, code: &str, text: &str) -> std::io::Result<()> {
+        write_event(
+            &mut self.writer,
+            "error",
+            json!({"text": text, "code": code}),
+        )
+        .await
+    }
+}

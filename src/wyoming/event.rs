@@ -1,0 +1,176 @@
+//! Wyoming framing: a JSON header line, then `data_length` bytes of JSON merged into its `data`,
+//! then `payload_length` bytes of payload (PCM audio). Every length is bounded before reading.
+
+use serde_json::{json, Map, Value};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Longest header line and longest extra data accepted.
+const MAX_HEADER_BYTES: u64 = 64 * 1024;
+/// Largest payload of one event (an audio chunk is a few KiB).
+pub(super) const MAX_PAYLOAD_BYTES: usize = 4 * 1024 * 1024;
+/// The protocol version written in our headers.
+const VERSION: &str = "1.5.4";
+
+/// One event as read.
+#[derive(Debug)]
+pub(super) struct Event {
+    pub(super) kind: String,
+    pub(super) data: Map<String, Value>,
+    pub(super) payload: Vec<u8>,
+}
+
+impl Event {
+    pub(super) fn u32(&self, key: &str) -> Option<u32> {
+        self.data
+            .get(key)?
+            .as_u64()
+            .and_then(|v| u32::try_from(v).ok())
+    }
+
+    pub(super) fn str(&self, key: &str) -> Option<&str> {
+        self.data.get(key)?.as_str()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(super) enum FrameError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("an event header is longer than {MAX_HEADER_BYTES} bytes")]
+    HeaderTooLong,
+    #[error("an event header is not a JSON object with a string `type`: {0}")]
+    BadHeader(String),
+    #[error("`{field}` of {len} is over the limit of {max}")]
+    TooLarge {
+        field: &'static str,
+        len: u64,
+        max: u64,
+    },
+}
+
+/// The next event; `None` at a clean end of stream.
+pub(super) async fn read_event<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+) -> Result<Option<Event>, FrameError> {
+    let mut line = Vec::new();
+    (&mut *r)
+        .take(MAX_HEADER_BYTES + 1)
+        .read_until(b'\n', &mut line)
+        .await?;
+    if line.is_empty() {
+        return Ok(None);
+    }
+    if line.last() != Some(&b'\n') {
+        return Err(if line.len() as u64 > MAX_HEADER_BYTES {
+            FrameError::HeaderTooLong
+        } else {
+            FrameError::Io(std::io::ErrorKind::UnexpectedEof.into())
+        });
+    }
+    let header: Value =
+        serde_json::from_slice(&line).map_err(|e| FrameError::BadHeader(e.to_string()))?;
+    let kind = header
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| FrameError::BadHeader("no `type`".into()))?
+        .to_string();
+    let mut data = match header.get("data") {
+        Some(Value::Object(d)) => d.clone(),
+        Some(Value::Null) | None => Map::new(),
+        Some(_) => return Err(FrameError::BadHeader("`data` is not an object".into())),
+    };
+    let length = |field: &'static str, max: u64| -> Result<u64, FrameError> {
+        let len = header.get(field).and_then(Value::as_u64).unwrap_or(0);
+        if len > max {
+            return Err(FrameError::TooLarge { field, len, max });
+        }
+        Ok(len)
+    };
+    let data_length = length("data_length", MAX_HEADER_BYTES)?;
+    let payload_length = length("payload_length", MAX_PAYLOAD_BYTES as u64)?;
+    if data_length > 0 {
+        let mut extra = vec![0; data_length as usize];
+        r.read_exact(&mut extra).await?;
+        match serde_json::from_slice(&extra) {
+            Ok(Value::Object(more)) => data.extend(more),
+            _ => {
+                return Err(FrameError::BadHeader(
+                    "extra data is not a JSON object".into(),
+                ))
+            }
+        }
+    }
+    let mut payload = vec![0; payload_length as usize];
+    r.read_exact(&mut payload).await?;
+    Ok(Some(Event {
+        kind,
+        data,
+        payload,
+    }))
+}
+
+/// Writes one event with `data` (no payload).
+pub(super) async fn write_event<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    kind: &str,
+    data: Value,
+) -> std::io::Result<()> {
+    let data = serde_json::to_vec(&data)?;
+    let header = json!({"type": kind, "version": VERSION, "data_length": data.len()});
+    let mut out = serde_json::to_vec(&header)?;
+    out.push(b'\n');
+    out.extend_from_slice(&data);
+    w.write_all(&out).await?;
+    w.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn data_is_merged_and_payload_read() {
+        let mut input: &[u8] = b"{\"type\":\"audio-chunk\",\"data\":{\"rate\":16000},\"data_length\":13,\"payload_length\":4}\n{\"width\": 2} \x01\x02\x03\x04{\"type\":\"audio-stop\"}\n";
+        let e = read_event(&mut input).await.unwrap().unwrap();
+        assert_eq!(e.kind, "audio-chunk");
+        assert_eq!((e.u32("rate"), e.u32("width")), (Some(16000), Some(2)));
+        assert_eq!(e.payload, [1, 2, 3, 4]);
+        let e = read_event(&mut input).await.unwrap().unwrap();
+        assert_eq!(e.kind, "audio-stop");
+        assert!(read_event(&mut input).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn lengths_are_bounded_before_reading() {
+        let mut input: &[u8] = b"{\"type\":\"audio-chunk\",\"payload_length\":99999999999}\n";
+        assert!(matches!(
+            read_event(&mut input).await,
+            Err(FrameError::TooLarge {
+                field: "payload_length",
+                ..
+            })
+        ));
+        let long = vec![b'x'; 70 * 1024];
+        assert!(matches!(
+            read_event(&mut &long[..]).await,
+            Err(FrameError::HeaderTooLong)
+        ));
+        assert!(matches!(
+            read_event(&mut &b"[1]\n"[..]).await,
+            Err(FrameError::BadHeader(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn written_events_read_back() {
+        let mut out = Vec::new();
+        write_event(&mut out, "transcript", json!({"text": "안녕하세요"}))
+            .await
+            .unwrap();
+        let e = read_event(&mut &out[..]).await.unwrap().unwrap();
+        assert_eq!(
+            (e.kind.as_str(), e.str("text")),
+            ("transcript", Some("안녕하세요"))
+        );
+    }
+}

@@ -1,0 +1,248 @@
+//! The Wyoming speech-to-text server (Home Assistant): describe/info, a streamed request through
+//! the GPU queue, refusals that keep the connection, the queue limit, and framing errors.
+//! (Home Assistant's own `wyoming` client is exercised against the real ASR in tests/speech.)
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::support::*;
+
+struct Client {
+    stream: BufReader<TcpStream>,
+}
+
+impl Client {
+    async fn connect(host: &TestHost) -> Client {
+        let stream = TcpStream::connect(host.wyoming.expect("[wyoming] listen"))
+            .await
+            .unwrap();
+        Client {
+            stream: BufReader::new(stream),
+        }
+    }
+
+    async fn send(&mut self, kind: &str, data: Value, payload: &[u8]) {
+        let header = json!({"type": kind, "data": data, "payload_length": payload.len()});
+        let mut out = serde_json::to_vec(&header).unwrap();
+        out.push(b'\n');
+        out.extend_from_slice(payload);
+        self.stream.get_mut().write_all(&out).await.unwrap();
+    }
+
+    /// The next event as `(type, data)`, with `data_length` bytes merged in.
+    async fn recv(&mut self) -> (String, Value) {
+        let mut line = String::new();
+        tokio::time::timeout(Duration::from_secs(20), self.stream.read_line(&mut line))
+            .await
+            .expect("an answer within 20 s")
+            .unwrap();
+        let header: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("{line:?}"));
+        let mut data = header.get("data").cloned().unwrap_or(json!({}));
+        if let Some(n) = header["data_length"].as_u64().filter(|&n| n > 0) {
+            let mut extra = vec![0; n as usize];
+            self.stream.read_exact(&mut extra).await.unwrap();
+            let extra: Value = serde_json::from_slice(&extra).unwrap();
+            for (k, v) in extra.as_object().unwrap() {
+                data[k] = v.clone();
+            }
+        }
+        (header["type"].as_str().unwrap().to_string(), data)
+    }
+
+    /// `transcribe`, then `seconds` of silence at 16 kHz in 20 ms chunks, then `audio-stop`.
+    async fn request(&mut self, language: &str, seconds: f64) {
+        self.send("transcribe", json!({"language": language}), &[])
+            .await;
+        let format = json!({"rate": 16000, "width": 2, "channels": 1});
+        self.send("audio-start", format.clone(), &[]).await;
+        let pcm = vec![0u8; (seconds * 32000.0) as usize];
+        for chunk in pcm.chunks(640) {
+            self.send("audio-chunk", format.clone(), chunk).await;
+        }
+        self.send("audio-stop", json!({}), &[]).await;
+    }
+}
+
+fn config(extra: &str) -> String {
+    format!(
+        "[pipeline]\nstages = [\"diarizer\", \"asr\"]\n{}{}[wyoming]\nlisten = \"127.0.0.1:0\"\n{extra}",
+        fake_worker("diarizer", ""),
+        fake_worker("asr", "env = { FAKE_TEXT = \"turn on the kitchen light\" }\n"),
+    )
+}
+
+#[tokio::test]
+async fn describe_then_a_streamed_request_gives_its_transcript() {
+    let host = TestHost::start(&config("")).await.ready().await;
+    let mut client = Client::connect(&host).await;
+    client.send("describe", json!({}), &[]).await;
+    let (kind, info) = client.recv().await;
+    assert_eq!(kind, "info");
+    assert_eq!(info["asr"][0]["name"], "gpuhost");
+    assert_eq!(
+        info["asr"][0]["models"][0]["name"], "asr",
+        "asr alone by default"
+    );
+    assert_eq!(info["asr"][0]["models"][0]["languages"], json!(["en"]));
+
+    client.request("ko", 0.5).await;
+    let (kind, transcript) = client.recv().await;
+    assert_eq!(kind, "transcript", "{transcript}");
+    assert_eq!(transcript["text"], "turn on the kitchen light");
+    assert_eq!(
+        transcript["language"], "ko",
+        "the request's language reached the ASR"
+    );
+    let asr = host.worker("asr").await;
+    assert_eq!(asr["jobs_done"], 1);
+    let diarizer = host.worker("diarizer").await;
+    assert_eq!(
+        diarizer["jobs_done"], 0,
+        "a voice command skips the diarizer"
+    );
+
+    // The same connection takes the next request.
+    client.request("en", 0.2).await;
+    assert_eq!(client.recv().await.0, "transcript");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn bad_audio_is_refused_and_the_connection_stays() {
+    let host = TestHost::start(&config("")).await.ready().await;
+    let mut client = Client::connect(&host).await;
+    client
+        .send(
+            "audio-start",
+            json!({"rate": 16000, "width": 4, "channels": 1}),
+            &[],
+        )
+        .await;
+    let (kind, error) = client.recv().await;
+    assert_eq!(kind, "error");
+    assert!(
+        error["text"].as_str().unwrap().contains("width 4"),
+        "{error}"
+    );
+    client.send("audio-stop", json!({}), &[]).await;
+    let (kind, error) = client.recv().await;
+    assert_eq!(kind, "error");
+    assert!(
+        error["text"]
+            .as_str()
+            .unwrap()
+            .contains("before `audio-start`"),
+        "{error}"
+    );
+    // Longer than limits.max_audio_seconds.
+    let host2 = TestHost::start(&config("[limits]\nmax_audio_seconds = 1.0\n"))
+        .await
+        .ready()
+        .await;
+    let mut long = Client::connect(&host2).await;
+    long.request("en", 1.5).await;
+    let (kind, error) = long.recv().await;
+    assert_eq!(kind, "error");
+    assert!(
+        error["text"]
+            .as_str()
+            .unwrap()
+            .contains("max_audio_seconds"),
+        "{error}"
+    );
+    host2.stop().await;
+    // Still usable after all that.
+    client.request("en", 0.2).await;
+    assert_eq!(client.recv().await.0, "transcript");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_wyoming_request_waits_in_the_same_gpu_queue() {
+    let host = TestHost::start(&config("[limits]\nmax_queue = 1\n"))
+        .await
+        .ready()
+        .await;
+    // One HTTP job holds the GPU and another waits: the queue is full for everyone.
+    let running = tokio::spawn({
+        let (url, body) = (host.url.clone(), wav(0.2, 16000, 1));
+        async move {
+            reqwest::Client::new()
+                .post(format!(
+                    "{url}/transcribe?stages=asr&language=fake:sleep=1500"
+                ))
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    });
+    wait_for(
+        "the first job to hold the GPU",
+        Duration::from_secs(10),
+        || async { host.state.queue.running() == 1 },
+    )
+    .await;
+    let waiting = tokio::spawn({
+        let (url, body) = (host.url.clone(), wav(0.2, 16000, 1));
+        async move {
+            reqwest::Client::new()
+                .post(format!("{url}/transcribe?stages=asr"))
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    });
+    wait_for(
+        "the second job to wait",
+        Duration::from_secs(10),
+        || async { host.state.queue.waiting() == 1 },
+    )
+    .await;
+    let mut client = Client::connect(&host).await;
+    client.request("en", 0.2).await;
+    let (kind, error) = client.recv().await;
+    assert_eq!(
+        (kind.as_str(), &error["code"]),
+        ("error", &json!("queue_full")),
+        "{error}"
+    );
+    running.await.unwrap();
+    waiting.await.unwrap();
+    client.request("en", 0.2).await;
+    assert_eq!(client.recv().await.0, "transcript");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_broken_frame_gets_an_error_and_the_connection_closes() {
+    let host = TestHost::start(&config("")).await.ready().await;
+    let mut client = Client::connect(&host).await;
+    client
+        .stream
+        .get_mut()
+        .write_all(b"{\"type\":\"audio-chunk\",\"payload_length\":999999999999}\n")
+        .await
+        .unwrap();
+    let (kind, error) = client.recv().await;
+    assert_eq!(kind, "error");
+    assert_eq!(error["code"], "bad_event");
+    let mut rest = Vec::new();
+    client.stream.read_to_end(&mut rest).await.unwrap();
+    assert!(rest.is_empty(), "closed after the error");
+    // The server goes on.
+    let mut next = Client::connect(&host).await;
+    next.send("describe", json!({}), &[]).await;
+    assert_eq!(next.recv().await.0, "info");
+    host.stop().await;
+}
