@@ -225,7 +225,8 @@ async fn build(config: &Config, pkg: &Package, say: &dyn Fn(&str)) -> Result<(),
                 "pip", "install", "--python", &python, "-e", &sdk, "-e", &home,
             ]
             .map(String::from);
-            pkg.run("uv pip install", &uv, &args, timeout).await?;
+            let what = format!("[{}] still installing (uv pip)", pkg.name);
+            heartbeat(say, &what, pkg.run("uv pip install", &uv, &args, timeout)).await?;
             "uv"
         }
         None => {
@@ -261,8 +262,13 @@ async fn build(config: &Config, pkg: &Package, say: &dyn Fn(&str)) -> Result<(),
                 &home,
             ]
             .map(String::from);
-            pkg.run("pip install", &pkg.python(), &args, timeout)
-                .await?;
+            let what = format!("[{}] still installing (pip)", pkg.name);
+            heartbeat(
+                say,
+                &what,
+                pkg.run("pip install", &pkg.python(), &args, timeout),
+            )
+            .await?;
             "pip"
         }
     };
@@ -285,6 +291,25 @@ async fn build(config: &Config, pkg: &Package, say: &dyn Fn(&str)) -> Result<(),
     let json = serde_json::to_vec_pretty(&state).expect("state serializes");
     std::fs::write(pkg.venv().join(STATE_FILE), json)
         .map_err(|e| pkg.step_error("write state", e.to_string()))
+}
+
+/// Awaits `step`, saying every 15 s that it still runs (pip is silent for minutes on a first
+/// setup, and a silent terminal looks hung).
+async fn heartbeat<T>(
+    say: &dyn Fn(&str),
+    what: &str,
+    step: impl std::future::Future<Output = T>,
+) -> T {
+    const EVERY: Duration = Duration::from_secs(15);
+    tokio::pin!(step);
+    let started = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval_at(started + EVERY, EVERY);
+    loop {
+        tokio::select! {
+            out = &mut step => return out,
+            _ = tick.tick() => say(&format!("{what}… {} s", started.elapsed().as_secs())),
+        }
+    }
 }
 
 /// Before serving: builds venvs that do not exist yet, refuses stale or broken ones.
@@ -328,7 +353,22 @@ pub async fn ensure(config: &Config, say: &dyn Fn(&str)) -> Result<(), SetupErro
 
 #[cfg(test)]
 mod tests {
-    use super::fingerprint;
+    use super::{fingerprint, heartbeat};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_long_step_says_it_is_still_running() {
+        let said = std::cell::RefCell::new(Vec::new());
+        let say = |line: &str| said.borrow_mut().push(line.to_string());
+        let step = tokio::time::sleep(std::time::Duration::from_secs(40));
+        heartbeat(&say, "[asr] still installing (pip)", step).await;
+        assert_eq!(
+            *said.borrow(),
+            [
+                "[asr] still installing (pip)… 15 s",
+                "[asr] still installing (pip)… 30 s"
+            ]
+        );
+    }
 
     #[test]
     fn fingerprint_is_stable_and_separates_parts() {
