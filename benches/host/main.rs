@@ -3,7 +3,8 @@
 //!
 //! `cargo bench --bench host` prints no-op job latency p50/p99 and throughput over HTTP,
 //! stderr-line-to-client latency, idle host RSS and `/status` throughput and latency, each with
-//! the ratio gpuhost/anchor. The anchor's Python venv is made under `.bench/` on first use.
+//! the ratio gpuhost/anchor, and each host's overhead above the floor: the same worker driven
+//! over bare pipes with no host at all, measured in the same run. The anchor's Python venv is made under `.bench/` on first use.
 #![allow(clippy::unwrap_used, unreachable_pub)] // test and bench code: a panic is the failure report
 #![allow(clippy::disallowed_methods)] // the benchmark starts both servers as processes
 
@@ -39,6 +40,21 @@ fn main() {
         let a = measure::job_latency(&client, &anchor.transcribe_url(0, 0), &wav, NOOP_JOBS).await;
         let g = measure::job_latency(&client, &host.transcribe_url("seed"), &wav, NOOP_JOBS).await;
         rows.extend(percentile_rows("no-op job latency", &g, &a));
+        // What each host adds above the floor: the worker's own round trip over bare pipes.
+        let argv = servers::worker_argv();
+        let floor = tokio::task::spawn_blocking(move || measure::bare_pipe(&argv, NOOP_JOBS))
+            .await
+            .unwrap();
+        let floor_p50 = percentile(&floor, 50.0);
+        println!(
+            "worker floor (bare pipes, no host) p50 {floor_p50:.3} ms, p99 {:.3} ms\n",
+            percentile(&floor, 99.0)
+        );
+        rows.push(row(
+            "no-op job p50 above the worker floor (ms)",
+            percentile(&g, 50.0) - floor_p50,
+            percentile(&a, 50.0) - floor_p50,
+        ));
 
         let a = measure::throughput(
             &client,

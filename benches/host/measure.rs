@@ -187,3 +187,48 @@ pub async fn status_load(
         all,
     )
 }
+
+/// The floor under every no-op job: the worker alone, driven over bare pipes (no host, no HTTP):
+/// write the job line, wait for `done`. Started exactly as both hosts start it (`argv`).
+pub fn bare_pipe(argv: &[String], n: usize) -> Vec<Sample> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    let wav = dir.path().join("audio.wav");
+    std::fs::write(&wav, wav_bytes(0.5)).unwrap();
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut next_line = |line: &mut String| {
+        line.clear();
+        stdout.read_line(line).unwrap();
+        line.trim().to_string()
+    };
+    assert_eq!(next_line(&mut line), "ready");
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n + 20 {
+        let job = serde_json::json!({
+            "wav_path": wav,
+            "_output_path": dir.path().join(format!("out{i}.json")),
+        });
+        let started = Instant::now();
+        writeln!(stdin, "{job}").unwrap();
+        stdin.flush().unwrap();
+        while next_line(&mut line) != "done" {}
+        if i >= 20 {
+            out.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    drop(stdin);
+    let _ = child.kill();
+    let _ = child.wait();
+    out
+}

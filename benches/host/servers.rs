@@ -75,7 +75,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn worker_argv() -> [String; 3] {
+pub fn worker_argv() -> [String; 3] {
     [
         "python3".into(),
         repo().join("benches/stamp_stderr.py").display().to_string(),
