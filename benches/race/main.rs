@@ -207,6 +207,9 @@ async fn original_round(client: &reqwest::Client, base: &str, fake: &Fake, n: us
     for mut child in children.into_inner().unwrap() {
         let _ = child.kill();
         let _ = child.wait();
+        // SIGKILL skips the fake's own cleanup: drop its line from the fake GPU, or a later
+        // process given the same pid (pids wrap fast here) would show up as holding memory.
+        let _ = std::fs::remove_file(fake.dir.path().join("procs").join(child.id().to_string()));
     }
     times
 }
