@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use futures_util::FutureExt;
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::audio::{self, AudioError, AudioInfo, Source};
@@ -245,7 +246,7 @@ async fn run_job(
     app.stats.record(&outcome, started.elapsed());
     let last = match outcome {
         Ok(result) => ClientEvent::Result {
-            result: app.finish_result(result, &job),
+            result: finish_result(result, &job),
         },
         Err(e) => {
             tracing::warn!(error = %e, "job failed");
@@ -257,6 +258,27 @@ async fn run_job(
     };
     let _ = tx.send(last).await;
     drop(job); // removes the job folder
+}
+
+/// The final result of a job: the merged transcript when the pipeline has an ASR stage (the
+/// raw stage results otherwise), plus timings and what the host knows of the audio.
+pub fn finish_result(mut result: Value, job: &PreparedJob) -> Value {
+    let transcript = result
+        .get("stages")
+        .and_then(Value::as_object)
+        .and_then(crate::transcript::build);
+    if let Some(mut transcript) = transcript.and_then(|t| serde_json::to_value(t).ok()) {
+        transcript["duration"] = result["duration"].take();
+        transcript["timings"] = result["timings"].take();
+        transcript["pipeline_seconds"] = result["pipeline_seconds"].take();
+        result = transcript;
+    }
+    result["audio"] = serde_json::json!({
+        "decoder": job.info.decoder,
+        "source_rate": job.info.source_rate,
+        "source_channels": job.info.source_channels,
+    });
+    result
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! gpuhost: time-share one GPU between many AI models. `app` builds the HTTP router over a
 //! state; `bind` + `Server::run` (or `run`) serve it until the shutdown future resolves.
 
+mod app;
 pub mod arbiter;
 pub mod audio;
 pub mod config;
@@ -23,117 +24,11 @@ pub mod wyoming;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Router;
-use serde_json::Value;
 
-use arbiter::queue::GpuQueue;
-use arbiter::Arbiter;
+pub use app::{App, AppState};
 pub use config::Config;
-use job::PreparedJob;
-use pipeline::Pipeline;
-use stats::JobStats;
-use supervisor::Supervisor;
-
-/// Shared state of a running host. Everything in it is cheap to read without the GPU lock.
-pub struct App {
-    pub config: Arc<Config>,
-    pub supervisor: Arc<Supervisor>,
-    pub pipeline: Pipeline,
-    pub queue: Arc<GpuQueue>,
-    /// Every grant of the GPU: jobs (through `queue`), services and leases.
-    pub arbiter: Arc<Arbiter>,
-    pub stats: JobStats,
-    /// GPU status snapshot, refreshed in the background; reading it never waits.
-    pub gpu: gpu::GpuMonitor,
-    pub started: Instant,
-}
-
-pub type AppState = Arc<App>;
-
-impl App {
-    /// Starts the workers of `config` (resident ones begin loading at once).
-    pub fn start(config: Config) -> AppState {
-        App::start_with(config, false)
-    }
-
-    /// Like `start`, with every worker in oneshot mode (the local sequential pipeline).
-    pub fn start_oneshot(config: Config) -> AppState {
-        App::start_with(config, true)
-    }
-
-    fn start_with(mut config: Config, force_oneshot: bool) -> AppState {
-        let swept = job::sweep_stale(&config.temp_dir());
-        if swept > 0 {
-            tracing::info!(swept, dir = %config.temp_dir().display(), "removed job folders left by hosts that are gone");
-        }
-        let supervisor = Arc::new(Supervisor::start(&config, force_oneshot));
-        if force_oneshot {
-            // A local one-off run has no one to report GPU status to.
-            config.gpu.status.backend = config::GpuBackendChoice::None;
-        }
-        let gpu = gpu::GpuMonitor::start(&config, Arc::clone(&supervisor));
-        let history = Arc::new(arbiter::history::History::new(
-            std::time::Duration::from_secs_f64(config.arbiter.history_s),
-        ));
-        let sharing = arbiter::sharing::Sharing {
-            mode: config.gpu.share,
-            headroom_mib: config.gpu.headroom_mib,
-            allow_backfill: config.gpu.allow_backfill,
-        };
-        // One queue per arbitrated GPU; speech jobs queue on `[gpu] device`'s.
-        let queues: Vec<Arc<GpuQueue>> = config
-            .arbitrated_devices()
-            .into_iter()
-            .map(|device| {
-                GpuQueue::with_sharing(
-                    config.gpu.max_concurrent_jobs,
-                    Arc::clone(&history),
-                    sharing,
-                    device,
-                )
-            })
-            .collect();
-        let queue = queues
-            .iter()
-            .find(|q| q.device == config.gpu.device as u32)
-            .cloned()
-            .expect("[gpu] device is always arbitrated");
-        let arbiter = Arbiter::start(&config, &queues, &queue, Arc::clone(&supervisor), &gpu);
-        Arc::new(App {
-            gpu,
-            queue,
-            arbiter,
-            pipeline: Pipeline::new(Arc::clone(&supervisor), config.pipeline.parallel_groups()),
-            supervisor,
-            config: Arc::new(config),
-            stats: JobStats::default(),
-            started: Instant::now(),
-        })
-    }
-
-    /// The final result of a job: the merged transcript when the pipeline has an ASR stage (the
-    /// raw stage results otherwise), plus timings and what the host knows of the audio.
-    pub fn finish_result(&self, mut result: Value, job: &PreparedJob) -> Value {
-        let transcript = result
-            .get("stages")
-            .and_then(Value::as_object)
-            .and_then(transcript::build);
-        if let Some(mut transcript) = transcript.and_then(|t| serde_json::to_value(t).ok()) {
-            transcript["duration"] = result["duration"].take();
-            transcript["timings"] = result["timings"].take();
-            transcript["pipeline_seconds"] = result["pipeline_seconds"].take();
-            result = transcript;
-        }
-        result["audio"] = serde_json::json!({
-            "decoder": job.info.decoder,
-            "source_rate": job.info.source_rate,
-            "source_channels": job.info.source_channels,
-        });
-        result
-    }
-}
 
 /// The router over `state`.
 pub fn app(state: AppState) -> Router {
