@@ -3,6 +3,7 @@
 
 mod backend;
 mod decision;
+pub mod error;
 mod nvml;
 pub mod procfs;
 mod sampler;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::error::{ProbeError, SampleError};
 use super::nvml::NvmlBackend;
 use super::smi::{self, Smi};
 use super::RawSample;
@@ -37,21 +38,24 @@ pub struct BackendReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct Unavailable {
     pub backend: &'static str,
-    pub error: String,
+    #[serde(serialize_with = "as_text")]
+    pub error: ProbeError,
+}
+
+fn as_text<S: serde::Serializer>(error: &ProbeError, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(error)
 }
 
 impl Unavailable {
     /// A few words for people; `error` keeps every path tried.
     pub fn summary(&self) -> String {
-        let missing = self.error.contains("cannot open shared object")
-            || self.error.contains("is not on PATH")
-            || self.error.contains("No such file");
-        match (self.backend, missing) {
-            ("nvml", true) => "NVML library not found".into(),
-            ("nvidia-smi", true) => "nvidia-smi not found".into(),
-            ("all", _) => self.error.clone(),
-            (backend, _) => {
-                let first = self.error.split(';').next().unwrap_or("").trim();
+        match (&self.error, self.backend) {
+            (ProbeError::NotFound { .. }, "nvml") => "NVML library not found".into(),
+            (ProbeError::NotFound { .. }, "nvidia-smi") => "nvidia-smi not found".into(),
+            (ProbeError::Disabled, _) => self.error.to_string(),
+            (ProbeError::Configured(why), backend) => format!("{backend}: {why}"),
+            (ProbeError::NotFound { tried } | ProbeError::Failed { tried }, backend) => {
+                let first = tried.first().map(String::as_str).unwrap_or("").trim();
                 format!("{backend}: {}", first.chars().take(120).collect::<String>())
             }
         }
@@ -107,7 +111,7 @@ impl Backend {
         if config.backend == GpuBackendChoice::None {
             unavailable.push(Unavailable {
                 backend: "all",
-                error: "disabled by [gpu.status] backend = \"none\"".into(),
+                error: ProbeError::Disabled,
             });
         }
         (
@@ -120,7 +124,7 @@ impl Backend {
         )
     }
 
-    pub async fn sample(&self) -> Result<RawSample, String> {
+    pub async fn sample(&self) -> Result<RawSample, SampleError> {
         match self {
             Backend::Smi(smi) => smi.sample().await,
             Backend::Nvml {
@@ -129,7 +133,7 @@ impl Backend {
                 timeout,
             } => {
                 if in_flight.swap(true, Ordering::AcqRel) {
-                    return Err("the previous NVML call has not returned (driver hung?)".into());
+                    return Err(SampleError::NvmlHung);
                 }
                 let (nvml, flag) = (nvml.clone(), Arc::clone(in_flight));
                 let call = tokio::task::spawn_blocking(move || {
@@ -139,11 +143,11 @@ impl Backend {
                 });
                 match tokio::time::timeout(*timeout, call).await {
                     Ok(Ok(sample)) => sample,
-                    Ok(Err(e)) => Err(format!("NVML call panicked: {e}")),
-                    Err(_) => Err(format!("NVML did not answer within {timeout:?}")),
+                    Ok(Err(e)) => Err(SampleError::NvmlPanicked(e.to_string())),
+                    Err(_) => Err(SampleError::NvmlTimeout(*timeout)),
                 }
             }
-            Backend::None => Err("no GPU backend is available".into()),
+            Backend::None => Err(SampleError::NoBackend),
         }
     }
 }

@@ -5,9 +5,18 @@ use std::sync::Arc;
 
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
+use super::error::{ProbeError, SampleError};
 use super::{GpuInfo, RawProcess, RawSample};
+
+fn nvml_error(what: &str, e: NvmlError) -> SampleError {
+    SampleError::Nvml {
+        what: what.to_string(),
+        message: e.to_string(),
+    }
+}
 
 /// Tried in order when the config names no library.
 pub(super) const USUAL_PLACES: &[&str] = &[
@@ -36,10 +45,12 @@ impl std::fmt::Debug for NvmlBackend {
 
 impl NvmlBackend {
     /// Loads NVML from `configured`, else `GPUHOST_NVML_LIBRARY`, else the first usual place that works.
-    pub fn open(configured: &str) -> Result<NvmlBackend, String> {
+    pub fn open(configured: &str) -> Result<NvmlBackend, ProbeError> {
         let from_env = std::env::var("GPUHOST_NVML_LIBRARY").unwrap_or_default();
         let candidates = candidates(configured, &from_env);
-        let mut errors = Vec::new();
+        let mut tried = Vec::new();
+        // Only "could not load the library" everywhere means NVML is not there at all.
+        let mut all_missing = true;
         for library in candidates {
             match Nvml::builder()
                 .lib_path(std::ffi::OsStr::new(library))
@@ -51,27 +62,34 @@ impl NvmlBackend {
                         library: library.to_string(),
                     })
                 }
-                Err(e) => errors.push(format!("{library}: {e}")),
+                Err(e) => {
+                    all_missing &= matches!(e, NvmlError::LibloadingError(_));
+                    tried.push(format!("{library}: {e}"));
+                }
             }
         }
-        Err(errors.join("; "))
+        Err(if all_missing {
+            ProbeError::NotFound { tried }
+        } else {
+            ProbeError::Failed { tried }
+        })
     }
 
     /// Samples every device. Blocking (driver calls): run it off the async threads.
-    pub fn sample_blocking(&self) -> Result<RawSample, String> {
+    pub fn sample_blocking(&self) -> Result<RawSample, SampleError> {
         let count = self
             .nvml
             .device_count()
-            .map_err(|e| format!("NVML device count: {e}"))?;
+            .map_err(|e| nvml_error("device count", e))?;
         let mut sample = RawSample::default();
         for index in 0..count {
             let device = self
                 .nvml
                 .device_by_index(index)
-                .map_err(|e| format!("NVML device {index}: {e}"))?;
+                .map_err(|e| nvml_error(&format!("device {index}"), e))?;
             let memory = device
                 .memory_info()
-                .map_err(|e| format!("NVML memory of GPU {index}: {e}"))?;
+                .map_err(|e| nvml_error(&format!("memory of GPU {index}"), e))?;
             sample.gpus.push(GpuInfo {
                 index,
                 uuid: device.uuid().unwrap_or_default(),
@@ -131,6 +149,11 @@ mod tests {
     #[test]
     fn missing_library_is_a_clear_error() {
         let err = NvmlBackend::open("/nonexistent/libnvidia-ml.so.1").unwrap_err();
-        assert!(err.starts_with("/nonexistent/libnvidia-ml.so.1:"), "{err}");
+        assert!(matches!(err, ProbeError::NotFound { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with("/nonexistent/libnvidia-ml.so.1:"),
+            "{err}"
+        );
     }
 }

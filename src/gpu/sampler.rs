@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::decision::WatchState;
+use super::error::SampleError;
 use super::procfs::ProcFs;
 use super::{
     Backend, BackendReport, Decision, DecisionInput, GpuInfo, GpuProcess, Judge, RawSample,
@@ -276,11 +277,11 @@ impl Sampler {
         }
     }
 
-    async fn build(&mut self, raw: Result<RawSample, String>) -> Snapshot {
+    async fn build(&mut self, raw: Result<RawSample, SampleError>) -> Snapshot {
         let now = Instant::now();
         let (raw, error) = match raw {
             Ok(raw) => (raw, None),
-            Err(e) => (RawSample::default(), Some(e)),
+            Err(e) => (RawSample::default(), Some(e.to_string())),
         };
         let worker_pids: HashMap<u32, String> = self
             .supervisor

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::error::{ProbeError, SampleError};
 use super::{GpuInfo, RawProcess, RawSample};
 use crate::process::{find_program, run_captured};
 
@@ -20,24 +21,28 @@ pub const USUAL_PLACES: &[&str] = &[
 ];
 
 /// Finds nvidia-smi: the configured path, `NVIDIA_SMI_PATH`, PATH, then the usual places.
-pub fn locate(configured: &str) -> Result<PathBuf, String> {
+pub fn locate(configured: &str) -> Result<PathBuf, ProbeError> {
     if !configured.is_empty() {
-        return find_program(configured)
-            .ok_or_else(|| format!("configured nvidia_smi {configured} is not an executable"));
+        return find_program(configured).ok_or_else(|| {
+            ProbeError::Configured(format!(
+                "configured nvidia_smi {configured} is not an executable"
+            ))
+        });
     }
     if let Ok(from_env) = std::env::var("NVIDIA_SMI_PATH") {
         if !from_env.is_empty() {
-            return find_program(&from_env)
-                .ok_or_else(|| format!("NVIDIA_SMI_PATH={from_env} is not an executable"));
+            return find_program(&from_env).ok_or_else(|| {
+                ProbeError::Configured(format!("NVIDIA_SMI_PATH={from_env} is not an executable"))
+            });
         }
     }
     find_program("nvidia-smi")
         .or_else(|| USUAL_PLACES.iter().find_map(|p| find_program(p)))
         .ok_or_else(|| {
-            format!(
+            not_found(format!(
                 "nvidia-smi is not on PATH nor in {}",
                 USUAL_PLACES.join(", ")
-            )
+            ))
         })
 }
 
@@ -48,18 +53,21 @@ pub struct Smi {
 }
 
 impl Smi {
-    pub async fn sample(&self) -> Result<RawSample, String> {
+    pub async fn sample(&self) -> Result<RawSample, SampleError> {
         let (gpus, apps) = tokio::join!(self.query(GPU_QUERY), self.query(APPS_QUERY));
         let gpus = parse_gpus(&gpus?)?;
         let processes = parse_apps(&apps?, &gpus);
         Ok(RawSample { gpus, processes })
     }
 
-    async fn query(&self, query: &str) -> Result<String, String> {
+    async fn query(&self, query: &str) -> Result<String, SampleError> {
         let args = [query.to_string(), FORMAT.to_string()];
         let out = run_captured(&self.path, &args, self.timeout)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| SampleError::SmiRun {
+                path: display(&self.path),
+                message: e.to_string(),
+            })?;
         if !out.status.success() {
             let stderr = String::from_utf8_lossy(&out.stderr);
             let stdout = String::from_utf8_lossy(&out.stdout);
@@ -68,14 +76,18 @@ impl Smi {
                 .chain(stdout.lines())
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("no message");
-            return Err(format!(
-                "{} failed ({}): {why}",
-                display(&self.path),
-                crate::process::describe_exit(&out.status)
-            ));
+            return Err(SampleError::SmiFailed {
+                path: display(&self.path),
+                exit: crate::process::describe_exit(&out.status),
+                why: why.to_string(),
+            });
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
+}
+
+fn not_found(why: String) -> ProbeError {
+    ProbeError::NotFound { tried: vec![why] }
 }
 
 fn display(path: &Path) -> String {
@@ -91,12 +103,12 @@ fn number<T: std::str::FromStr>(field: &str) -> Option<T> {
     field.parse().ok()
 }
 
-pub fn parse_gpus(csv: &str) -> Result<Vec<GpuInfo>, String> {
+pub fn parse_gpus(csv: &str) -> Result<Vec<GpuInfo>, SampleError> {
     let mut gpus = Vec::new();
     for line in csv.lines().filter(|l| !l.trim().is_empty()) {
         let f = fields(line);
         if f.len() < 8 {
-            return Err(format!("unexpected nvidia-smi GPU line: {line:?}"));
+            return Err(SampleError::SmiLine(line.to_string()));
         }
         let used: u64 = number(f[4]).unwrap_or(0);
         let total: u64 = number(f[5]).unwrap_or(0);
@@ -113,7 +125,7 @@ pub fn parse_gpus(csv: &str) -> Result<Vec<GpuInfo>, String> {
         });
     }
     if gpus.is_empty() {
-        return Err("nvidia-smi listed no GPU".into());
+        return Err(SampleError::NoGpu);
     }
     Ok(gpus)
 }

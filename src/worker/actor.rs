@@ -125,17 +125,9 @@ impl Actor {
         }
     }
 
-    /// A control message that arrived while a load or a job was in progress: jobs wait their
-    /// turn, an unload happens right after, `Stop` interrupts.
+    /// See [`defer`].
     fn defer(&mut self, control: Option<Control>) -> Option<oneshot::Sender<()>> {
-        match control {
-            Some(Control::Run { request, reply }) => self.pending.push_back((request, reply)),
-            Some(Control::Stop { reply }) => return Some(reply),
-            Some(Control::Unload { reply }) => self.unload_after = Some(reply),
-            Some(Control::Load) => {}
-            None => return Some(oneshot::channel().0),
-        }
-        None
+        defer(control, &mut self.pending, &mut self.unload_after)
     }
 
     /// Stops the process and stays `Unloaded` until a job or `Load` comes.
@@ -254,13 +246,9 @@ impl Actor {
             let outcome = loop {
                 tokio::select! {
                     outcome = &mut run => break outcome,
-                    control = rx.recv(), if stop.is_none() => match control {
-                        Some(Control::Run { request, reply }) => pending.push_back((request, reply)),
-                        Some(Control::Stop { reply }) => stop = Some(reply),
-                        Some(Control::Unload { reply }) => *unload_after = Some(reply),
-                        Some(Control::Load) => {}
-                        None => stop = Some(oneshot::channel().0),
-                    },
+                    control = rx.recv(), if stop.is_none() => {
+                        stop = defer(control, pending, unload_after);
+                    }
                 }
                 if stop.is_some() {
                     break Err(JobError::ShuttingDown {
@@ -394,6 +382,23 @@ fn backoff(failures: u32) -> Duration {
     }
     let exp = (failures - 2).min(16);
     (Duration::from_millis(500) * 2u32.pow(exp)).min(MAX_BACKOFF)
+}
+
+/// A control message that arrived while a load or a job was in progress: jobs wait their turn,
+/// an unload happens right after, `Stop` (or every handle gone) interrupts and is returned.
+fn defer(
+    control: Option<Control>,
+    pending: &mut VecDeque<(JobRequest, Reply)>,
+    unload_after: &mut Option<oneshot::Sender<Option<u32>>>,
+) -> Option<oneshot::Sender<()>> {
+    match control {
+        Some(Control::Run { request, reply }) => pending.push_back((request, reply)),
+        Some(Control::Stop { reply }) => return Some(reply),
+        Some(Control::Unload { reply }) => *unload_after = Some(reply),
+        Some(Control::Load) => {}
+        None => return Some(oneshot::channel().0),
+    }
+    None
 }
 
 #[cfg(test)]
