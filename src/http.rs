@@ -13,11 +13,9 @@ mod status;
 mod transcribe;
 mod upload;
 
-use axum::extract::State;
 use axum::middleware;
 use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde_json::{json, Value};
+use axum::Router;
 
 pub use auth::token_matches;
 pub use error::ApiError;
@@ -29,7 +27,7 @@ use crate::AppState;
 pub fn router(state: AppState) -> Router {
     let protected = Router::new()
         .route("/transcribe", post(transcribe::transcribe))
-        .route("/workers", get(workers))
+        .route("/workers", get(status::workers))
         .route("/status", get(status::status))
         .route("/metrics", get(status::metrics))
         .route("/v1/audio/transcriptions", post(openai::transcriptions))
@@ -66,36 +64,6 @@ pub fn router(state: AppState) -> Router {
         // Uploads are limited while streaming (limits.max_upload_bytes), not by axum's buffer cap.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state)
-}
-
-/// Each worker: state, pid, mode, loaded model, job counts, restarts, last error, uptime.
-#[utoipa::path(get, path = "/workers", responses(
-    (status = 200, description = "Workers and the queue", body = Object),
-    openapi::GuardErrors,
-), security(("bearer" = [])))]
-async fn workers(State(app): State<AppState>) -> Json<Value> {
-    let workers: Vec<Value> = app
-        .supervisor
-        .statuses()
-        .into_iter()
-        .map(|s| {
-            let mut v = serde_json::to_value(&s).unwrap_or_default();
-            v["uptime_s"] = json!(crate::pipeline::round3(s.uptime_s()));
-            v["measured_vram_mib"] = json!(app
-                .arbiter
-                .core()
-                .footprints
-                .measured(&crate::arbiter::worker_key(&s.name)));
-            v["state_for_s"] = json!(crate::pipeline::round3(
-                s.state_since.elapsed().as_secs_f64()
-            ));
-            v
-        })
-        .collect();
-    Json(json!({
-        "workers": workers,
-        "queue": { "running": app.queue.running(), "waiting": app.queue.waiting() },
-    }))
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {

@@ -54,7 +54,7 @@ pub enum GuardErrors {
         super::openai::transcriptions,
         super::status::status,
         super::status::metrics,
-        super::workers,
+        super::status::workers,
         super::dashboard::page,
         super::gpu::lease,
         super::gpu::renew,

@@ -1,5 +1,5 @@
-//! `GET /status` (GPU snapshot) and `GET /metrics`: both read snapshots and counters only, never
-//! the driver and never the GPU lock.
+//! `GET /status` (GPU snapshot), `GET /workers` and `GET /metrics`: all read snapshots and
+//! counters only, never the driver and never the GPU lock.
 
 use axum::extract::State;
 use axum::http::header;
@@ -70,4 +70,34 @@ pub(super) async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         crate::metrics::render(&app),
     )
+}
+
+/// Each worker: state, pid, mode, loaded model, job counts, restarts, last error, uptime.
+#[utoipa::path(get, path = "/workers", responses(
+    (status = 200, description = "Workers and the queue", body = Object),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub(super) async fn workers(State(app): State<AppState>) -> Json<Value> {
+    let workers: Vec<Value> = app
+        .supervisor
+        .statuses()
+        .into_iter()
+        .map(|s| {
+            let mut v = serde_json::to_value(&s).unwrap_or_default();
+            v["uptime_s"] = json!(crate::pipeline::round3(s.uptime_s()));
+            v["measured_vram_mib"] = json!(app
+                .arbiter
+                .core()
+                .footprints
+                .measured(&crate::arbiter::worker_key(&s.name)));
+            v["state_for_s"] = json!(crate::pipeline::round3(
+                s.state_since.elapsed().as_secs_f64()
+            ));
+            v
+        })
+        .collect();
+    Json(json!({
+        "workers": workers,
+        "queue": { "running": app.queue.running(), "waiting": app.queue.waiting() },
+    }))
 }
