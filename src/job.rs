@@ -260,6 +260,49 @@ async fn run_job(
     drop(job); // removes the job folder
 }
 
+/// Refuses a `language` that a stage's loaded model does not know (its `ready` said which it
+/// does), so a request is never silently answered in English — before it waits in the queue.
+/// A worker not loaded yet is not checked here; its engine refuses the job itself.
+pub fn check_languages(
+    app: &AppState,
+    options: &JobOptions,
+    stages: &[String],
+) -> Result<(), String> {
+    let Some(language) = options.language.as_deref() else {
+        return Ok(());
+    };
+    let primary = language
+        .split(['-', '_'])
+        .next()
+        .unwrap_or(language)
+        .to_lowercase();
+    for stage in stages {
+        let Some(status) = app.supervisor.get(stage).map(|w| w.status()) else {
+            continue;
+        };
+        let Some(loaded) = &status.loaded else {
+            continue;
+        };
+        let Some(known) = &loaded.languages else {
+            continue;
+        };
+        if known
+            .iter()
+            .any(|k| k == "*" || k.eq_ignore_ascii_case(&primary))
+        {
+            continue;
+        }
+        let model = loaded.model.as_deref().unwrap_or("its model");
+        return Err(format!(
+            "language `{language}` is not supported by the `{stage}` worker: {model} knows {} only. \
+             Leave `language` out, or configure a multilingual model for it \
+             ([workers.{stage}.options] model = …)",
+            known.join(", ")
+        ));
+    }
+    Ok(())
+}
+
 /// The final result of a job: the merged transcript when the pipeline has an ASR stage (the
 /// raw stage results otherwise), plus timings and what the host knows of the audio.
 pub fn finish_result(mut result: Value, job: &PreparedJob) -> Value {

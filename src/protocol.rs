@@ -22,6 +22,10 @@ pub struct ReadyInfo {
     pub model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
+    /// Languages the loaded model transcribes (`["en"]` for an English-only model); absent: no
+    /// restriction. Requests for another language are refused before they queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub languages: Option<Vec<String>>,
     /// The worker abandons a job on `SIGINT` and answers `error` with kind `cancelled`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cancel: bool,

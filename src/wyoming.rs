@@ -265,6 +265,9 @@ impl Connection {
             Ok(options) => options,
             Err(e) => return Ok(Err(e.to_string())),
         };
+        if let Err(message) = job::check_languages(&self.app, &options, &self.stages()) {
+            return Ok(Err(message));
+        }
         let prepared =
             match PreparedJob::from_upload(config, dir, Source::File(path), options, self.stages())
                 .await

@@ -126,6 +126,7 @@ pub(super) async fn transcriptions(
     .validated(app.config.limits.max_field_bytes)
     .map_err(ApiError::from)?;
     let stages = app.config.pipeline.stages.clone();
+    job::check_languages(&app, &options, &stages).map_err(ApiError::bad_request)?;
     let prepared = PreparedJob::from_upload(&app.config, dir, file, options, stages)
         .await
         .map_err(|e| ApiError::from(e).redact(&dir_path))?;

@@ -191,3 +191,50 @@ async fn workers_endpoint_reports_state() {
     assert_eq!(w["jobs_done"], 0);
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
+    let config = format!(
+        "[pipeline]\nstages = [\"asr\"]\n{}",
+        fake_worker(
+            "asr",
+            "env = { FAKE_READY_META = '{\"protocol\":1,\"model\":\"tiny.en\",\"languages\":[\"en\"]}' }\n"
+        )
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let r = host
+        .post_body("/transcribe?language=ko", wav(0.2, 16000, 1))
+        .await;
+    let msg = json_error(r, 400, "bad_request").await;
+    assert!(
+        msg.contains("`ko`") && msg.contains("tiny.en") && msg.contains("[workers.asr.options]"),
+        "names the language, the model and what to configure: {msg}"
+    );
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(wav(0.2, 16000, 1)).file_name("a.wav"),
+        )
+        .text("model", "whisper-1")
+        .text("language", "ko");
+    let r = host
+        .post("/v1/audio/transcriptions")
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("`ko`"),
+        "OpenAI's error shape: {body}"
+    );
+    assert_eq!(
+        host.worker("asr").await["jobs_done"],
+        0,
+        "nothing reached the worker"
+    );
+    // English (with a region) is fine.
+    result_of(&host.transcribe("?language=en-US", wav(0.2, 16000, 1)).await);
+    host.stop().await;
+}

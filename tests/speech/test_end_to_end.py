@@ -232,3 +232,17 @@ def test_home_assistant_wyoming_client_transcribes(server, recordings):
     assert metrics.wer(truth, hyp) <= WER_WIDE, transcript.text
     assert transcript.language == "en"
     assert Error.is_type(refused.type) and "width 4" in Error.from_event(refused).text
+
+
+def test_a_language_the_model_lacks_is_a_clear_400(server, recordings):
+    """The bundled tiny.en says so in `ready`; Korean is refused up front, never answered in
+    English."""
+    import urllib.error
+
+    folder, _ = recordings
+    workers = {w["name"]: w for w in json.load(server.request("/workers"))["workers"]}
+    assert workers["asr"]["loaded"]["languages"] == ["en"], workers["asr"]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        server.transcribe(folder / "support_call.wav", "?language=ko")
+    body = json.loads(refused.value.read())
+    assert refused.value.code == 400 and "tiny.en" in body["message"], body

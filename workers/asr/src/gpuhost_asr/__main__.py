@@ -13,6 +13,8 @@ class AsrWorker(Worker):
         self.transcriber = Transcriber(settings)
         self.model = self.transcriber.model_name
         self.device = f"{settings.device}/{settings.compute_type}"
+        # The host refuses other languages before they queue (never silent English output).
+        return {"languages": ["en"]} if self.transcriber.english_only else {}
 
     def run(self, job, progress):
         def on_segment(segment, duration):
