@@ -1,0 +1,91 @@
+//! Resident workers on one GPU: which were unloaded to make room, bringing them back when the GPU
+//! is free, watching their measured footprints, and the keep-alive unload of idle ones.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{Mode, Reload};
+use crate::worker::WorkerState;
+
+use super::{history, worker_key, Core};
+
+impl Core {
+    pub(super) fn lock_unloaded(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.unloaded.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Residents unloaded by the arbiter come back once no exclusive holder has or wants the GPU.
+    pub(super) fn reload_if_free(&self) {
+        if self.config.reload != Reload::Eager || self.queue.exclusive_held() {
+            return;
+        }
+        if self.queue.head().is_some_and(|t| t.exclusive()) || self.queue.blocked().is_some() {
+            return;
+        }
+        let names = std::mem::take(&mut *self.lock_unloaded());
+        for name in names {
+            if let Some(handle) = self.supervisor.get(&name) {
+                tracing::info!(worker = %name, "reloading after the GPU was released");
+                handle.load();
+                let event = self.queue.history.begin_event(
+                    self.device,
+                    history::GrantKind::Reload,
+                    &format!("worker {name}"),
+                );
+                let (queue, handle) = (Arc::clone(&self.queue), handle.clone());
+                tokio::spawn(async move {
+                    handle
+                        .wait_for_state(|s| {
+                            s.state != WorkerState::Starting && s.state != WorkerState::Unloaded
+                        })
+                        .await;
+                    queue.history.end_event(event);
+                });
+            }
+        }
+    }
+
+    /// Measures the loaded workers' memory (their peaks become their footprints).
+    pub(super) fn observe_workers(&self) {
+        let snap = self.snapshot();
+        if snap.taken.is_none() {
+            return;
+        }
+        for status in self.device_workers() {
+            if let (Some(pid), WorkerState::Ready | WorkerState::Busy) = (status.pid, status.state)
+            {
+                self.footprints
+                    .observe(&worker_key(&status.name), pid, self.device, &snap);
+            }
+        }
+    }
+
+    /// Unloads residents idle longer than `idle_unload_after_s` (they reload at the next job).
+    pub(super) fn unload_idle_residents(&self) {
+        if self.config.idle_unload_after_s <= 0.0 {
+            return;
+        }
+        let limit = Duration::from_secs_f64(self.config.idle_unload_after_s);
+        for status in self.device_workers() {
+            if status.mode == Mode::Resident
+                && status.state == WorkerState::Ready
+                && status.state_since.elapsed() >= limit
+            {
+                if let Some(handle) = self.supervisor.get(&status.name).cloned() {
+                    tracing::info!(worker = %status.name, "unloading a worker idle for idle_unload_after_s");
+                    let event = self.queue.history.begin_event(
+                        self.device,
+                        history::GrantKind::Unload,
+                        &format!("worker {}", status.name),
+                    );
+                    let queue = Arc::clone(&self.queue);
+                    tokio::spawn(async move {
+                        handle.unload().await;
+                        queue.history.end_event(event);
+                    });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Making room on one GPU: a grant that needs memory unloads idle residents, then asks watched
+//! servers (Ollama …) to release theirs, each followed by the teardown check; and the block that
+//! keeps anything else from being granted while a holder's memory does not come back.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::{Mode, WatchConfig};
+use crate::protocol::GrantEvent;
+use crate::worker::WorkerState;
+
+use super::teardown::{self, Gone};
+use super::{history, watched, Core};
+
+impl Core {
+    /// Waits for `gone` (see `teardown::verify`) with the configured deadline and tolerance.
+    pub async fn verify_teardown(&self, gone: &Gone) -> Result<(), String> {
+        teardown::verify(
+            self.snapshots.clone(),
+            self.observed,
+            self.device,
+            gone,
+            self.config.teardown_tolerance_mib,
+            Duration::from_secs_f64(self.config.teardown_timeout_s),
+        )
+        .await
+    }
+
+    /// After a teardown that never completed: block the queue (nothing is granted; `/status`
+    /// says busy with the reason) until a later sample shows the memory back.
+    pub fn block_until_freed(self: &Arc<Self>, gone: Gone, reason: String) {
+        tracing::error!(%reason, "GPU blocked: teardown not verified");
+        self.queue.block(reason);
+        let core = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut snapshots = core.snapshots.clone();
+            loop {
+                if snapshots.changed().await.is_err() {
+                    return;
+                }
+                let snap = Arc::clone(&snapshots.borrow_and_update());
+                if teardown::check(
+                    &snap,
+                    core.device,
+                    &gone,
+                    core.config.teardown_tolerance_mib,
+                )
+                .is_ok()
+                {
+                    tracing::info!(what = %gone.what, "memory came back; GPU unblocked");
+                    core.queue.unblock();
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Makes room for a grant that needs `need_mib` (everything when unknown): idle resident
+    /// workers are unloaded, each teardown verified, until enough is free. Called by an exclusive
+    /// holder, so no job runs meanwhile.
+    pub async fn make_room(
+        &self,
+        need_mib: Option<u64>,
+        notify: &(dyn Fn(GrantEvent) + Send + Sync),
+    ) -> Result<(), String> {
+        if self.queue.holders().len() > 1 {
+            // Granted beside others (`share = "vram"`): the queue found it fits as things are,
+            // and nobody is unloaded under a holder's feet.
+            return Ok(());
+        }
+        let enough = |core: &Core| match (need_mib, core.free_mib()) {
+            (Some(need), Some(free)) => free >= need,
+            (_, None) => false,
+            (None, Some(_)) => false,
+        };
+        for status in self.device_workers() {
+            if enough(self) {
+                return Ok(());
+            }
+            let resident_up = status.mode == Mode::Resident
+                && matches!(
+                    status.state,
+                    WorkerState::Ready | WorkerState::Starting | WorkerState::Exited
+                );
+            if !resident_up {
+                continue;
+            }
+            let Some(handle) = self.supervisor.get(&status.name) else {
+                continue;
+            };
+            notify(GrantEvent::MakingRoom {
+                action: "unload".into(),
+                target: format!("worker {}", status.name),
+            });
+            let before = Instant::now();
+            let event = self.queue.history.begin_event(
+                self.device,
+                history::GrantKind::Unload,
+                &format!("worker {}", status.name),
+            );
+            let pid = handle.unload().await;
+            self.lock_unloaded().insert(status.name.clone());
+            if let Some(pid) = pid {
+                let gone = Gone {
+                    what: format!("worker {}", status.name),
+                    pids: vec![pid],
+                    pgid: Some(pid),
+                    baseline_used_mib: None,
+                    watch: None,
+                    after: before,
+                };
+                let verified = self.verify_teardown(&gone).await;
+                self.queue.history.end_event(event);
+                verified?;
+            } else {
+                self.queue.history.end_event(event);
+            }
+        }
+        for watch in &self.watches {
+            if enough(self) {
+                return Ok(());
+            }
+            self.release_watch(watch, notify).await?;
+        }
+        match (need_mib, self.free_mib()) {
+            (Some(need), Some(free)) if free < need => Err(format!(
+                "{need} MiB are needed but only {free} MiB are free after unloading every idle worker{}; {}",
+                if self.watches.is_empty() { "" } else { " and releasing every watched server" },
+                self.memory_holders()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Asks a watched server holding memory on the device to free it, then verifies it did.
+    pub(super) async fn release_watch(
+        &self,
+        watch: &WatchConfig,
+        notify: &(dyn Fn(GrantEvent) + Send + Sync),
+    ) -> Result<(), String> {
+        let Some(how) = &watch.release else {
+            return Ok(());
+        };
+        let holds = self.snapshot().processes.iter().any(|p| {
+            p.gpu_index == self.device
+                && p.used_memory_mib > 0
+                && p.watch.as_deref() == Some(watch.name.as_str())
+        });
+        if !holds {
+            return Ok(());
+        }
+        notify(GrantEvent::MakingRoom {
+            action: "release".into(),
+            target: format!("watched {}", watch.name),
+        });
+        let event = self.queue.history.begin_event(
+            self.device,
+            history::GrantKind::Unload,
+            &format!("watched {}", watch.name),
+        );
+        let before = Instant::now();
+        let released = watched::release(&self.http, how).await;
+        let verified = match released {
+            Ok(what) => {
+                tracing::info!(watch = %watch.name, released = ?what, "asked a watched server to free its memory");
+                let gone = Gone {
+                    what: format!("watched {}", watch.name),
+                    pids: Vec::new(),
+                    pgid: None,
+                    baseline_used_mib: None,
+                    watch: Some(watch.name.clone()),
+                    after: before,
+                };
+                self.verify_teardown(&gone).await
+            }
+            Err(e) => Err(format!("the release call to {} failed: {e}", watch.name)),
+        };
+        self.queue.history.end_event(event);
+        verified
+    }
+
+    pub(super) fn memory_holders(&self) -> String {
+        let snap = self.snapshot();
+        let holders: Vec<String> = snap
+            .processes
+            .iter()
+            .filter(|p| p.gpu_index == self.device)
+            .map(|p| format!("pid {} ({} MiB)", p.pid, p.used_memory_mib))
+            .collect();
+        if holders.is_empty() {
+            "no process is listed on the GPU".into()
+        } else {
+            format!("held by {}", holders.join(", "))
+        }
+    }
+}
