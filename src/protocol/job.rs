@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// Per-request options handed to every stage, checked by [`JobOptions::validate`].
+/// Per-request options handed to every stage, checked by [`JobOptions::validated`].
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct JobOptions {
     /// Language code (`en`, `ko`); absent: the ASR detects it.
