@@ -66,6 +66,15 @@ impl Client {
     }
 }
 
+/// A `/transcribe` request running in the background; its body when it ends.
+fn background_job(host: &TestHost, query: &str) -> tokio::task::JoinHandle<String> {
+    let request = host
+        .client()
+        .post(format!("{}/transcribe?{query}", host.url))
+        .body(wav(0.2, 16000, 1));
+    tokio::spawn(async move { request.send().await.unwrap().text().await.unwrap() })
+}
+
 fn config(extra: &str) -> String {
     format!(
         "[pipeline]\nstages = [\"diarizer\", \"asr\"]\n{}{}[wyoming]\nlisten = \"127.0.0.1:0\"\n{extra}",
@@ -167,42 +176,14 @@ async fn a_wyoming_request_waits_in_the_same_gpu_queue() {
         .ready()
         .await;
     // One HTTP job holds the GPU and another waits: the queue is full for everyone.
-    let running = tokio::spawn({
-        let (url, body) = (host.url.clone(), wav(0.2, 16000, 1));
-        async move {
-            reqwest::Client::new()
-                .post(format!(
-                    "{url}/transcribe?stages=asr&language=fake:sleep=1500"
-                ))
-                .body(body)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        }
-    });
+    let running = background_job(&host, "stages=asr&language=fake:sleep=1500");
     wait_for(
         "the first job to hold the GPU",
         Duration::from_secs(10),
         || async { host.state.queue.running() == 1 },
     )
     .await;
-    let waiting = tokio::spawn({
-        let (url, body) = (host.url.clone(), wav(0.2, 16000, 1));
-        async move {
-            reqwest::Client::new()
-                .post(format!("{url}/transcribe?stages=asr"))
-                .body(body)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        }
-    });
+    let waiting = background_job(&host, "stages=asr");
     wait_for(
         "the second job to wait",
         Duration::from_secs(10),
