@@ -138,22 +138,22 @@ async fn remote(
     let file = tokio::fs::File::open(&args.file)
         .await
         .with_context(|| format!("opening {}", args.file.display()))?;
-    let mut request = reqwest::Client::new()
-        .post(url)
-        .body(reqwest::Body::from(file));
-    if let Some(token) = &args.token {
-        request = request.bearer_auth(token);
-    }
+    let client = reqwest::Client::new();
+    let authed = |request: reqwest::RequestBuilder| match &args.token {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    };
+    // A refused request is answered before the upload is read, and the connection closes under
+    // the upload: ask a small protected endpoint first, so a wrong token reads as a 401, not as
+    // a broken pipe.
+    let probe = authed(client.get(url.join("workers")?))
+        .send()
+        .await
+        .with_context(|| format!("reaching {server}"))?;
+    refused(probe).await?;
+    let request = authed(client.post(url).body(reqwest::Body::from(file)));
     let response = request.send().await.context("sending the request")?;
-    let status = response.status();
-    if !status.is_success() {
-        let body = response.text().await.unwrap_or_default();
-        let message = serde_json::from_str::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
-            .unwrap_or(body);
-        bail!("server answered {status}: {message}");
-    }
+    let response = refused(response).await?;
     let mut stream = response.bytes_stream();
     let mut buf = Vec::new();
     let mut last = None;
@@ -168,4 +168,18 @@ async fn remote(
         }
     }
     last.context("the server closed the stream without a final event")
+}
+
+/// `response` when it succeeded; otherwise the server's status and message as the error.
+async fn refused(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let body = response.text().await.unwrap_or_default();
+    let message = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
+        .unwrap_or(body);
+    bail!("server answered {status}: {message}")
 }
