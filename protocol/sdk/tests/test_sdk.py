@@ -8,6 +8,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 from conftest import HERE, start_worker
 from gpuhost_worker.runner import write_result
 
@@ -192,3 +193,42 @@ def test_a_job_cancelled_before_it_was_read_is_given_up_at_once(tmp_path, echo_w
     lines = stdout.splitlines()
     assert json.loads(lines[0][len("error ") :])["kind"] == "cancelled"
     assert lines[1] == "done" and json.loads(out.read_text())["echo"] == "next"
+
+
+WARMING_WORKER = """
+import os, sys
+sys.path.insert(0, %r)
+from gpuhost_worker import Worker, serve
+class W(Worker):
+    def warmup(self):
+        sys.stderr.write("warming up\\n")
+        if os.environ.get("FAIL_WARMUP"):
+            raise RuntimeError("no synthetic input today")
+    def run(self, job, progress):
+        return {}
+sys.exit(serve(W()))
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_warmup_runs_before_ready_and_never_blocks_it(tmp_path, fail):
+    script = tmp_path / "w.py"
+    script.write_text(WARMING_WORKER % str(HERE.parent / "src"))
+    env = {"FAIL_WARMUP": "1"} if fail else {}
+    proc = start_worker(script, env=env)
+    stdout, stderr = proc.communicate("", timeout=30)
+    assert proc.returncode == 0, stderr
+    assert stderr.index("warming up") >= 0
+    ready = json.loads(stdout.split("ready ", 1)[1].splitlines()[0])
+    if fail:
+        assert "warm-up failed (serving anyway)" in stderr and "warmup_s" not in ready
+    else:
+        assert ready["warmup_s"] >= 0
+
+
+def test_oneshot_skips_the_warmup(tmp_path):
+    script = tmp_path / "w.py"
+    script.write_text(WARMING_WORKER % str(HERE.parent / "src"))
+    proc = start_worker(script, env={"GPUHOST_MODE": "oneshot"})
+    stdout, stderr = proc.communicate("", timeout=30)
+    assert "warming up" not in stderr and "warmup_s" not in stdout

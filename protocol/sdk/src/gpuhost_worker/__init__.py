@@ -9,6 +9,7 @@ from .channels import Channels
 from .options import engine, options
 from .progress import Progress
 from .runner import PROTOCOL_VERSION, JobCancelled, Worker, serve
+from .warmup import synthetic_voices
 
 __all__ = [
     "Channels",
@@ -19,4 +20,5 @@ __all__ = [
     "engine",
     "options",
     "serve",
+    "synthetic_voices",
 ]

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 import traceback
 
 from .channels import Channels
@@ -50,6 +51,13 @@ class Worker:
 
     def load(self) -> dict | None:
         """Loads the model. May return extra metadata for the `ready` line."""
+        return None
+
+    def warmup(self) -> None:
+        """Runs the model once on synthetic input after `load`, before `ready`, so the first real
+        job does not pay for lazy initialization (kernel compilation, session setup, caches).
+        Skipped in one-shot mode, where the first job is the only one. A failure is logged and
+        `ready` still follows."""
         return None
 
     def run(self, job: dict, progress: Progress) -> dict:
@@ -113,6 +121,15 @@ def serve(
         sys.stderr.flush()
         return 2
     meta = {"protocol": PROTOCOL_VERSION}
+    if not oneshot and type(worker).warmup is not Worker.warmup:
+        started = time.monotonic()
+        try:
+            worker.warmup()
+            meta["warmup_s"] = round(time.monotonic() - started, 3)
+        except Exception as e:  # a warm-up is an optimization: never a reason not to serve
+            traceback.print_exc(file=sys.stderr)
+            sys.stderr.write(f"warm-up failed (serving anyway): {type(e).__name__}: {e}\n")
+            sys.stderr.flush()
     if worker.model:
         meta["model"] = worker.model
     if worker.device:

@@ -2,7 +2,8 @@
 
 import sys
 
-from gpuhost_worker import Worker, engine, options, serve
+import numpy as np
+from gpuhost_worker import Worker, engine, options, serve, synthetic_voices
 
 from .engine import AsrSettings, Transcriber
 
@@ -15,6 +16,9 @@ class AsrWorker(Worker):
         self.device = f"{settings.device}/{settings.compute_type}"
         # The host refuses other languages before they queue (never silent English output).
         return {"languages": ["en"]} if self.transcriber.english_only else {}
+
+    def warmup(self):
+        self.transcriber.warm_up(np.asarray(synthetic_voices(16000), dtype=np.float32))
 
     def run(self, job, progress):
         def on_segment(segment, duration):

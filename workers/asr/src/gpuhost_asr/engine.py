@@ -68,6 +68,22 @@ class Transcriber:
         )
         self.english_only = not self.model.model.is_multilingual
 
+    def warm_up(self, audio) -> None:
+        """Decodes `audio` (float32, 16 kHz) once, through the VAD and without it, so that the
+        first real request finds every model and kernel initialized. A few tokens suffice."""
+        for vad_filter in dict.fromkeys([self.settings.vad_filter, False]):
+            segments, _ = self.model.transcribe(
+                audio,
+                language="en" if self.english_only else None,
+                beam_size=self.settings.beam_size,
+                vad_filter=vad_filter,
+                word_timestamps=True,
+                condition_on_previous_text=False,
+                temperature=0.0,
+                max_new_tokens=8,
+            )
+            list(segments)
+
     def transcribe(
         self,
         audio_path: str,

@@ -2,7 +2,8 @@
 
 import sys
 
-from gpuhost_worker import Worker, engine, options, serve
+import numpy as np
+from gpuhost_worker import Worker, engine, options, serve, synthetic_voices
 
 from .engine import load, read_wav
 
@@ -12,6 +13,10 @@ class DiarizerWorker(Worker):
         self.engine = load(engine("vad-dvector"), options())
         self.model = self.engine.name
         self.device = "cpu" if "d-vector" in self.engine.name else "cuda"
+
+    def warmup(self):
+        # Two synthetic voices: VAD, embeddings, pitch and clustering all run once.
+        self.engine.diarize(np.asarray(synthetic_voices(16000), dtype=np.float32))
 
     def run(self, job, progress):
         audio = read_wav(job["audio_path"])
