@@ -881,12 +881,15 @@ async fn a_watched_ollama_is_asked_to_unload_its_models_to_make_room() {
         gpu.config(&watch)
     );
     let host = TestHost::start(&config).await.ready().await;
+    // Both halves of one sample: the process list and the GPU's used memory (two nvidia-smi
+    // queries; one taken before the fake published its memory would make room look free).
     wait_status(&host, "Ollama's memory in the sample", |s| {
         s["processes"]
             .as_array()
             .unwrap()
             .iter()
             .any(|p| p["watch"] == "ollama" && p["used_memory_mib"] == 20_000)
+            && s["gpu"]["memory_used_mib"].as_u64() >= Some(20_000)
     })
     .await;
     let events = grant_events(
