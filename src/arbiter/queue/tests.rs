@@ -1,0 +1,156 @@
+//! Unit tests of the GPU queue: FIFO within a priority, positions, exclusive and shared
+//! grants, packing by memory, backfill, blocks.
+
+use super::*;
+
+fn lease(name: &str, priority: i32) -> Ticket {
+    Ticket {
+        need_mib: None,
+        kind: HolderKind::Lease,
+        label: name.into(),
+        priority,
+    }
+}
+
+#[tokio::test]
+async fn fifo_positions_and_leaving() {
+    let q = GpuQueue::new(1);
+    let a = q.enqueue();
+    let first = a.granted().await;
+    let b = q.enqueue();
+    let c = q.enqueue();
+    let d = q.enqueue();
+    assert_eq!(
+        (b.position(), c.position(), d.position()),
+        (Some(1), Some(2), Some(3))
+    );
+    drop(c);
+    assert_eq!(d.position(), Some(2));
+    drop(b);
+    assert_eq!(d.position(), Some(1));
+    drop(first);
+    let _second = d.granted().await;
+    assert_eq!(q.running(), 1);
+    assert_eq!(q.waiting(), 0);
+}
+
+#[tokio::test]
+async fn granted_but_dropped_waiter_releases() {
+    let q = GpuQueue::new(1);
+    let a = q.enqueue();
+    let p = a.granted().await;
+    let b = q.enqueue();
+    let c = q.enqueue();
+    drop(p); // b is granted now
+    drop(b); // …and never takes it
+    let _pc = c.granted().await;
+    assert_eq!(q.running(), 1);
+}
+
+#[tokio::test]
+async fn bounded_waiting() {
+    let q = GpuQueue::new(1);
+    let running = q.try_enqueue(Ticket::job(0), 1).unwrap();
+    let _permit = running.granted().await;
+    let waiting = q.try_enqueue(Ticket::job(0), 1).unwrap();
+    assert!(
+        q.try_enqueue(Ticket::job(0), 1).is_none(),
+        "one waits already"
+    );
+    drop(waiting);
+    assert!(q.try_enqueue(Ticket::job(0), 1).is_some());
+}
+
+#[tokio::test]
+async fn capacity_two() {
+    let q = GpuQueue::new(2);
+    let a = q.enqueue();
+    let b = q.enqueue();
+    let c = q.enqueue();
+    let _pa = a.granted().await;
+    let _pb = b.granted().await;
+    assert_eq!(c.position(), Some(1));
+}
+
+#[tokio::test]
+async fn exclusive_grants_wait_for_all_and_block_all() {
+    let q = GpuQueue::new(2);
+    let job = q.enqueue().granted().await;
+    let l = q.try_enqueue(lease("l", 0), 10).unwrap();
+    let later_job = q.enqueue();
+    assert_eq!(
+        (l.position(), later_job.position()),
+        (Some(1), Some(2)),
+        "no overtaking"
+    );
+    drop(job);
+    let held = l.granted().await;
+    assert!(q.exclusive_held());
+    assert_eq!(later_job.position(), Some(1));
+    drop(held);
+    let _j = later_job.granted().await;
+}
+
+#[tokio::test]
+async fn priority_orders_waiters_without_preemption() {
+    let q = GpuQueue::new(1);
+    let running = q.enqueue().granted().await;
+    let batch = q.try_enqueue(lease("batch", 0), 10).unwrap();
+    let urgent = q.try_enqueue(lease("urgent", 5), 10).unwrap();
+    assert_eq!((urgent.position(), batch.position()), (Some(1), Some(2)));
+    assert_eq!(q.running(), 1, "the running job keeps the GPU");
+    drop(running);
+    let _u = urgent.granted().await;
+}
+
+#[tokio::test]
+async fn a_block_stops_every_grant() {
+    let q = GpuQueue::new(1);
+    q.block("memory of vllm never came back".into());
+    let w = q.enqueue();
+    assert_eq!(w.position(), Some(1));
+    assert!(q.waiting_for().unwrap().contains("never came back"));
+    q.unblock();
+    let _p = w.granted().await;
+}
+
+#[tokio::test]
+async fn backfill_lets_what_fits_go_ahead_only_when_allowed() {
+    use super::super::sharing::Room;
+    for allow_backfill in [false, true] {
+        let q = GpuQueue::with_sharing(
+            1,
+            Arc::new(History::new(std::time::Duration::from_secs(60))),
+            Sharing {
+                mode: ShareMode::Vram,
+                headroom_mib: 0,
+                allow_backfill,
+            },
+            0,
+        );
+        q.set_room(RoomSource(Box::new(|| {
+            Some(Room {
+                total_mib: 10_000,
+                free_mib: 10_000,
+                residents_mib: 0,
+                unloaded_residents_mib: 0,
+            })
+        })));
+        let sized = |name: &str, mib| Ticket {
+            need_mib: Some(mib),
+            ..lease(name, 0)
+        };
+        let _big = q
+            .try_enqueue(sized("big", 6_000), 9)
+            .unwrap()
+            .granted()
+            .await;
+        let huge = q.try_enqueue(sized("huge", 8_000), 9).unwrap();
+        let small = q.try_enqueue(sized("small", 2_000), 9).unwrap();
+        assert_eq!(huge.position(), Some(1));
+        assert_eq!(
+            small.position(),
+            if allow_backfill { None } else { Some(2) }
+        );
+    }
+}
