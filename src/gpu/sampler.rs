@@ -322,7 +322,9 @@ impl Sampler {
             })
             .collect();
         let watched = self.watched(&processes).await;
-        let gpu = raw.gpus.iter().find(|g| g.index == self.device);
+        let mut gpus = raw.gpus;
+        reconcile(&mut gpus, &processes);
+        let gpu = gpus.iter().find(|g| g.index == self.device);
         // The decision is about the reported device; other GPUs have their own holders.
         let on_device: Vec<GpuProcess> = processes
             .iter()
@@ -339,7 +341,7 @@ impl Sampler {
         Snapshot {
             taken: Some(now),
             taken_wall: Some(SystemTime::now()),
-            gpus: raw.gpus,
+            gpus,
             processes,
             watched,
             error,
@@ -382,5 +384,71 @@ impl Sampler {
             });
         }
         out
+    }
+}
+/// One sample is two readings (the process list, the device's memory), taken apart: a process
+/// listed with memory the device total does not count yet must not make room look free. Used
+/// memory is at least what the listed processes hold.
+fn reconcile(gpus: &mut [GpuInfo], processes: &[GpuProcess]) {
+    for g in gpus {
+        let listed: u64 = processes
+            .iter()
+            .filter(|p| p.gpu_index == g.index)
+            .map(|p| p.used_memory_mib)
+            .sum();
+        if listed > g.memory_used_mib {
+            g.memory_used_mib = listed.min(g.memory_total_mib);
+            g.memory_free_mib = g.memory_total_mib.saturating_sub(g.memory_used_mib);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn used_memory_is_at_least_what_the_listed_processes_hold() {
+        let gpu = |used| GpuInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "fake".into(),
+            utilization: 0,
+            memory_used_mib: used,
+            memory_total_mib: 32_607,
+            memory_free_mib: 32_607 - used,
+            temperature: 40,
+            power_draw: 20.0,
+        };
+        let ollama = GpuProcess {
+            pid: 7,
+            name: "ollama".into(),
+            used_memory_mib: 20_000,
+            command: String::new(),
+            command_pid: None,
+            command_note: None,
+            gpu_index: 0,
+            worker: None,
+            watch: None,
+        };
+        // A torn sample: the process is listed, the device total does not count it yet.
+        let mut gpus = vec![gpu(512)];
+        reconcile(&mut gpus, std::slice::from_ref(&ollama));
+        assert_eq!(
+            (gpus[0].memory_used_mib, gpus[0].memory_free_mib),
+            (20_000, 12_607)
+        );
+        // A device total that already counts it (and more) is left alone.
+        let mut gpus = vec![gpu(21_000)];
+        reconcile(&mut gpus, std::slice::from_ref(&ollama));
+        assert_eq!(gpus[0].memory_used_mib, 21_000);
+        // Processes on another GPU do not count.
+        let elsewhere = GpuProcess {
+            gpu_index: 1,
+            ..ollama
+        };
+        let mut gpus = vec![gpu(512)];
+        reconcile(&mut gpus, &[elsewhere]);
+        assert_eq!(gpus[0].memory_used_mib, 512);
     }
 }
