@@ -18,6 +18,7 @@ use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 
 use crate::process::{find_program, run_captured};
+pub(crate) use limits::check_format;
 pub use resample::Resampler;
 pub use wav::WavWriter;
 

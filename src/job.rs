@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::audio::{self, AudioError, AudioInfo, Source};
 use crate::pipeline::JobOptions;
-use crate::protocol::ClientEvent;
+use crate::protocol::{ClientEvent, OptionsError};
 use crate::{AppState, Config};
 
 /// A request that passed every check and waits for the GPU. Dropping it removes its folder.
@@ -260,47 +260,44 @@ async fn run_job(
     drop(job); // removes the job folder
 }
 
-/// Refuses a `language` that a stage's loaded model does not know (its `ready` said which it
-/// does), so a request is never silently answered in English — before it waits in the queue.
-/// A worker not loaded yet is not checked here; its engine refuses the job itself.
-pub fn check_languages(
+/// The request options as every door (HTTP query, OpenAI form, Wyoming) accepts them:
+/// [`JobOptions::validated`], then a `language` refused when a stage's loaded model does not
+/// know it (its `ready` said which it does) — so a request is never silently answered in English,
+/// and is refused before it waits in the queue. A worker not loaded yet is not checked here; its
+/// engine refuses the job itself.
+pub fn accept_options(
     app: &AppState,
-    options: &JobOptions,
+    options: JobOptions,
     stages: &[String],
-) -> Result<(), String> {
+) -> Result<JobOptions, OptionsError> {
+    let options = options.validated(app.config.limits.max_field_bytes)?;
     let Some(language) = options.language.as_deref() else {
-        return Ok(());
+        return Ok(options);
     };
-    let primary = language
-        .split(['-', '_'])
-        .next()
-        .unwrap_or(language)
-        .to_lowercase();
+    let primary = language.split(['-', '_']).next().unwrap_or(language);
     for stage in stages {
         let Some(status) = app.supervisor.get(stage).map(|w| w.status()) else {
             continue;
         };
-        let Some(loaded) = &status.loaded else {
+        let Some(loaded) = status.loaded else {
             continue;
         };
-        let Some(known) = &loaded.languages else {
+        let Some(known) = loaded.languages else {
             continue;
         };
-        if known
+        if !known
             .iter()
-            .any(|k| k == "*" || k.eq_ignore_ascii_case(&primary))
+            .any(|k| k == "*" || k.eq_ignore_ascii_case(primary))
         {
-            continue;
+            return Err(OptionsError::UnsupportedLanguage {
+                language: language.to_string(),
+                stage: stage.clone(),
+                model: loaded.model.unwrap_or_else(|| "its model".into()),
+                known,
+            });
         }
-        let model = loaded.model.as_deref().unwrap_or("its model");
-        return Err(format!(
-            "language `{language}` is not supported by the `{stage}` worker: {model} knows {} only. \
-             Leave `language` out, or configure a multilingual model for it \
-             ([workers.{stage}.options] model = …)",
-            known.join(", ")
-        ));
     }
-    Ok(())
+    Ok(options)
 }
 
 /// The final result of a job: the merged transcript when the pipeline has an ASR stage (the

@@ -34,20 +34,20 @@ impl Format {
 
 /// Renders `result` (the `result` of the final event) in `format`.
 pub fn render(result: &Value, format: Format) -> String {
-    if format == Format::Json {
-        return serde_json::to_string_pretty(result).unwrap_or_default() + "\n";
-    }
-    let Some(transcript) = Transcript::from_result(result) else {
-        // No transcript (a pipeline without `asr`): show each stage's result.
-        return serde_json::to_string_pretty(result.get("stages").unwrap_or(result))
-            .unwrap_or_default()
-            + "\n";
+    let transcript = match format {
+        Format::Json => return serde_json::to_string_pretty(result).unwrap_or_default() + "\n",
+        _ => Transcript::from_result(result),
     };
-    match format {
-        Format::Json | Format::Txt => text(&transcript),
-        Format::Srt => cues(&transcript, false),
-        Format::Vtt => cues(&transcript, true),
-        Format::Rttm => rttm(&transcript),
+    match (transcript, format) {
+        (Some(t), Format::Srt) => cues(&t, false),
+        (Some(t), Format::Vtt) => cues(&t, true),
+        (Some(t), Format::Rttm) => rttm(&t),
+        (Some(t), _) => text(&t),
+        // No transcript (a pipeline without `asr`): show each stage's result.
+        (None, _) => {
+            serde_json::to_string_pretty(result.get("stages").unwrap_or(result)).unwrap_or_default()
+                + "\n"
+        }
     }
 }
 

@@ -189,11 +189,8 @@ impl Connection {
                 "audio width {width} is not supported; send 16-bit PCM (width 2)"
             ));
         }
-        if !(4_000..=384_000).contains(&rate) || !(1..=32).contains(&channels) {
-            return Err(format!(
-                "audio of {rate} Hz × {channels} channels is outside 4–384 kHz, 1–32 channels"
-            ));
-        }
+        // The same bounds as every upload's declared format.
+        crate::audio::check_format(rate, channels as usize, Some(16)).map_err(|e| e.to_string())?;
         let dir = job::job_dir(&self.app.config)
             .map_err(|e| format!("cannot create a job folder: {e}"))?;
         let path = dir.path().join("wyoming.wav");
@@ -260,21 +257,23 @@ impl Connection {
             language: self.language.take(),
             ..JobOptions::default()
         };
-        let config = &self.app.config;
-        let options = match options.validated(config.limits.max_field_bytes) {
+        let stages = self.stages();
+        let options = match job::accept_options(&self.app, options, &stages) {
             Ok(options) => options,
             Err(e) => return Ok(Err(e.to_string())),
         };
-        if let Err(message) = job::check_languages(&self.app, &options, &self.stages()) {
-            return Ok(Err(message));
-        }
-        let prepared =
-            match PreparedJob::from_upload(config, dir, Source::File(path), options, self.stages())
-                .await
-            {
-                Ok(prepared) => prepared,
-                Err(e) => return Ok(Err(e.to_string())),
-            };
+        let prepared = match PreparedJob::from_upload(
+            &self.app.config,
+            dir,
+            Source::File(path),
+            options,
+            stages,
+        )
+        .await
+        {
+            Ok(prepared) => prepared,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
         let mut events = match job::start_job(Arc::clone(&self.app), prepared) {
             Ok(events) => events,
             Err(full) => {

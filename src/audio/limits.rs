@@ -15,7 +15,7 @@ pub(super) const MAX_CHANNELS: usize = 32;
 pub(super) const MAX_BITS: u32 = 64;
 
 /// Checks the fields a decoder will size its buffers by.
-pub(super) fn check_format(
+pub(crate) fn check_format(
     rate: u32,
     channels: usize,
     bits: Option<u32>,

@@ -422,14 +422,8 @@ mod tests {
         };
         let ollama = GpuProcess {
             pid: 7,
-            name: "ollama".into(),
             used_memory_mib: 20_000,
-            command: String::new(),
-            command_pid: None,
-            command_note: None,
-            gpu_index: 0,
-            worker: None,
-            watch: None,
+            ..GpuProcess::default()
         };
         // A torn sample: the process is listed, the device total does not count it yet.
         let mut gpus = vec![gpu(512)];

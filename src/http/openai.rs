@@ -122,11 +122,9 @@ pub(super) async fn transcriptions(
         language: form.language,
         prompt: form.prompt,
         ..JobOptions::default()
-    }
-    .validated(app.config.limits.max_field_bytes)
-    .map_err(ApiError::from)?;
+    };
     let stages = app.config.pipeline.stages.clone();
-    job::check_languages(&app, &options, &stages).map_err(ApiError::bad_request)?;
+    let options = job::accept_options(&app, options, &stages).map_err(ApiError::from)?;
     let prepared = PreparedJob::from_upload(&app.config, dir, file, options, stages)
         .await
         .map_err(|e| ApiError::from(e).redact(&dir_path))?;

@@ -145,10 +145,7 @@ pub(super) async fn prepare(
 ) -> Result<PreparedJob, ApiError> {
     let stages = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref())
         .map_err(ApiError::bad_request)?;
-    let options = query
-        .options()
-        .validated(app.config.limits.max_field_bytes)?;
-    job::check_languages(app, &options, &stages).map_err(ApiError::bad_request)?;
+    let options = job::accept_options(app, query.options(), &stages)?;
     let dir = job::job_dir(&app.config)
         .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
     let dir_path = dir.path().to_path_buf();

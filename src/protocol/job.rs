@@ -36,6 +36,18 @@ pub enum OptionsError {
     BadLanguage,
     #[error("`prompt` is longer than {max} bytes (limits.max_field_bytes)")]
     PromptTooLong { max: usize },
+    #[error(
+        "language `{language}` is not supported by the `{stage}` worker: {model} knows {} only. \
+         Leave `language` out, or configure a multilingual model for it \
+         ([workers.{stage}.options] model = …)",
+        .known.join(", ")
+    )]
+    UnsupportedLanguage {
+        language: String,
+        stage: String,
+        model: String,
+        known: Vec<String>,
+    },
 }
 
 /// Longest `language` accepted (codes are 2–3 letters; engines also take a few names).
