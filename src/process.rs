@@ -371,9 +371,19 @@ mod tests {
 
     #[tokio::test]
     async fn terminate_escalates_to_kill() {
-        let argv = vec!["sh".into(), "-c".into(), "trap '' TERM; sleep 30".into()];
-        let (mut group, _pipes) = spawn_worker(&argv, Path::new("."), &BTreeMap::new()).unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The shell says when its trap is set; a TERM sent before that would end it with 15.
+        let argv = vec![
+            "sh".into(),
+            "-c".into(),
+            "trap '' TERM; echo trapped; sleep 30".into(),
+        ];
+        let (mut group, pipes) = spawn_worker(&argv, Path::new("."), &BTreeMap::new()).unwrap();
+        let mut out = tokio::io::BufReader::new(pipes.stdout);
+        let mut line = String::new();
+        tokio::io::AsyncBufReadExt::read_line(&mut out, &mut line)
+            .await
+            .unwrap();
+        assert_eq!(line.trim(), "trapped");
         let status = group.terminate(Duration::from_millis(200)).await.unwrap();
         assert_eq!(describe_exit(&status), "killed by signal 9");
     }
