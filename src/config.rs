@@ -406,7 +406,7 @@ impl Config {
         for (name, w) in &self.workers {
             for (key, value) in [
                 ("load_timeout_s", w.load_timeout_s),
-                ("job_timeout_s", w.job_timeout_s),
+                ("task_timeout_s", w.task_timeout_s),
                 ("stop_grace_s", w.stop_grace_s),
                 ("cancel_grace_s", w.cancel_grace_s),
             ] {
@@ -495,7 +495,7 @@ impl Config {
             mode: w.mode,
             vram_mib: w.vram_mib,
             load_timeout: Duration::from_secs_f64(w.load_timeout_s),
-            job_timeout: Duration::from_secs_f64(w.job_timeout_s),
+            task_timeout: Duration::from_secs_f64(w.task_timeout_s),
             stop_grace: Duration::from_secs_f64(w.stop_grace_s),
             cancel_grace: Duration::from_secs_f64(w.cancel_grace_s),
             options: w.options.clone(),

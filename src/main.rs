@@ -41,13 +41,13 @@ enum LogFormat {
 enum Command {
     /// Serve the HTTP API with the configured workers.
     Serve,
-    /// Run one job on one worker in oneshot mode and print its result.
+    /// Run one task on one worker in oneshot mode and print its result.
     Run {
         /// Worker name from the config.
         worker: String,
-        /// Job JSON file (`-` for stdin).
-        #[arg(long)]
-        job: PathBuf,
+        /// Task JSON file (`-` for stdin); `--job` is the older name.
+        #[arg(long, alias = "job")]
+        task: PathBuf,
     },
     /// Transcribe a file: through a server with --server, else locally, stage after stage.
     Transcribe(cli::transcribe::TranscribeArgs),
@@ -103,7 +103,7 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             server.run(shutdown_signal()).await?;
             Ok(std::process::ExitCode::SUCCESS)
         }
-        Command::Run { worker, job } => cli::run::run(&config, &worker, &job).await,
+        Command::Run { worker, task } => cli::run::run(&config, &worker, &task).await,
         Command::Transcribe(t) => cli::transcribe::transcribe(config, t).await,
         Command::Status(s) => cli::status::status(&config, s).await,
         Command::Lease(l) => cli::lease::lease(&config, l).await,

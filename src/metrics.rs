@@ -137,7 +137,10 @@ pub fn render(app: &App) -> String {
     }
 
     let state = scrape.gauges("gpuhost_worker_state", "Worker state, one-hot");
-    let jobs = scrape.counters("gpuhost_worker_jobs", "Jobs a worker finished, by outcome");
+    let tasks = scrape.counters(
+        "gpuhost_worker_tasks",
+        "Tasks a worker finished, by outcome",
+    );
     let restarts = scrape.counters(
         "gpuhost_worker_restarts",
         "Worker restarts after a crash, hang or failed load",
@@ -155,12 +158,12 @@ pub fn render(app: &App) -> String {
             set(&state, labels, flag(w.state == s));
         }
         for (outcome, n) in [
-            ("ok", w.jobs_done),
-            ("error", w.jobs_failed),
-            ("cancelled", w.jobs_cancelled),
+            ("ok", w.tasks_done),
+            ("error", w.tasks_failed),
+            ("cancelled", w.tasks_cancelled),
         ] {
             let labels = vec![("worker", w.name.clone()), ("outcome", outcome.into())];
-            count(&jobs, labels, n as f64);
+            count(&tasks, labels, n as f64);
         }
         count(
             &restarts,

@@ -13,15 +13,15 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Mode;
 use crate::protocol::ErrorCode;
 pub use crate::protocol::JobOptions;
-use crate::protocol::StageJob;
+use crate::protocol::Task;
 use crate::protocol::{ClientEvent, StageStatus, WorkerEvent};
 use crate::supervisor::Supervisor;
-use crate::worker::{JobError, JobRequest};
+use crate::worker::{TaskError, TaskRequest};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
     #[error("stage `{stage}`: {source}")]
-    Stage { stage: String, source: JobError },
+    Stage { stage: String, source: TaskError },
     #[error("unknown stage `{0}`")]
     UnknownStage(String),
     #[error("the client went away; the job was abandoned")]
@@ -37,7 +37,7 @@ impl PipelineError {
         matches!(
             self,
             PipelineError::Stage {
-                source: JobError::Cancelled { .. },
+                source: TaskError::Cancelled { .. },
                 ..
             } | PipelineError::CalledOff { .. }
         )
@@ -112,7 +112,7 @@ impl Pipeline {
             if events.is_closed() {
                 return Err(PipelineError::Cancelled);
             }
-            let job = StageJob {
+            let task = Task {
                 audio_path: audio.to_path_buf(),
                 wav_path: audio.to_path_buf(),
                 duration,
@@ -123,9 +123,9 @@ impl Pipeline {
 
             let cancel = CancellationToken::new();
             let runs = step.iter().map(|stage| {
-                let (job, cancel) = (job.clone(), cancel.clone());
+                let (task, cancel) = (task.clone(), cancel.clone());
                 async move {
-                    let outcome = self.stage(dir, stage, job, events, &cancel).await;
+                    let outcome = self.stage(dir, stage, task, events, &cancel).await;
                     if outcome.is_err() {
                         cancel.cancel(); // the step has failed: free the GPU from the others
                     }
@@ -189,7 +189,7 @@ impl Pipeline {
         &self,
         dir: &Path,
         stage: &str,
-        mut job: StageJob,
+        mut task: Task,
         events: &mpsc::Sender<ClientEvent>,
         cancel: &CancellationToken,
     ) -> Result<(Value, f64), PipelineError> {
@@ -197,7 +197,7 @@ impl Pipeline {
             .supervisor
             .get(stage)
             .ok_or_else(|| PipelineError::UnknownStage(stage.to_string()))?;
-        job.stage = stage.to_string();
+        task.stage = stage.to_string();
         let _ = events
             .send(ClientEvent::Stage {
                 stage: stage.to_string(),
@@ -207,8 +207,8 @@ impl Pipeline {
             .await;
         let started = Instant::now();
         let (tx, mut rx) = mpsc::channel(1024);
-        let request = JobRequest {
-            job: job.into_fields(),
+        let request = TaskRequest {
+            task: task.into_fields(),
             output_path: dir.join(format!("{stage}.result.json")),
             events: tx,
             cancel: cancel.clone(),

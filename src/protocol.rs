@@ -5,7 +5,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 mod job;
-pub use job::{JobLine, JobOptions, OptionsError, StageJob};
+mod task;
+pub use job::{JobOptions, OptionsError};
+pub use task::{Task, TaskLine};
 
 /// Protocol version this host speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -36,7 +38,7 @@ pub struct ReadyInfo {
 
 /// Why a worker says a job failed (`error {json}` on stdout). The worker stays up.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct JobFailure {
+pub struct TaskFailure {
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
@@ -48,7 +50,7 @@ pub struct JobFailure {
 pub enum Signal {
     Ready(ReadyInfo),
     Done,
-    Error(JobFailure),
+    Error(TaskFailure),
     /// Not a signal: logged as a warning, never breaks a job.
     Other {
         line: String,
@@ -71,7 +73,7 @@ impl Signal {
             "done" if rest.is_empty() => Signal::Done,
             "error" => {
                 let failure =
-                    serde_json::from_str::<JobFailure>(rest).unwrap_or_else(|_| JobFailure {
+                    serde_json::from_str::<TaskFailure>(rest).unwrap_or_else(|_| TaskFailure {
                         message: if rest.is_empty() {
                             "worker reported an error".into()
                         } else {
@@ -192,7 +194,7 @@ pub enum ErrorCode {
     WorkerUnavailable,
     /// A worker died during the job.
     WorkerCrashed,
-    /// A worker took longer than its `job_timeout_s`.
+    /// A worker took longer than its `task_timeout_s`.
     WorkerTimeout,
     /// A worker reported that this job failed (bad input for the model, say).
     JobFailed,

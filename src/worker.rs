@@ -1,5 +1,5 @@
 //! A supervised model worker: the handle the rest of the host uses, the control messages its
-//! actor takes, the status it publishes, and the errors a job can end with.
+//! actor takes, the status it publishes, and the errors a task can end with.
 
 mod actor;
 pub mod lines;
@@ -22,16 +22,16 @@ use crate::protocol::{ErrorCode, ReadyInfo, WorkerEvent};
 pub enum WorkerState {
     /// Process started, waiting for `ready`.
     Starting,
-    /// Loaded and waiting for a job.
+    /// Loaded and waiting for a task.
     Ready,
-    /// Running a job.
+    /// Running a task.
     Busy,
-    /// Not running: crashed or failed to load; restarts with backoff (resident) or on the next job.
+    /// Not running: crashed or failed to load; restarts with backoff (resident) or on the next task.
     Exited,
-    /// Oneshot worker between jobs: nothing running, nothing loaded.
+    /// Oneshot worker between tasks: nothing running, nothing loaded.
     Idle,
     /// Resident worker unloaded to make room on the GPU (or by hand); loads again at the next
-    /// job or when the arbiter reloads it.
+    /// task or when the arbiter reloads it.
     Unloaded,
     /// Shut down for good.
     Stopped,
@@ -49,10 +49,10 @@ pub struct WorkerStatus {
     pub vram_mib: u64,
     /// The GPU it runs on.
     pub device: u32,
-    pub jobs_done: u64,
-    pub jobs_failed: u64,
-    /// Jobs given up because their client went away (not failures).
-    pub jobs_cancelled: u64,
+    pub tasks_done: u64,
+    pub tasks_failed: u64,
+    /// Tasks given up because their client went away (not failures).
+    pub tasks_cancelled: u64,
     pub restarts: u64,
     pub last_error: Option<String>,
     #[serde(skip)]
@@ -74,9 +74,9 @@ impl WorkerStatus {
             loaded: None,
             vram_mib: spec.vram_mib,
             device: spec.device,
-            jobs_done: 0,
-            jobs_failed: 0,
-            jobs_cancelled: 0,
+            tasks_done: 0,
+            tasks_failed: 0,
+            tasks_cancelled: 0,
             restarts: 0,
             last_error: None,
             state_since: Instant::now(),
@@ -92,18 +92,18 @@ impl WorkerStatus {
     }
 }
 
-/// One job for one worker.
+/// One task for one worker.
 #[derive(Debug)]
-pub struct JobRequest {
-    /// The job object. The worker's configured `options` are merged under it, and the host adds
+pub struct TaskRequest {
+    /// The task object. The worker's configured `options` are merged under it, and the host adds
     /// `_output_path` and `_protocol`.
-    pub job: serde_json::Map<String, Value>,
+    pub task: serde_json::Map<String, Value>,
     /// Where the worker must write its result.
     pub output_path: PathBuf,
-    /// Progress and log events of this job (dropped when the receiver lags or is gone).
+    /// Progress and log events of this task (dropped when the receiver lags or is gone).
     pub events: mpsc::Sender<WorkerEvent>,
     /// Cancelled when nobody wants the result any more: a worker that supports it abandons
-    /// the job (`SIGINT`), one that does not finishes it.
+    /// the task (`SIGINT`), one that does not finishes it.
     pub cancel: CancellationToken,
 }
 
@@ -111,53 +111,53 @@ pub struct JobRequest {
 #[derive(Debug)]
 pub enum Control {
     Run {
-        request: JobRequest,
-        reply: oneshot::Sender<Result<Value, JobError>>,
+        request: TaskRequest,
+        reply: oneshot::Sender<Result<Value, TaskError>>,
     },
     /// Stop the process (signal → grace → kill) and end the actor.
     Stop { reply: oneshot::Sender<()> },
-    /// Stop the process but keep the actor: the worker is `Unloaded` until a job or `Load`.
+    /// Stop the process but keep the actor: the worker is `Unloaded` until a task or `Load`.
     /// The reply carries the pid that was stopped (for the teardown check), if one ran.
     Unload { reply: oneshot::Sender<Option<u32>> },
     /// Load an unloaded (or down) worker now.
     Load,
 }
 
-/// How a job ended when it did not produce a result.
+/// How a task ended when it did not produce a result.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum JobError {
+pub enum TaskError {
     #[error("worker `{worker}` could not start: {reason}")]
     Unavailable { worker: String, reason: String },
-    #[error("worker `{worker}` crashed during the job ({exit}); it is restarting. Last stderr lines:\n{tail}")]
+    #[error("worker `{worker}` crashed during the task ({exit}); it is restarting. Last stderr lines:\n{tail}")]
     Crashed {
         worker: String,
         exit: String,
         tail: String,
     },
-    #[error("worker `{worker}` did not finish the job within {seconds:.0} s; it was killed and is restarting")]
+    #[error("worker `{worker}` did not finish the task within {seconds:.0} s; it was killed and is restarting")]
     Timeout { worker: String, seconds: f64 },
-    #[error("worker `{worker}` failed the job: {message}")]
+    #[error("worker `{worker}` failed the task: {message}")]
     Failed { worker: String, message: String },
     #[error("worker `{worker}` said done but its result is unusable: {reason}")]
     BadOutput { worker: String, reason: String },
     #[error("worker `{worker}` is shutting down")]
     ShuttingDown { worker: String },
-    /// The job was abandoned because nobody wanted its result any more.
-    #[error("worker `{worker}` abandoned the job: the client went away{}", if *.killed { " (it did not stop in time and was restarted)" } else { "" })]
+    /// The task was abandoned because nobody wanted its result any more.
+    #[error("worker `{worker}` abandoned the task: the client went away{}", if *.killed { " (it did not stop in time and was restarted)" } else { "" })]
     Cancelled { worker: String, killed: bool },
 }
 
-impl JobError {
+impl TaskError {
     /// Machine-readable code for the NDJSON `error` event.
     pub fn code(&self) -> ErrorCode {
         match self {
-            JobError::Unavailable { .. } => ErrorCode::WorkerUnavailable,
-            JobError::Crashed { .. } => ErrorCode::WorkerCrashed,
-            JobError::Timeout { .. } => ErrorCode::WorkerTimeout,
-            JobError::Failed { .. } => ErrorCode::JobFailed,
-            JobError::BadOutput { .. } => ErrorCode::BadOutput,
-            JobError::ShuttingDown { .. } => ErrorCode::ShuttingDown,
-            JobError::Cancelled { .. } => ErrorCode::Cancelled,
+            TaskError::Unavailable { .. } => ErrorCode::WorkerUnavailable,
+            TaskError::Crashed { .. } => ErrorCode::WorkerCrashed,
+            TaskError::Timeout { .. } => ErrorCode::WorkerTimeout,
+            TaskError::Failed { .. } => ErrorCode::JobFailed,
+            TaskError::BadOutput { .. } => ErrorCode::BadOutput,
+            TaskError::ShuttingDown { .. } => ErrorCode::ShuttingDown,
+            TaskError::Cancelled { .. } => ErrorCode::Cancelled,
         }
     }
 }
@@ -202,10 +202,10 @@ impl WorkerHandle {
         reached.unwrap_or_else(|_| self.status.borrow().clone())
     }
 
-    /// Runs one job; resolves when the worker is done with it, however it ended.
-    pub async fn run(&self, request: JobRequest) -> Result<Value, JobError> {
+    /// Runs one task; resolves when the worker is done with it, however it ended.
+    pub async fn run(&self, request: TaskRequest) -> Result<Value, TaskError> {
         let (reply, rx) = oneshot::channel();
-        let gone = || JobError::ShuttingDown {
+        let gone = || TaskError::ShuttingDown {
             worker: self.name.clone(),
         };
         self.control
@@ -216,7 +216,7 @@ impl WorkerHandle {
     }
 
     /// Unloads the worker (its process stops, the actor stays); returns the pid that was stopped.
-    /// Waits for a job in progress to end first.
+    /// Waits for a task in progress to end first.
     pub async fn unload(&self) -> Option<u32> {
         let (reply, rx) = oneshot::channel();
         self.control.send(Control::Unload { reply }).await.ok()?;

@@ -1,16 +1,16 @@
-//! `gpuhost run <worker> --job job.json`: one job, one worker, oneshot; the result goes to stdout.
+//! `gpuhost run <worker> --task task.json`: one task, one worker, oneshot; the result goes to stdout.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use gpuhost::config::Mode;
-use gpuhost::worker::{JobRequest, WorkerHandle};
+use gpuhost::worker::{TaskRequest, WorkerHandle};
 
 pub(crate) async fn run(
     config: &gpuhost::Config,
     worker: &str,
-    job: &Path,
+    task: &Path,
 ) -> anyhow::Result<ExitCode> {
     let Some(mut spec) = config.worker_spec(worker) else {
         let known: Vec<&String> = config.workers.keys().collect();
@@ -18,15 +18,15 @@ pub(crate) async fn run(
     };
     spec.mode = Mode::Oneshot;
     gpuhost::setup::ensure(config, &|line| eprintln!("{line}")).await?;
-    let text = if job == Path::new("-") {
-        std::io::read_to_string(std::io::stdin()).context("reading the job from stdin")?
+    let text = if task == Path::new("-") {
+        std::io::read_to_string(std::io::stdin()).context("reading the task from stdin")?
     } else {
-        std::fs::read_to_string(job).with_context(|| format!("reading {}", job.display()))?
+        std::fs::read_to_string(task).with_context(|| format!("reading {}", task.display()))?
     };
     let serde_json::Value::Object(fields) =
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", job.display()))?
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", task.display()))?
     else {
-        bail!("the job must be a JSON object");
+        bail!("the task must be a JSON object");
     };
     let dir = tempfile::tempdir()?;
     let (handle, task) = WorkerHandle::spawn(spec);
@@ -37,8 +37,8 @@ pub(crate) async fn run(
         }
     });
     let outcome = handle
-        .run(JobRequest {
-            job: fields,
+        .run(TaskRequest {
+            task: fields,
             output_path: dir.path().join("result.json"),
             events: tx,
             cancel: Default::default(),

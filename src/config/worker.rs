@@ -32,7 +32,10 @@ pub struct WorkerConfig {
     /// `CUDA_VISIBLE_DEVICES` for it; room is made for others on that device by unloading it.
     pub device: Option<u32>,
     pub load_timeout_s: f64,
-    pub job_timeout_s: f64,
+    /// Longest one task may run before the worker is killed and restarted (`job_timeout_s`, the
+    /// name before tasks had their own word, still reads).
+    #[serde(alias = "job_timeout_s")]
+    pub task_timeout_s: f64,
     /// Time between SIGTERM and SIGKILL when stopping the worker.
     pub stop_grace_s: f64,
     /// How long a worker that supports cancelling gets to abandon a job whose client went away
@@ -56,7 +59,7 @@ impl Default for WorkerConfig {
             vram_mib: 0,
             device: None,
             load_timeout_s: 600.0,
-            job_timeout_s: 3600.0,
+            task_timeout_s: 3600.0,
             stop_grace_s: 5.0,
             cancel_grace_s: 10.0,
             engine: None,
@@ -75,7 +78,7 @@ pub struct WorkerSpec {
     pub mode: Mode,
     pub vram_mib: u64,
     pub load_timeout: Duration,
-    pub job_timeout: Duration,
+    pub task_timeout: Duration,
     pub stop_grace: Duration,
     pub cancel_grace: Duration,
     pub options: serde_json::Map<String, serde_json::Value>,

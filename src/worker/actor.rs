@@ -8,18 +8,18 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::session::{IdleEvent, JobLimits, Session};
-use super::{Control, JobError, JobRequest, WorkerState, WorkerStatus};
+use super::session::{IdleEvent, Session, TaskLimits};
+use super::{Control, TaskError, TaskRequest, WorkerState, WorkerStatus};
 use crate::config::{Fallback, Mode, WorkerSpec};
 
 /// Longest wait between restart attempts of a worker that keeps failing.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-type Reply = oneshot::Sender<Result<Value, JobError>>;
+type Reply = oneshot::Sender<Result<Value, TaskError>>;
 
 /// Where the worker process is in its life.
 enum Life {
-    /// A loaded process waiting for jobs.
+    /// A loaded process waiting for tasks.
     Up(Box<Session>),
     /// No process. A resident worker retries at `retry_at`.
     Down { retry_at: Option<Instant> },
@@ -30,13 +30,13 @@ pub(super) struct Actor {
     rx: mpsc::Receiver<Control>,
     status: watch::Sender<WorkerStatus>,
     life: Life,
-    /// Jobs that arrived while the worker was loading.
-    pending: VecDeque<(JobRequest, Reply)>,
+    /// Tasks that arrived while the worker was loading.
+    pending: VecDeque<(TaskRequest, Reply)>,
     /// Failures since the last successful load; drives the backoff.
     failures: u32,
-    /// Why the last load failed, for jobs that find the worker down.
-    load_error: Option<JobError>,
-    /// An `Unload` that arrived while a load or job was in progress: done right after it.
+    /// Why the last load failed, for tasks that find the worker down.
+    load_error: Option<TaskError>,
+    /// An `Unload` that arrived while a load or task was in progress: done right after it.
     unload_after: Option<oneshot::Sender<Option<u32>>>,
 }
 
@@ -71,7 +71,7 @@ impl Actor {
                 continue;
             }
             if let Some((request, reply)) = self.pending.pop_front() {
-                if let Err(Interrupted::Stop(stop)) = self.handle_job(request, reply).await {
+                if let Err(Interrupted::Stop(stop)) = self.handle_task(request, reply).await {
                     return self.finish(stop).await;
                 }
                 continue;
@@ -104,7 +104,7 @@ impl Actor {
             };
             match control {
                 Some(Control::Run { request, reply }) => {
-                    if let Err(Interrupted::Stop(stop)) = self.handle_job(request, reply).await {
+                    if let Err(Interrupted::Stop(stop)) = self.handle_task(request, reply).await {
                         return self.finish(stop).await;
                     }
                 }
@@ -130,7 +130,7 @@ impl Actor {
         defer(control, &mut self.pending, &mut self.unload_after)
     }
 
-    /// Stops the process and stays `Unloaded` until a job or `Load` comes.
+    /// Stops the process and stays `Unloaded` until a task or `Load` comes.
     async fn unload(&mut self, reply: oneshot::Sender<Option<u32>>) {
         let pid = match std::mem::replace(&mut self.life, Life::Down { retry_at: None }) {
             Life::Up(session) => {
@@ -189,16 +189,16 @@ impl Actor {
         Ok(())
     }
 
-    /// Runs one job, loading the worker first when needed. `Err` means a `Stop` came meanwhile.
-    async fn handle_job(&mut self, request: JobRequest, reply: Reply) -> Result<(), Interrupted> {
-        // An unloaded resident with `fallback = "oneshot"` serves this job and unloads again.
+    /// Runs one task, loading the worker first when needed. `Err` means a `Stop` came meanwhile.
+    async fn handle_task(&mut self, request: TaskRequest, reply: Reply) -> Result<(), Interrupted> {
+        // An unloaded resident with `fallback = "oneshot"` serves this task and unloads again.
         let oneshot_fallback = self.spec.mode == Mode::Resident
             && self.spec.unloaded_fallback == Fallback::Oneshot
             && self.status.borrow().state == WorkerState::Unloaded;
         if matches!(self.life, Life::Down { .. }) {
             // Someone is waiting: load now rather than at the backoff deadline.
             if let Err(stop) = self.load().await {
-                let _ = reply.send(Err(JobError::ShuttingDown {
+                let _ = reply.send(Err(TaskError::ShuttingDown {
                     worker: self.spec.name.clone(),
                 }));
                 return Err(stop);
@@ -207,7 +207,7 @@ impl Actor {
                 let error = self
                     .load_error
                     .clone()
-                    .unwrap_or_else(|| JobError::Unavailable {
+                    .unwrap_or_else(|| TaskError::Unavailable {
                         worker: self.spec.name.clone(),
                         reason: "it is not running".into(),
                     });
@@ -231,17 +231,17 @@ impl Actor {
             let Life::Up(session) = life else {
                 unreachable!("loaded above")
             };
-            // Configured options first; the job's own fields win.
-            let mut job = spec.options.clone();
-            job.extend(request.job.clone());
-            let limits = JobLimits {
-                timeout: spec.job_timeout,
+            // Configured options first; the task's own fields win.
+            let mut task = spec.options.clone();
+            task.extend(request.task.clone());
+            let limits = TaskLimits {
+                timeout: spec.task_timeout,
                 cancel: &request.cancel,
                 cancel_grace: spec.cancel_grace,
             };
-            let run = session.run(&job, &request.output_path, &request.events, limits);
+            let run = session.run(&task, &request.output_path, &request.events, limits);
             tokio::pin!(run);
-            // Keep answering control messages while the job runs: a Stop must not wait for it.
+            // Keep answering control messages while the task runs: a Stop must not wait for it.
             let mut stop = None;
             let outcome = loop {
                 tokio::select! {
@@ -251,7 +251,7 @@ impl Actor {
                     }
                 }
                 if stop.is_some() {
-                    break Err(JobError::ShuttingDown {
+                    break Err(TaskError::ShuttingDown {
                         worker: spec.name.clone(),
                     });
                 }
@@ -264,15 +264,15 @@ impl Actor {
         }
         let broken = matches!(
             outcome,
-            Err(JobError::Crashed { .. }
-                | JobError::Timeout { .. }
-                | JobError::Cancelled { killed: true, .. })
+            Err(TaskError::Crashed { .. }
+                | TaskError::Timeout { .. }
+                | TaskError::Cancelled { killed: true, .. })
         );
         self.status.send_modify(|s| match &outcome {
-            Ok(_) => s.jobs_done += 1,
-            Err(JobError::Cancelled { .. }) => s.jobs_cancelled += 1,
+            Ok(_) => s.tasks_done += 1,
+            Err(TaskError::Cancelled { .. }) => s.tasks_cancelled += 1,
             Err(e) => {
-                s.jobs_failed += 1;
+                s.tasks_failed += 1;
                 s.last_error = Some(e.to_string());
             }
         });
@@ -338,7 +338,7 @@ impl Actor {
             session.stop(self.spec.stop_grace).await;
         }
         for (_, waiting) in self.pending.drain(..) {
-            let _ = waiting.send(Err(JobError::ShuttingDown {
+            let _ = waiting.send(Err(TaskError::ShuttingDown {
                 worker: self.spec.name.clone(),
             }));
         }
@@ -346,7 +346,7 @@ impl Actor {
         while let Ok(control) = self.rx.try_recv() {
             match control {
                 Control::Run { reply, .. } => {
-                    let _ = reply.send(Err(JobError::ShuttingDown {
+                    let _ = reply.send(Err(TaskError::ShuttingDown {
                         worker: self.spec.name.clone(),
                     }));
                 }
@@ -384,11 +384,11 @@ fn backoff(failures: u32) -> Duration {
     (Duration::from_millis(500) * 2u32.pow(exp)).min(MAX_BACKOFF)
 }
 
-/// A control message that arrived while a load or a job was in progress: jobs wait their turn,
+/// A control message that arrived while a load or a task was in progress: tasks wait their turn,
 /// an unload happens right after, `Stop` (or every handle gone) interrupts and is returned.
 fn defer(
     control: Option<Control>,
-    pending: &mut VecDeque<(JobRequest, Reply)>,
+    pending: &mut VecDeque<(TaskRequest, Reply)>,
     unload_after: &mut Option<oneshot::Sender<Option<u32>>>,
 ) -> Option<oneshot::Sender<()>> {
     match control {

@@ -1,5 +1,5 @@
-//! One live worker process: start it and wait for `ready`, run a job over its three channels
-//! (job on stdin, signals on stdout, logs and events on stderr), and stop it.
+//! One live worker process: start it and wait for `ready`, run a task over its three channels
+//! (task on stdin, signals on stdout, logs and events on stderr), and stop it.
 
 use std::collections::VecDeque;
 use std::path::Path;
@@ -14,10 +14,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lines::LineReader;
-use super::JobError;
+use super::TaskError;
 use crate::config::{Mode, WorkerSpec};
 use crate::process::{describe_exit, spawn_worker, ProcessGroup};
-use crate::protocol::{JobLine, ReadyInfo, Signal, WorkerEvent};
+use crate::protocol::{ReadyInfo, Signal, TaskLine, WorkerEvent};
 
 /// Stderr lines kept to explain a crash.
 const TAIL_LINES: usize = 20;
@@ -35,21 +35,21 @@ pub(super) struct Session {
     pub ready: ReadyInfo,
 }
 
-/// How long a job may take, and how it is called off.
-pub(super) struct JobLimits<'a> {
+/// How long a task may take, and how it is called off.
+pub(super) struct TaskLimits<'a> {
     pub timeout: Duration,
     pub cancel: &'a CancellationToken,
     pub cancel_grace: Duration,
 }
 
-/// Where a running job stands.
+/// Where a running task stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Someone waits for the result.
     Running,
     /// Nobody does, and the worker was interrupted: it has `cancel_grace` to answer.
     Cancelling,
-    /// Nobody does, but the worker cannot cancel: it runs to the end (or the job timeout).
+    /// Nobody does, but the worker cannot cancel: it runs to the end (or the task timeout).
     Finishing,
 }
 
@@ -61,14 +61,14 @@ pub(super) enum IdleEvent {
 
 impl Session {
     /// Spawns the worker and waits for `ready` within the load timeout.
-    pub(super) async fn start(spec: &WorkerSpec) -> Result<Session, JobError> {
+    pub(super) async fn start(spec: &WorkerSpec) -> Result<Session, TaskError> {
         let mut env = spec.env.clone();
         env.insert("GPUHOST_WORKER".into(), spec.name.clone());
         if spec.mode == Mode::Oneshot {
             env.insert("GPUHOST_MODE".into(), "oneshot".into());
         }
         let (group, pipes) =
-            spawn_worker(&spec.argv, &spec.cwd, &env).map_err(|e| JobError::Unavailable {
+            spawn_worker(&spec.argv, &spec.cwd, &env).map_err(|e| TaskError::Unavailable {
                 worker: spec.name.clone(),
                 reason: format!("cannot run {:?} in {}: {e}", spec.argv, spec.cwd.display()),
             })?;
@@ -95,7 +95,7 @@ impl Session {
                     },
                     None => {
                         let exit = session.collect_exit().await;
-                        return Err(JobError::Unavailable {
+                        return Err(TaskError::Unavailable {
                             worker: session.name.clone(),
                             reason: format!("exited before ready ({exit}); last stderr lines:\n{}", session.tail_text()),
                         });
@@ -104,7 +104,7 @@ impl Session {
                 Some(line) = recv_opt(&mut session.stderr) => session.log_line(&line, None),
                 _ = tokio::time::sleep_until(deadline) => {
                     session.group.kill().await;
-                    return Err(JobError::Unavailable {
+                    return Err(TaskError::Unavailable {
                         worker: session.name.clone(),
                         reason: format!(
                             "not ready within load_timeout_s = {:.0} s; killed. Last stderr lines:\n{}",
@@ -119,26 +119,26 @@ impl Session {
         self.group.pid()
     }
 
-    /// Sends one job and follows it to `done`, `error`, a crash or the timeout. When `cancel`
-    /// fires, a worker that supports cancelling gets `SIGINT` and `cancel_grace` to give the job up.
+    /// Sends one task and follows it to `done`, `error`, a crash or the timeout. When `cancel`
+    /// fires, a worker that supports cancelling gets `SIGINT` and `cancel_grace` to give the task up.
     pub(super) async fn run(
         &mut self,
-        job: &serde_json::Map<String, Value>,
+        task: &serde_json::Map<String, Value>,
         output: &Path,
         events: &mpsc::Sender<WorkerEvent>,
-        limits: JobLimits<'_>,
-    ) -> Result<Value, JobError> {
-        // The cancel marker: SIGINT alone can land before the worker has read the job line.
+        limits: TaskLimits<'_>,
+    ) -> Result<Value, TaskError> {
+        // The cancel marker: SIGINT alone can land before the worker has read the task line.
         let cancel_marker = output.with_extension("cancel");
         let cancel_path = self.ready.cancel.then(|| {
             let _ = std::fs::remove_file(&cancel_marker);
             cancel_marker.clone()
         });
-        let line = JobLine::new(job.clone(), output.to_path_buf(), cancel_path).to_line();
+        let line = TaskLine::new(task.clone(), output.to_path_buf(), cancel_path).to_line();
         let _ = std::fs::remove_file(output);
         if let Err(e) = self.send_line(&line).await {
             let exit = self.collect_exit().await;
-            return Err(self.crashed(format!("{exit}; writing the job failed: {e}")));
+            return Err(self.crashed(format!("{exit}; writing the task failed: {e}")));
         }
         let mut deadline = Instant::now() + limits.timeout;
         let mut phase = Phase::Running;
@@ -154,9 +154,9 @@ impl Session {
                     Some(Signal::Error(failure)) => {
                         self.drain_stderr(events);
                         if phase == Phase::Cancelling {
-                            return Err(JobError::Cancelled { worker: self.name.clone(), killed: false });
+                            return Err(TaskError::Cancelled { worker: self.name.clone(), killed: false });
                         }
-                        return Err(JobError::Failed { worker: self.name.clone(), message: failure.message });
+                        return Err(TaskError::Failed { worker: self.name.clone(), message: failure.message });
                     }
                     Some(_) => tracing::warn!(worker = %self.name, line = line.as_deref().unwrap_or(""),
                         "unexpected stdout line ignored (stdout is for signals only)"),
@@ -168,13 +168,13 @@ impl Session {
                 // The process itself, not only its stdout: a child of the worker may hold the
                 // pipe open after the worker died.
                 status = self.group.wait() => {
-                    return self.exited_during_job(status, output, events, phase).await;
+                    return self.exited_during_task(status, output, events, phase).await;
                 }
                 _ = limits.cancel.cancelled(), if phase == Phase::Running => {
                     phase = Phase::Finishing;
                     if self.ready.cancel {
-                        tracing::info!(worker = %self.name, "nobody wants the result any more: interrupting the job");
-                        // Marker first: a worker that has not read the job yet sees it at the start.
+                        tracing::info!(worker = %self.name, "nobody wants the result any more: interrupting the task");
+                        // Marker first: a worker that has not read the task yet sees it at the start.
                         if let Err(e) = std::fs::write(&cancel_marker, b"") {
                             tracing::warn!(worker = %self.name, error = %e, "cannot write the cancel marker");
                         }
@@ -182,23 +182,23 @@ impl Session {
                         phase = Phase::Cancelling;
                         deadline = deadline.min(Instant::now() + limits.cancel_grace);
                     } else {
-                        tracing::info!(worker = %self.name, "nobody wants the result any more, but the worker cannot cancel: letting the job finish");
+                        tracing::info!(worker = %self.name, "nobody wants the result any more, but the worker cannot cancel: letting the task finish");
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     self.group.kill().await;
                     if phase == Phase::Cancelling {
                         tracing::warn!(worker = %self.name, grace_s = limits.cancel_grace.as_secs_f64(),
-                            "the worker did not give the job up in time; killed");
-                        return Err(JobError::Cancelled { worker: self.name.clone(), killed: true });
+                            "the worker did not give the task up in time; killed");
+                        return Err(TaskError::Cancelled { worker: self.name.clone(), killed: true });
                     }
-                    return Err(JobError::Timeout { worker: self.name.clone(), seconds: limits.timeout.as_secs_f64() });
+                    return Err(TaskError::Timeout { worker: self.name.clone(), seconds: limits.timeout.as_secs_f64() });
                 }
             }
         }
     }
 
-    /// Waits for something to happen while no job runs: a log line (logged) or the exit.
+    /// Waits for something to happen while no task runs: a log line (logged) or the exit.
     pub(super) async fn idle(&mut self) -> IdleEvent {
         tokio::select! {
             Some(line) = recv_opt(&mut self.stderr) => {
@@ -221,15 +221,15 @@ impl Session {
         }
     }
 
-    /// The worker process ended while a job ran. Its last words may still sit in the stdout
+    /// The worker process ended while a task ran. Its last words may still sit in the stdout
     /// pipe (`done` right before exiting is how a oneshot worker ends), so read what is left.
-    async fn exited_during_job(
+    async fn exited_during_task(
         &mut self,
         status: std::io::Result<ExitStatus>,
         output: &Path,
         events: &mpsc::Sender<WorkerEvent>,
         phase: Phase,
-    ) -> Result<Value, JobError> {
+    ) -> Result<Value, TaskError> {
         let exit = status
             .as_ref()
             .map(describe_exit)
@@ -243,7 +243,7 @@ impl Session {
                 }
                 Signal::Error(failure) if phase != Phase::Cancelling => {
                     self.drain_stderr(events);
-                    return Err(JobError::Failed {
+                    return Err(TaskError::Failed {
                         worker: self.name.clone(),
                         message: failure.message,
                     });
@@ -293,16 +293,16 @@ impl Session {
         stdin.flush().await
     }
 
-    fn crashed(&self, exit: String) -> JobError {
-        JobError::Crashed {
+    fn crashed(&self, exit: String) -> TaskError {
+        TaskError::Crashed {
             worker: self.name.clone(),
             exit,
             tail: self.tail_text(),
         }
     }
 
-    fn read_output(&self, output: &Path) -> Result<Value, JobError> {
-        let bad = |reason: String| JobError::BadOutput {
+    fn read_output(&self, output: &Path) -> Result<Value, TaskError> {
+        let bad = |reason: String| TaskError::BadOutput {
             worker: self.name.clone(),
             reason,
         };

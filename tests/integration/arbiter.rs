@@ -1019,7 +1019,7 @@ async fn fallback_oneshot_serves_a_job_without_bringing_the_resident_back() {
     let worker = &w["workers"][0];
     assert_eq!(worker["state"], "unloaded", "{w:#}");
     assert_eq!(worker["pid"], Value::Null, "{w:#}");
-    assert_eq!(worker["jobs_done"], 1, "{w:#}");
+    assert_eq!(worker["tasks_done"], 1, "{w:#}");
     // `/load` still brings it back for good.
     host.post("/workers/w/load").send().await.unwrap();
     let host = host.ready().await;

@@ -40,8 +40,8 @@ async fn a_worker_that_can_cancel_gives_up_the_job_and_stays_loaded() {
     let w = host.worker("w").await;
     assert_eq!(w["pid"], pid, "no restart: the model stayed loaded");
     assert_eq!(w["state"], "ready");
-    assert_eq!(w["jobs_cancelled"], 1);
-    assert_eq!(w["jobs_failed"], 0, "a cancelled job is not a failure");
+    assert_eq!(w["tasks_cancelled"], 1);
+    assert_eq!(w["tasks_failed"], 0, "a cancelled job is not a failure");
     assert_eq!(w["restarts"], 0);
 
     let events = host.transcribe("", wav(0.2, 16000, 1)).await;
@@ -82,7 +82,7 @@ async fn a_cancel_that_lands_before_the_worker_took_the_job_up_still_counts() {
     })
     .await;
     let w = host.worker("w").await;
-    assert_eq!(w["jobs_cancelled"], 1);
+    assert_eq!(w["tasks_cancelled"], 1);
     assert_eq!(w["pid"], pid, "given up, not killed");
     host.stop().await;
 }
@@ -108,7 +108,7 @@ async fn a_worker_that_ignores_the_interrupt_is_killed_after_the_grace() {
     assert_eq!(result["stages"]["w"]["seq"], 1, "a new process");
     assert_ne!(result["stages"]["w"]["pid"].as_u64().unwrap() as u32, pid);
     let w = host.worker("w").await;
-    assert_eq!(w["jobs_cancelled"], 1);
+    assert_eq!(w["tasks_cancelled"], 1);
     assert!(
         w["last_error"]
             .as_str()
@@ -131,8 +131,8 @@ async fn a_worker_without_cancel_finishes_the_job_nobody_waits_for() {
     let events = host.transcribe("", wav(0.2, 16000, 1)).await;
     assert_eq!(result_of(&events)["stages"]["w"]["seq"], 2);
     let w = host.worker("w").await;
-    assert_eq!(w["jobs_done"], 2, "the abandoned job ran to its end");
-    assert_eq!(w["jobs_cancelled"], 0);
+    assert_eq!(w["tasks_done"], 2, "the abandoned job ran to its end");
+    assert_eq!(w["tasks_cancelled"], 0);
     host.stop().await;
 }
 

@@ -32,7 +32,7 @@ fn run_one_job_on_one_worker() {
     let out = gpuhost()
         .args(["run", "b", "--config"])
         .arg(&config)
-        .arg("--job")
+        .arg("--task")
         .arg(&job)
         .output()
         .unwrap();
@@ -41,6 +41,7 @@ fn run_one_job_on_one_worker() {
     assert_eq!(result["audio_path"], "/x.wav");
     assert!(String::from_utf8_lossy(&out.stderr).contains("\"fraction\":1.0"));
 
+    // `--job`: the flag's older name, still taken.
     let bad = gpuhost()
         .args(["run", "nope", "--config"])
         .arg(&config)

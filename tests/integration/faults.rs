@@ -70,14 +70,15 @@ async fn crash_mid_job_fails_that_job_and_the_next_works() {
     assert_eq!(result["stages"]["w"]["seq"], 1, "a fresh process ran it");
     let w = host.worker("w").await;
     assert_eq!(w["restarts"], 1);
-    assert_eq!(w["jobs_failed"], 1);
-    assert_eq!(w["jobs_done"], 1);
+    assert_eq!(w["tasks_failed"], 1);
+    assert_eq!(w["tasks_done"], 1);
     assert_ne!(w["pid"].as_u64().unwrap(), first_pid);
     host.stop().await;
 }
 
 #[tokio::test]
 async fn hung_job_times_out_is_killed_and_the_next_works() {
+    // `job_timeout_s`: the name before `task_timeout_s`, still read.
     let host = TestHost::start(&one_stage("job_timeout_s = 1"))
         .await
         .ready()
@@ -225,7 +226,7 @@ async fn oneshot_worker_runs_a_fresh_process_per_job_and_exits() {
     );
     let w = host.worker("w").await;
     assert_eq!(w["state"], "idle");
-    assert_eq!(w["jobs_done"], 2);
+    assert_eq!(w["tasks_done"], 2);
     host.stop().await;
 }
 

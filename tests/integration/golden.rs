@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use gpuhost::config::{Mode, WorkerSpec};
-use gpuhost::protocol::{JobLine, Signal, WorkerEvent};
-use gpuhost::worker::{JobRequest, WorkerHandle};
+use gpuhost::protocol::{Signal, TaskLine, WorkerEvent};
+use gpuhost::worker::{TaskRequest, WorkerHandle};
 use serde_json::Value;
 
 use super::support::*;
@@ -64,7 +64,7 @@ async fn replayed_transcripts_give_the_recorded_outcomes() {
             mode: Mode::Resident,
             vram_mib: 0,
             load_timeout: Duration::from_secs(20),
-            job_timeout: Duration::from_secs(20),
+            task_timeout: Duration::from_secs(20),
             stop_grace: Duration::from_secs(1),
             cancel_grace: Duration::from_secs(1),
             options: Default::default(),
@@ -73,23 +73,23 @@ async fn replayed_transcripts_give_the_recorded_outcomes() {
         };
         let (worker, task) = WorkerHandle::spawn(spec);
         let dir = tempfile::tempdir().unwrap();
-        // Split the transcript into jobs: each starts at a host line and ends at done/error.
+        // Split the transcript into tasks: each starts at a host line and ends at done/error.
         let entries = &lines[1..];
         let starts: Vec<usize> = (0..entries.len())
             .filter(|&i| entries[i]["from"] == "host")
             .collect();
         for (n, &start) in starts.iter().enumerate() {
             let end = starts.get(n + 1).copied().unwrap_or(entries.len());
-            let job_entries = &entries[start..end];
-            // The recorded host line is a `JobLine`; the host must write it back the same way
+            let task_entries = &entries[start..end];
+            // The recorded host line is a `TaskLine`; the host must write it back the same way
             // (the replay worker compares what it reads with the recording).
-            let line: JobLine =
-                serde_json::from_str(job_entries[0]["line"].as_str().unwrap()).unwrap();
+            let line: TaskLine =
+                serde_json::from_str(task_entries[0]["line"].as_str().unwrap()).unwrap();
             let job = line.fields;
             let (tx, mut rx) = tokio::sync::mpsc::channel(64);
             let outcome = worker
-                .run(JobRequest {
-                    job,
+                .run(TaskRequest {
+                    task: job,
                     output_path: dir.path().join(format!("out{n}.json")),
                     events: tx,
                     cancel: Default::default(),
@@ -99,26 +99,26 @@ async fn replayed_transcripts_give_the_recorded_outcomes() {
             while let Ok(e) = rx.try_recv() {
                 events.push(serde_json::to_value(e).unwrap());
             }
-            let want_events: Vec<Value> = job_entries
+            let want_events: Vec<Value> = task_entries
                 .iter()
                 .filter(|e| e["channel"] == "stderr")
                 .map(|e| e["parsed"].clone())
                 .collect();
-            assert_eq!(events, want_events, "{} job {n}: events", path.display());
-            match job_entries.iter().find(|e| e["channel"] == "result") {
+            assert_eq!(events, want_events, "{} task {n}: events", path.display());
+            match task_entries.iter().find(|e| e["channel"] == "result") {
                 Some(result) => assert_eq!(
                     outcome.unwrap(),
                     result["json"],
-                    "{} job {n}",
+                    "{} task {n}",
                     path.display()
                 ),
                 None => {
                     let err = outcome.unwrap_err();
-                    let want = job_entries.iter().find_map(|e| e.get("outcome")).unwrap();
+                    let want = task_entries.iter().find_map(|e| e.get("outcome")).unwrap();
                     assert_eq!(
                         err.code().as_str(),
                         want["error"],
-                        "{} job {n}: {err}",
+                        "{} task {n}: {err}",
                         path.display()
                     );
                 }

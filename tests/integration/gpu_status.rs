@@ -446,7 +446,7 @@ async fn metrics_parse_as_prometheus_text() {
     );
     assert_eq!(value("gpuhost_worker_state", Some(("state", "ready"))), 1.0);
     assert_eq!(
-        value("gpuhost_worker_jobs_total", Some(("outcome", "ok"))),
+        value("gpuhost_worker_tasks_total", Some(("outcome", "ok"))),
         1.0
     );
     assert_eq!(value("gpuhost_jobs_total", Some(("outcome", "ok"))), 1.0);

@@ -188,7 +188,7 @@ async fn workers_endpoint_reports_state() {
     assert_eq!(w["mode"], "resident");
     assert!(w["pid"].as_u64().unwrap() > 0);
     assert!(w["uptime_s"].as_f64().unwrap() >= 0.0);
-    assert_eq!(w["jobs_done"], 0);
+    assert_eq!(w["tasks_done"], 0);
     host.stop().await;
 }
 
@@ -230,7 +230,7 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
         "OpenAI's error shape: {body}"
     );
     assert_eq!(
-        host.worker("asr").await["jobs_done"],
+        host.worker("asr").await["tasks_done"],
         0,
         "nothing reached the worker"
     );

@@ -34,7 +34,7 @@ async fn original_worker_resident() {
             "the original worker's stderr lines stream to the client"
         );
     }
-    assert_eq!(host.worker("original").await["jobs_done"], 3);
+    assert_eq!(host.worker("original").await["tasks_done"], 3);
     host.stop().await;
 }
 
@@ -47,7 +47,7 @@ async fn original_worker_oneshot() {
     }
     let w = host.worker("original").await;
     assert_eq!(
-        (w["state"].as_str(), w["jobs_done"].as_u64()),
+        (w["state"].as_str(), w["tasks_done"].as_u64()),
         (Some("idle"), Some(2))
     );
     host.stop().await;

@@ -80,7 +80,7 @@ async fn a_failing_stage_calls_off_its_parallel_sibling() {
         "b is reported as called off: {events:#?}"
     );
     let b = host.worker("b").await;
-    assert_eq!(b["jobs_cancelled"], 1);
+    assert_eq!(b["tasks_cancelled"], 1);
     assert_eq!(b["restarts"], 0);
     host.stop().await;
 }

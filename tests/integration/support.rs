@@ -54,10 +54,12 @@ pub fn fake_worker(name: &str, extra: &str) -> String {
     );
     for (key, value) in [
         ("load_timeout_s", "20"),
-        ("job_timeout_s", "20"),
+        ("task_timeout_s", "20"),
         ("stop_grace_s", "1"),
     ] {
-        if !extra.lines().any(|l| l.trim_start().starts_with(key)) {
+        // `job_timeout_s` is the older name of `task_timeout_s`: setting both is an error.
+        let named = |k: &str| extra.lines().any(|l| l.trim_start().starts_with(k));
+        if !named(key) && !(key == "task_timeout_s" && named("job_timeout_s")) {
             toml.push_str(&format!("{key} = {value}\n"));
         }
     }

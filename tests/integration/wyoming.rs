@@ -106,10 +106,10 @@ async fn describe_then_a_streamed_request_gives_its_transcript() {
         "the request's language reached the ASR"
     );
     let asr = host.worker("asr").await;
-    assert_eq!(asr["jobs_done"], 1);
+    assert_eq!(asr["tasks_done"], 1);
     let diarizer = host.worker("diarizer").await;
     assert_eq!(
-        diarizer["jobs_done"], 0,
+        diarizer["tasks_done"], 0,
         "a voice command skips the diarizer"
     );
 

@@ -167,7 +167,7 @@ def test_client_leaving_mid_asr_cancels_the_stage_and_keeps_the_model(server, re
     deadline = time.time() + 15
     while time.time() < deadline:
         asr = {w["name"]: w for w in json.load(server.request("/workers"))["workers"]}["asr"]
-        if asr["jobs_cancelled"] > before["asr"]["jobs_cancelled"]:
+        if asr["tasks_cancelled"] > before["asr"]["tasks_cancelled"]:
             break
         time.sleep(0.1)
     else:
@@ -176,7 +176,7 @@ def test_client_leaving_mid_asr_cancels_the_stage_and_keeps_the_model(server, re
         "the model stayed loaded"
     )
     aligner = {w["name"]: w for w in json.load(server.request("/workers"))["workers"]}["aligner"]
-    assert aligner["jobs_done"] == before["aligner"]["jobs_done"], "the aligner stage was skipped"
+    assert aligner["tasks_done"] == before["aligner"]["tasks_done"], "the aligner stage was skipped"
     # The next job works.
     events, _ = server.transcribe(folder / "support_call.wav", "?stages=asr")
     assert "help desk" in " ".join(s["text"] for s in final(events)["segments"]).lower()

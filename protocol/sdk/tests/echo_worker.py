@@ -11,23 +11,23 @@ class Echo(Worker):
     model = "echo"
     device = "cpu"
 
-    def run(self, job, progress):
-        if job.get("fail"):
-            raise ValueError(job["fail"])
-        if job.get("sleep"):
+    def run(self, task, progress):
+        if task.get("fail"):
+            raise ValueError(task["fail"])
+        if task.get("sleep"):
             progress.log("working")
             try:
-                time.sleep(float(job["sleep"]))
+                time.sleep(float(task["sleep"]))
             except Exception:  # careless model code must not swallow a cancel
                 progress.log("swallowed an exception")
-        steps = int(job.get("steps", 0))
+        steps = int(task.get("steps", 0))
         for i in range(steps):
-            partial = {"text": job.get("text")} if i + 1 == steps else None
+            partial = {"text": task.get("text")} if i + 1 == steps else None
             progress((i + 1) / steps, f"step {i + 1}/{steps}", partial=partial)
         print("a library printed this to stdout")
         sys.stdout.flush()
-        progress.log(f"echoed {len(job.get('text', ''))} characters")
-        return {"echo": job.get("text"), "stage": job.get("_stage")}
+        progress.log(f"echoed {len(task.get('text', ''))} characters")
+        return {"echo": task.get("text"), "stage": task.get("_stage")}
 
 
 if __name__ == "__main__":

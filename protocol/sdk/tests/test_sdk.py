@@ -24,8 +24,8 @@ def test_c_level_stdout_writes_go_to_stderr(tmp_path):
         class W(Worker):
             def load(self):
                 os.write(1, b"C-level noise while loading\\n")
-            def run(self, job, progress):
-                os.write(1, b"C-level noise during the job\\n")
+            def run(self, task, progress):
+                os.write(1, b"C-level noise during the task\\n")
                 print("python noise")
                 return {"ok": True}
         sys.exit(serve(W()))
@@ -38,12 +38,12 @@ def test_c_level_stdout_writes_go_to_stderr(tmp_path):
     stdout, stderr = proc.communicate(json.dumps({"_output_path": str(out)}) + "\n", timeout=30)
     assert stdout.splitlines() == ['ready {"protocol":1,"cancel":true}', "done"]
     assert "C-level noise while loading" in stderr
-    assert "C-level noise during the job" in stderr
+    assert "C-level noise during the task" in stderr
     assert "python noise" in stderr
     assert json.loads(out.read_text()) == {"ok": True}
 
 
-def test_bad_job_line_is_an_error_and_worker_survives(tmp_path, echo_worker):
+def test_bad_task_line_is_an_error_and_worker_survives(tmp_path, echo_worker):
     proc = echo_worker()
     out = tmp_path / "r.json"
     stdout, _ = proc.communicate(
@@ -140,7 +140,7 @@ def _read_until(stream, text, timeout=20):
     raise AssertionError(f"no {text!r} within {timeout} s")
 
 
-def test_sigint_cancels_the_running_job_and_the_model_stays(tmp_path, echo_worker):
+def test_sigint_cancels_the_running_task_and_the_model_stays(tmp_path, echo_worker):
     proc = echo_worker()
     assert json.loads(proc.stdout.readline()[len("ready ") :])["cancel"] is True
     out = tmp_path / "r.json"
@@ -155,7 +155,7 @@ def test_sigint_cancels_the_running_job_and_the_model_stays(tmp_path, echo_worke
         "message": "cancelled",
         "kind": "cancelled",
     }
-    assert not out.exists(), "no result for a cancelled job"
+    assert not out.exists(), "no result for a cancelled task"
     proc.stdin.write(json.dumps({"text": "next", "_output_path": str(out)}) + "\n")
     proc.stdin.flush()
     assert proc.stdout.readline().strip() == "done"
@@ -169,7 +169,7 @@ def test_sigint_between_jobs_is_ignored(tmp_path, echo_worker):
     proc = echo_worker()
     assert proc.stdout.readline().startswith("ready")
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.2)  # let the signal land while the worker waits for a job
+    time.sleep(0.2)  # let the signal land while the worker waits for a task
     assert proc.poll() is None, "the idle worker survived SIGINT"
     out = tmp_path / "r.json"
     proc.stdin.write(json.dumps({"text": "after", "_output_path": str(out)}) + "\n")
@@ -179,17 +179,17 @@ def test_sigint_between_jobs_is_ignored(tmp_path, echo_worker):
     assert proc.wait(timeout=10) == 0
 
 
-def test_a_job_cancelled_before_it_was_read_is_given_up_at_once(tmp_path, echo_worker):
-    # The host cancelled while the job line was still in the pipe: its marker file exists.
+def test_a_task_cancelled_before_it_was_read_is_given_up_at_once(tmp_path, echo_worker):
+    # The host cancelled while the task line was still in the pipe: its marker file exists.
     proc = echo_worker()
     assert proc.stdout.readline().startswith("ready")
-    marker, out = tmp_path / "job.cancel", tmp_path / "r.json"
+    marker, out = tmp_path / "task.cancel", tmp_path / "r.json"
     marker.touch()
-    jobs = [
+    tasks = [
         {"sleep": 60, "_output_path": str(out), "_cancel_path": str(marker)},
         {"text": "next", "_output_path": str(out), "_cancel_path": str(tmp_path / "next.cancel")},
     ]
-    stdout, _ = proc.communicate("\n".join(json.dumps(j) for j in jobs) + "\n", timeout=20)
+    stdout, _ = proc.communicate("\n".join(json.dumps(j) for j in tasks) + "\n", timeout=20)
     lines = stdout.splitlines()
     assert json.loads(lines[0][len("error ") :])["kind"] == "cancelled"
     assert lines[1] == "done" and json.loads(out.read_text())["echo"] == "next"
@@ -204,7 +204,7 @@ class W(Worker):
         sys.stderr.write("warming up\\n")
         if os.environ.get("FAIL_WARMUP"):
             raise RuntimeError("no synthetic input today")
-    def run(self, job, progress):
+    def run(self, task, progress):
         return {}
 sys.exit(serve(W()))
 """

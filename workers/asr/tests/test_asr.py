@@ -41,8 +41,8 @@ def test_settings_validate_engine_and_options():
 def test_protocol_streams_partial_segments(tmp_path, speech_wav):
     proc = start_worker("gpuhost_asr")
     out = tmp_path / "r.json"
-    job = {"audio_path": speech_wav, "_output_path": str(out)}
-    stdout, stderr = proc.communicate(json.dumps(job) + "\n", timeout=300)
+    task = {"audio_path": speech_wav, "_output_path": str(out)}
+    stdout, stderr = proc.communicate(json.dumps(task) + "\n", timeout=300)
     lines = stdout.splitlines()
     ready = json.loads(lines[0].split(" ", 1)[1])
     assert ready["protocol"] == 1 and "tiny.en" in ready["model"] and ready["device"] == "cpu/int8"

@@ -166,7 +166,7 @@ def test_silence_has_no_speakers(diarizer, tmp_path):
 def test_protocol(tmp_path, two_speakers):
     proc = start_worker("gpuhost_diarizer")
     out = tmp_path / "r.json"
-    job = {"audio_path": two_speakers, "num_speakers": 2, "_output_path": str(out)}
-    stdout, stderr = proc.communicate(json.dumps(job) + "\n", timeout=120)
+    task = {"audio_path": two_speakers, "num_speakers": 2, "_output_path": str(out)}
+    stdout, stderr = proc.communicate(json.dumps(task) + "\n", timeout=120)
     assert stdout.splitlines()[-1] == "done", stderr
     assert json.loads(out.read_text())["speakers"] == ["SPEAKER_00", "SPEAKER_01"]

@@ -46,7 +46,7 @@ class Channels:
         else:
             self.event({"event": "log", "level": level, "message": message})
 
-    def jobs(self):
+    def tasks(self):
         """Yields each non-empty stdin line; ends at EOF."""
         for line in self._stdin:
             line = line.strip()

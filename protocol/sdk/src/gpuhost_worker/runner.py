@@ -1,6 +1,6 @@
-"""The worker loop: load once, say `ready`, then per stdin line run the job, write the result
-atomically to `_output_path`, and say `done` (or `error`, staying alive for the next job).
-`SIGINT` during a job abandons it (`error` of kind `cancelled`); the model stays loaded."""
+"""The worker loop: load once, say `ready`, then per stdin line run the task, write the result
+atomically to `_output_path`, and say `done` (or `error`, staying alive for the next task).
+`SIGINT` during a task abandons it (`error` of kind `cancelled`); the model stays loaded."""
 
 import gc
 import json
@@ -18,20 +18,24 @@ from .progress import Progress
 PROTOCOL_VERSION = 1
 
 
-class JobCancelled(BaseException):
-    """Raised inside `Worker.run` when the host calls the job off (`SIGINT`). A `BaseException`,
+class TaskCancelled(BaseException):
+    """Raised inside `Worker.run` when the host calls the task off (`SIGINT`). A `BaseException`,
     like `KeyboardInterrupt`, so that model code catching `Exception` does not swallow it."""
 
 
-class _Job:
-    """Whether a job runs: `SIGINT` cancels only then, and is ignored between jobs."""
+# The name before tasks had their own word; workers written against it keep working.
+JobCancelled = TaskCancelled
+
+
+class _Task:
+    """Whether a task runs: `SIGINT` cancels only then, and is ignored between tasks."""
 
     running = False
 
     @classmethod
     def on_sigint(cls, signum, frame):
         if cls.running:
-            raise JobCancelled()
+            raise TaskCancelled()
 
 
 def free_memory() -> None:
@@ -55,12 +59,12 @@ class Worker:
 
     def warmup(self) -> None:
         """Runs the model once on synthetic input after `load`, before `ready`, so the first real
-        job does not pay for lazy initialization (kernel compilation, session setup, caches).
-        Skipped in one-shot mode, where the first job is the only one. A failure is logged and
+        task does not pay for lazy initialization (kernel compilation, session setup, caches).
+        Skipped in one-shot mode, where the first task is the only one. A failure is logged and
         `ready` still follows."""
         return None
 
-    def run(self, job: dict, progress: Progress) -> dict:
+    def run(self, task: dict, progress: Progress) -> dict:
         raise NotImplementedError
 
     def unload(self) -> None:
@@ -98,7 +102,7 @@ def serve(
     oneshot: bool | None = None,
     guard: bool = True,
 ) -> int:
-    """Runs the protocol until stdin closes (or after one job in one-shot mode). Returns the exit code."""
+    """Runs the protocol until stdin closes (or after one task in one-shot mode). Returns the exit code."""
     if channels is None:
         channels = Channels.take_over_stdout()
     if guard:
@@ -136,10 +140,10 @@ def serve(
         meta["device"] = worker.device
     meta["cancel"] = True
     meta.update(extra)
-    signal.signal(signal.SIGINT, _Job.on_sigint)
+    signal.signal(signal.SIGINT, _Task.on_sigint)
     channels.signal("ready", meta)
     progress = Progress(channels)
-    for line in channels.jobs():
+    for line in channels.tasks():
         _handle(worker, channels, progress, line)
         if oneshot:
             break
@@ -148,32 +152,32 @@ def serve(
 
 def _handle(worker: Worker, channels: Channels, progress: Progress, line: str) -> None:
     try:
-        job = json.loads(line)
-        if not isinstance(job, dict):
-            raise ValueError("a job must be a JSON object")
+        task = json.loads(line)
+        if not isinstance(task, dict):
+            raise ValueError("a task must be a JSON object")
     except ValueError as e:
-        channels.log(f"bad job line: {e}", "error")
-        channels.signal("error", {"message": f"bad job line: {e}", "kind": "ProtocolError"})
+        channels.log(f"bad task line: {e}", "error")
+        channels.signal("error", {"message": f"bad task line: {e}", "kind": "ProtocolError"})
         return
-    output = job.get("_output_path")
+    output = task.get("_output_path")
     # A SIGINT raises only while `running` is set, and `running` is cleared inside the outer try:
-    # the one SIGINT the host sends per job raises at most once, always where it is caught, so
-    # exactly one signal ends every job.
+    # the one SIGINT the host sends per task raises at most once, always where it is caught, so
+    # exactly one signal ends every task.
     try:
         try:
-            _Job.running = True
-            # The host's SIGINT may have come before this job was read: it left a marker too.
-            cancel_path = job.get("_cancel_path")
+            _Task.running = True
+            # The host's SIGINT may have come before this task was read: it left a marker too.
+            cancel_path = task.get("_cancel_path")
             if cancel_path and os.path.exists(cancel_path):
-                raise JobCancelled()
-            result = worker.run(job, progress)
+                raise TaskCancelled()
+            result = worker.run(task, progress)
         finally:
-            _Job.running = False
+            _Task.running = False
         if output:
             write_result(output, result if result is not None else {})
-    except JobCancelled:
-        free_memory()  # what the abandoned job allocated
-        channels.log("job cancelled: the host no longer wants its result", "info")
+    except TaskCancelled:
+        free_memory()  # what the abandoned task allocated
+        channels.log("task cancelled: the host no longer wants its result", "info")
         channels.signal("error", {"message": "cancelled", "kind": "cancelled"})
         return
     except Exception as e:

@@ -12,13 +12,13 @@ class AlignerWorker(Worker):
         self.engine = load(engine("pocketsphinx"), options())
         self.model = self.engine.name
 
-    def run(self, job, progress):
-        asr = (job.get("results") or {}).get("asr")
+    def run(self, task, progress):
+        asr = (task.get("results") or {}).get("asr")
         if not asr:
             raise ValueError(
                 "the aligner needs the asr stage's result (put asr before aligner in the pipeline)"
             )
-        audio = read_wav(job["audio_path"])
+        audio = read_wav(task["audio_path"])
         segments = asr.get("segments", [])
         out = {"engine": self.engine.name, "segments": [], "aligned_words": 0, "total_words": 0}
         for i, seg in enumerate(segments):

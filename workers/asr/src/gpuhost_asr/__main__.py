@@ -20,7 +20,7 @@ class AsrWorker(Worker):
     def warmup(self):
         self.transcriber.warm_up(np.asarray(synthetic_voices(16000), dtype=np.float32))
 
-    def run(self, job, progress):
+    def run(self, task, progress):
         def on_segment(segment, duration):
             fraction = segment["end"] / duration if duration else None
             progress(
@@ -30,9 +30,9 @@ class AsrWorker(Worker):
             )
 
         return self.transcriber.transcribe(
-            job["audio_path"],
-            language=job.get("language"),
-            prompt=job.get("prompt"),
+            task["audio_path"],
+            language=task.get("language"),
+            prompt=task.get("prompt"),
             on_segment=on_segment,
         )
 

@@ -18,13 +18,13 @@ class DiarizerWorker(Worker):
         # Two synthetic voices: VAD, embeddings, pitch and clustering all run once.
         self.engine.diarize(np.asarray(synthetic_voices(16000), dtype=np.float32))
 
-    def run(self, job, progress):
-        audio = read_wav(job["audio_path"])
+    def run(self, task, progress):
+        audio = read_wav(task["audio_path"])
         return self.engine.diarize(
             audio,
-            job.get("num_speakers"),
-            job.get("min_speakers"),
-            job.get("max_speakers"),
+            task.get("num_speakers"),
+            task.get("min_speakers"),
+            task.get("max_speakers"),
             progress=progress,
         )
 
