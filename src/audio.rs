@@ -86,6 +86,9 @@ pub struct AudioInfo {
     pub decoder: &'static str,
 }
 
+/// Largest normalized upload copied on the async thread (8 s of 16 kHz PCM16).
+const INLINE_COPY_MAX: usize = 256 * 1024;
+
 /// Decodes `input` into a 16 kHz mono WAV at `output`. Input that already is 16 kHz mono
 /// PCM16 WAV is copied as it is.
 pub async fn normalize(
@@ -96,6 +99,16 @@ pub async fn normalize(
 ) -> Result<AudioInfo, AudioError> {
     if input.len()? == 0 {
         return Err(AudioError::Empty);
+    }
+    // A short upload that already is 16 kHz mono PCM16 (a voice command, a test clip) is copied
+    // right here: a hop to the blocking pool and back would cost more than the copy.
+    if let Source::Memory(bytes) = &input {
+        if bytes.len() <= INLINE_COPY_MAX {
+            limits::check_riff_header(bytes)?;
+            if let Some(info) = wav::copy_if_normalized(bytes, output, TARGET_RATE)? {
+                return check_length(info, max_seconds);
+            }
+        }
     }
     let (inp, out) = (input.clone(), output.to_path_buf());
     let decoded = tokio::task::spawn_blocking(move || {

@@ -31,10 +31,19 @@ const JOB_PREFIX: &str = "gpuhost-job-";
 /// A fresh job folder in the configured temp dir.
 pub fn job_dir(config: &Config) -> std::io::Result<tempfile::TempDir> {
     let dir = config.temp_dir();
-    std::fs::create_dir_all(&dir)?;
-    tempfile::Builder::new()
-        .prefix(&format!("{JOB_PREFIX}{}-", std::process::id()))
-        .tempdir_in(dir)
+    let make = || {
+        tempfile::Builder::new()
+            .prefix(&format!("{JOB_PREFIX}{}-", std::process::id()))
+            .tempdir_in(&dir)
+    };
+    match make() {
+        // The temp dir itself is gone (a tmp cleaner, a first start): make it and try again.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(&dir)?;
+            make()
+        }
+        made => made,
+    }
 }
 
 /// Removes job folders left behind by hosts that are no longer running (a crash or SIGKILL
@@ -139,9 +148,12 @@ impl PreparedJob {
     ) -> Result<PreparedJob, AudioError> {
         let audio = audio::normalized_path(dir.path());
         let max = config.limits.max_audio_seconds;
+        let spilled = matches!(upload, Source::File(_));
         let info = audio::normalize(upload, &audio, max, &config.audio.ffmpeg).await?;
-        // A spilled upload, or the copy made for ffmpeg.
-        let _ = std::fs::remove_file(dir.path().join("upload"));
+        if spilled || info.decoder == "ffmpeg" {
+            // A spilled upload, or the copy made for ffmpeg.
+            let _ = std::fs::remove_file(dir.path().join("upload"));
+        }
         Ok(PreparedJob {
             dir,
             audio,

@@ -56,6 +56,17 @@ fn main() {
             percentile(&a, 50.0) - floor_p50,
         ));
 
+        // HOST_BENCH_ONLY=latency stops here (for profiling the no-op path).
+        if std::env::var("HOST_BENCH_ONLY").is_ok_and(|only| only == "latency") {
+            println!("| metric | gpuhost | anchor | gpuhost/anchor |\n|---|---|---|---|");
+            for r in &rows {
+                println!("{r}");
+            }
+            host.stop();
+            anchor.stop();
+            return;
+        }
+
         let a = measure::throughput(
             &client,
             &anchor.transcribe_url(0, 0),

@@ -9,10 +9,8 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
 use serde::Deserialize;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::error::ApiError;
 use super::upload;
@@ -161,10 +159,25 @@ pub(super) async fn prepare(
         .map_err(|e| ApiError::from(e).redact(&dir_path))
 }
 
-/// An NDJSON response that flushes each event as it happens.
-pub fn ndjson_response(rx: mpsc::Receiver<ClientEvent>) -> Response {
-    let stream = ReceiverStream::new(rx)
-        .map(|event| Ok::<_, Infallible>(bytes::Bytes::from(event.to_line())));
+/// An NDJSON response that flushes each event as it happens (events that are ready together go
+/// out as one chunk) and ends with the final event: the client has its answer without waiting
+/// for the job's cleanup (its folder being removed).
+pub fn ndjson_response(mut rx: mpsc::Receiver<ClientEvent>) -> Response {
+    let stream = async_stream::stream! {
+        while let Some(event) = rx.recv().await {
+            let mut last = event.is_final();
+            let mut chunk = event.to_line();
+            while !last {
+                let Ok(next) = rx.try_recv() else { break };
+                last = next.is_final();
+                chunk.push_str(&next.to_line());
+            }
+            yield Ok::<_, Infallible>(bytes::Bytes::from(chunk));
+            if last {
+                break;
+            }
+        }
+    };
     Response::builder()
         .header(header::CONTENT_TYPE, "application/x-ndjson")
         .header(header::CACHE_CONTROL, "no-cache")
