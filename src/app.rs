@@ -41,9 +41,11 @@ impl App {
     }
 
     fn start_with(mut config: Config, force_oneshot: bool) -> AppState {
-        let swept = job::sweep_stale(&config.temp_dir());
-        if swept > 0 {
-            tracing::info!(swept, dir = %config.temp_dir().display(), "removed job folders left by hosts that are gone");
+        for dir in std::iter::once(config.temp_dir()).chain(config.small_temp_dir()) {
+            let swept = job::sweep_stale(&dir);
+            if swept > 0 {
+                tracing::info!(swept, dir = %dir.display(), "removed job folders left by hosts that are gone");
+            }
         }
         let supervisor = Arc::new(Supervisor::start(&config, force_oneshot));
         if force_oneshot {

@@ -89,6 +89,17 @@ pub struct AudioInfo {
 /// Largest normalized upload copied on the async thread (8 s of 16 kHz PCM16).
 const INLINE_COPY_MAX: usize = 256 * 1024;
 
+/// Whether `source` is a small upload that already is 16 kHz mono PCM16 WAV: copied as it is,
+/// on the async thread, into a job folder that stays small.
+pub fn is_small_and_normalized(source: &Source) -> bool {
+    match source {
+        Source::Memory(bytes) => {
+            bytes.len() <= INLINE_COPY_MAX && wav::is_normalized(bytes, TARGET_RATE)
+        }
+        Source::File(_) => false,
+    }
+}
+
 /// Decodes `input` into a 16 kHz mono WAV at `output`. Input that already is 16 kHz mono
 /// PCM16 WAV is copied as it is.
 pub async fn normalize(

@@ -116,6 +116,11 @@ pub struct LimitsConfig {
     /// Where job folders go (default: the system temp dir). Leftovers of a host that died are
     /// swept from here at start.
     pub temp_dir: Option<PathBuf>,
+    /// Where folders of small jobs go: uploads that already are 16 kHz mono PCM16 WAV of at most
+    /// 256 KiB (8 s: voice commands, short clips). Default: `/dev/shm` when it exists, a folder
+    /// in memory, which spares them the disk filesystem's file creation and removal. `""` turns
+    /// it off. A folder that cannot be used there falls back to `temp_dir`.
+    pub small_temp_dir: Option<PathBuf>,
 }
 
 /// `[wyoming]`: a Wyoming protocol (Home Assistant) speech-to-text server beside the HTTP one.
@@ -209,6 +214,7 @@ impl Default for LimitsConfig {
             max_field_bytes: 8 * 1024,
             max_queue: 64,
             temp_dir: None,
+            small_temp_dir: None,
         }
     }
 }
@@ -338,6 +344,13 @@ impl Config {
             self.limits.temp_dir =
                 Some(std::path::absolute(base_dir_join(&self.base_dir, &dir)).unwrap_or(dir));
         }
+        if let Some(dir) = self.limits.small_temp_dir.take() {
+            self.limits.small_temp_dir = Some(if dir.as_os_str().is_empty() {
+                dir // off
+            } else {
+                std::path::absolute(base_dir_join(&self.base_dir, &dir)).unwrap_or(dir)
+            });
+        }
         self.validate()?;
         Ok(self)
     }
@@ -429,6 +442,15 @@ impl Config {
     /// `state_dir`, resolved.
     pub fn state_dir(&self) -> PathBuf {
         self.resolve(&self.state_dir)
+    }
+
+    /// Where folders of small jobs are created, if anywhere (see `limits.small_temp_dir`).
+    pub fn small_temp_dir(&self) -> Option<PathBuf> {
+        match &self.limits.small_temp_dir {
+            Some(dir) if dir.as_os_str().is_empty() => None,
+            Some(dir) => Some(dir.clone()),
+            None => Some(PathBuf::from("/dev/shm")).filter(|d| d.is_dir()),
+        }
     }
 
     /// Where job folders are created.

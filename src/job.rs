@@ -30,7 +30,25 @@ const JOB_PREFIX: &str = "gpuhost-job-";
 
 /// A fresh job folder in the configured temp dir.
 pub fn job_dir(config: &Config) -> std::io::Result<tempfile::TempDir> {
-    let dir = config.temp_dir();
+    job_dir_in(config.temp_dir())
+}
+
+/// A fresh job folder for `upload`: in `limits.small_temp_dir` (memory) when it is a small
+/// upload that needs no decoding, so the folder stays as small as the upload; in the temp dir
+/// otherwise, or when the small one cannot take it.
+pub fn job_dir_for(config: &Config, upload: &Source) -> std::io::Result<tempfile::TempDir> {
+    if let Some(small) = config.small_temp_dir() {
+        if audio::is_small_and_normalized(upload) {
+            match job_dir_in(small) {
+                Ok(dir) => return Ok(dir),
+                Err(e) => tracing::debug!(error = %e, "small_temp_dir unusable; using temp_dir"),
+            }
+        }
+    }
+    job_dir(config)
+}
+
+fn job_dir_in(dir: PathBuf) -> std::io::Result<tempfile::TempDir> {
     let make = || {
         tempfile::Builder::new()
             .prefix(&format!("{JOB_PREFIX}{}-", std::process::id()))

@@ -14,7 +14,7 @@ mod servers;
 use measure::{percentile, Sample};
 use servers::{Anchor, Gpuhost, Server};
 
-const NOOP_JOBS: usize = 300;
+const NOOP_JOBS: usize = 500;
 const THROUGHPUT_JOBS: usize = 400;
 const THROUGHPUT_CLIENTS: usize = 8;
 const LOG_JOBS: usize = 10;
@@ -37,14 +37,19 @@ fn main() {
         println!("# gpuhost vs seed anchor (same machine, same client, same worker.py)\n");
         let mut rows = Vec::new();
 
-        let a = measure::job_latency(&client, &anchor.transcribe_url(0, 0), &wav, NOOP_JOBS).await;
-        let g = measure::job_latency(&client, &host.transcribe_url("seed"), &wav, NOOP_JOBS).await;
+        // What each host adds above the floor: the worker's own round trip over bare pipes,
+        // measured interleaved with both hosts' jobs.
+        let mut floor = measure::BarePipe::start(&servers::worker_argv());
+        let (g, a, floor) = measure::interleaved_latency(
+            &client,
+            &host.transcribe_url("seed"),
+            &anchor.transcribe_url(0, 0),
+            &mut floor,
+            &wav,
+            NOOP_JOBS,
+        )
+        .await;
         rows.extend(percentile_rows("no-op job latency", &g, &a));
-        // What each host adds above the floor: the worker's own round trip over bare pipes.
-        let argv = servers::worker_argv();
-        let floor = tokio::task::spawn_blocking(move || measure::bare_pipe(&argv, NOOP_JOBS))
-            .await
-            .unwrap();
         let floor_p50 = percentile(&floor, 50.0);
         println!(
             "worker floor (bare pipes, no host) p50 {floor_p50:.3} ms, p99 {:.3} ms\n",

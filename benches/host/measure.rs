@@ -76,18 +76,39 @@ pub async fn run_job(client: &reqwest::Client, url: &str, wav: &[u8]) -> Vec<(St
     lines
 }
 
-/// Sequential no-op jobs after a warm-up; milliseconds each.
-pub async fn job_latency(client: &reqwest::Client, url: &str, wav: &[u8], n: usize) -> Vec<Sample> {
-    for _ in 0..20 {
-        run_job(client, url, wav).await;
+/// No-op job latency of both hosts and of the floor (the worker over bare pipes), interleaved
+/// job by job in a rotating order, so that all three see the same machine: a burst of load from
+/// elsewhere lands on all of them alike instead of on whichever block ran then. Milliseconds,
+/// after a warm-up of 20 each: (gpuhost, anchor, floor).
+pub async fn interleaved_latency(
+    client: &reqwest::Client,
+    gpuhost_url: &str,
+    anchor_url: &str,
+    floor: &mut BarePipe,
+    wav: &[u8],
+    n: usize,
+) -> (Vec<Sample>, Vec<Sample>, Vec<Sample>) {
+    let (mut g, mut a, mut f) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..n + 20 {
+        for k in 0..3 {
+            let started = Instant::now();
+            let which = (i + k) % 3;
+            match which {
+                0 => {
+                    run_job(client, gpuhost_url, wav).await;
+                }
+                1 => {
+                    run_job(client, anchor_url, wav).await;
+                }
+                _ => tokio::task::block_in_place(|| floor.once()),
+            }
+            let ms = started.elapsed().as_secs_f64() * 1000.0;
+            if i >= 20 {
+                [&mut g, &mut a, &mut f][which].push(ms);
+            }
+        }
     }
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let started = Instant::now();
-        run_job(client, url, wav).await;
-        out.push(started.elapsed().as_secs_f64() * 1000.0);
-    }
-    out
+    (g, a, f)
 }
 
 /// `total` jobs from `clients` concurrent clients; jobs per second.
@@ -190,45 +211,66 @@ pub async fn status_load(
 
 /// The floor under every no-op job: the worker alone, driven over bare pipes (no host, no HTTP):
 /// write the job line, wait for `done`. Started exactly as both hosts start it (`argv`).
-pub fn bare_pipe(argv: &[String], n: usize) -> Vec<Sample> {
-    use std::io::{BufRead, BufReader, Write};
-    use std::process::{Command, Stdio};
+pub struct BarePipe {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    dir: tempfile::TempDir,
+    wav: std::path::PathBuf,
+    jobs: usize,
+}
 
-    let dir = tempfile::tempdir().unwrap();
-    let wav = dir.path().join("audio.wav");
-    std::fs::write(&wav, wav_bytes(0.5)).unwrap();
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let mut next_line = |line: &mut String| {
-        line.clear();
-        stdout.read_line(line).unwrap();
-        line.trim().to_string()
-    };
-    assert_eq!(next_line(&mut line), "ready");
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n + 20 {
-        let job = serde_json::json!({
-            "wav_path": wav,
-            "_output_path": dir.path().join(format!("out{i}.json")),
-        });
-        let started = Instant::now();
-        writeln!(stdin, "{job}").unwrap();
-        stdin.flush().unwrap();
-        while next_line(&mut line) != "done" {}
-        if i >= 20 {
-            out.push(started.elapsed().as_secs_f64() * 1000.0);
-        }
+impl BarePipe {
+    pub fn start(argv: &[String]) -> BarePipe {
+        use std::process::{Command, Stdio};
+        let dir = tempfile::tempdir().unwrap();
+        let wav = dir.path().join("audio.wav");
+        std::fs::write(&wav, wav_bytes(0.5)).unwrap();
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut pipe = BarePipe {
+            child,
+            stdin,
+            stdout,
+            dir,
+            wav,
+            jobs: 0,
+        };
+        assert_eq!(pipe.next_line(), "ready");
+        pipe
     }
-    drop(stdin);
-    let _ = child.kill();
-    let _ = child.wait();
-    out
+
+    fn next_line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+
+    /// One no-op job, to its `done`.
+    pub fn once(&mut self) {
+        use std::io::Write;
+        self.jobs += 1;
+        let job = serde_json::json!({
+            "wav_path": self.wav,
+            "_output_path": self.dir.path().join(format!("out{}.json", self.jobs)),
+        });
+        writeln!(self.stdin, "{job}").unwrap();
+        self.stdin.flush().unwrap();
+        while self.next_line() != "done" {}
+    }
+}
+
+impl Drop for BarePipe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

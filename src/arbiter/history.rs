@@ -108,6 +108,9 @@ fn unix(t: SystemTime) -> f64 {
     (s * 1000.0).round() / 1000.0
 }
 
+/// The most grant records kept, whatever the span (the oldest finished ones go first).
+const MAX_GRANT_RECORDS: usize = 10_000;
+
 /// Grant records that are not queue grants get ids from here up (queue ids stay below).
 const EVENT_IDS: u64 = 1 << 48;
 
@@ -229,9 +232,22 @@ impl History {
         while rings.samples.front().is_some_and(|s| s.t < oldest) {
             rings.samples.pop_front();
         }
-        rings
-            .grants
-            .retain(|r| r.end.map_or(true, |end| end >= oldest));
+        // Records are in start order: when the first began inside the span, none ended before it.
+        if rings.grants.front().is_some_and(|r| r.start < oldest) {
+            rings
+                .grants
+                .retain(|r| r.end.map_or(true, |end| end >= oldest));
+        }
+        // A busy host (many short jobs) keeps the newest records only; cut in batches, so that
+        // a full ring does not cost a pass per grant.
+        if rings.grants.len() > MAX_GRANT_RECORDS + MAX_GRANT_RECORDS / 8 {
+            let mut excess = rings.grants.len() - MAX_GRANT_RECORDS;
+            rings.grants.retain(|r| {
+                let drop = excess > 0 && r.end.is_some();
+                excess -= usize::from(drop);
+                !drop
+            });
+        }
     }
 
     /// Everything since `since` (unix seconds; everything kept when `None`).
@@ -311,5 +327,20 @@ mod tests {
         assert!(h.view(None).grants[1].end.is_none());
         h.end_event(e);
         assert!(h.view(Some(unix_now() + 10.0)).grants.is_empty());
+    }
+
+    #[test]
+    fn a_busy_host_keeps_the_newest_records_and_open_ones() {
+        let h = History::new(Duration::from_secs(3600));
+        h.granted(0, 0, HolderKind::Lease, "long lease", Duration::ZERO);
+        let jobs = MAX_GRANT_RECORDS as u64 * 2;
+        for id in 1..=jobs {
+            h.granted(id, 0, HolderKind::Job, "job", Duration::ZERO);
+            h.released(0, id);
+        }
+        let v = h.view(None);
+        assert!(v.grants.len() <= MAX_GRANT_RECORDS + MAX_GRANT_RECORDS / 8);
+        assert_eq!(v.grants[0].holder, "long lease", "open grants stay");
+        assert_eq!(v.grants.last().map(|g| g.id), Some(jobs), "the newest stay");
     }
 }

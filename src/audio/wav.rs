@@ -80,6 +80,11 @@ pub(super) fn copy_if_normalized(
     }))
 }
 
+/// Whether `bytes` is a RIFF/WAVE file of PCM, 1 channel, `rate` Hz, 16 bits.
+pub(super) fn is_normalized(bytes: &[u8], rate: u32) -> bool {
+    pcm16_mono_data(bytes, rate).is_some()
+}
+
 /// The sample bytes of a RIFF/WAVE file whose format is PCM, 1 channel, `rate` Hz, 16 bits:
 /// `hound` reads the header and leaves the cursor at the first sample.
 fn pcm16_mono_data(bytes: &[u8], rate: u32) -> Option<&[u8]> {

@@ -144,16 +144,31 @@ pub(super) async fn prepare(
     let stages = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref())
         .map_err(ApiError::bad_request)?;
     let options = job::accept_options(app, query.options(), &stages)?;
-    let dir = job::job_dir(&app.config)
-        .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
+    let folder_error = |e| ApiError::internal(format!("cannot create a job folder: {e}"));
+    // A body that may spill to disk needs its folder first; one declared small stays in memory,
+    // and its folder is chosen once it is known (see `job::job_dir_for`).
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let early = match declared {
+        Some(n) if n <= upload::SPILL_BYTES as u64 => None,
+        _ => Some(job::job_dir(&app.config).map_err(folder_error)?),
+    };
+    let spill = early.as_ref().map(|dir| dir.path().join("upload"));
+    let limits = upload::BodyLimits::from_config(&app.config);
+    let source = upload::receive(request, spill.as_deref(), limits)
+        .await
+        .map_err(|e| match &early {
+            Some(dir) => e.redact(dir.path()),
+            None => e,
+        })?;
+    let dir = match early {
+        Some(dir) => dir,
+        None => job::job_dir_for(&app.config, &source).map_err(folder_error)?,
+    };
     let dir_path = dir.path().to_path_buf();
-    let source = upload::receive(
-        request,
-        &dir.path().join("upload"),
-        upload::BodyLimits::from_config(&app.config),
-    )
-    .await
-    .map_err(|e| e.redact(&dir_path))?;
     PreparedJob::from_upload(&app.config, dir, source, options, stages)
         .await
         .map_err(|e| ApiError::from(e).redact(&dir_path))

@@ -106,10 +106,11 @@ pub(super) fn guard(request: Request, limits: BodyLimits) -> (Request, Tripwire)
 /// Uploads larger than this are streamed to a file instead of kept in memory.
 pub(super) const SPILL_BYTES: usize = 8 * 1024 * 1024;
 
-/// Receives the upload; `spill` is where a large one goes.
+/// Receives the upload; `spill` is where a large one goes (`None`: kept in memory whatever its
+/// size, for bodies whose declared length is at most [`SPILL_BYTES`]).
 pub(super) async fn receive(
     request: Request,
-    spill: &Path,
+    spill: Option<&Path>,
     limits: BodyLimits,
 ) -> Result<Source, ApiError> {
     let (request, tripwire) = guard(request, limits);
@@ -118,7 +119,11 @@ pub(super) async fn receive(
         .map_err(|e| tripwire.error(&limits).unwrap_or(e))
 }
 
-async fn receive_guarded(request: Request, spill: &Path, limit: u64) -> Result<Source, ApiError> {
+async fn receive_guarded(
+    request: Request,
+    spill: Option<&Path>,
+    limit: u64,
+) -> Result<Source, ApiError> {
     let declared = request
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)
@@ -164,7 +169,7 @@ pub(super) async fn collect_field(
     spill: &Path,
     limit: u64,
 ) -> Result<Source, ApiError> {
-    collect(field, spill, limit)
+    collect(field, Some(spill), limit)
         .await
         .map_err(|e| e.into_api(limit))
 }
@@ -191,7 +196,11 @@ impl WriteError {
     }
 }
 
-async fn collect<S, E>(mut stream: S, spill: &Path, limit: u64) -> Result<Source, WriteError>
+async fn collect<S, E>(
+    mut stream: S,
+    spill: Option<&Path>,
+    limit: u64,
+) -> Result<Source, WriteError>
 where
     S: Stream<Item = Result<bytes::Bytes, E>> + Unpin,
     E: std::fmt::Display,
@@ -205,9 +214,9 @@ where
         if size > limit {
             return Err(WriteError::TooLarge);
         }
-        match file.as_mut() {
-            Some(f) => f.write_all(&chunk).await.map_err(WriteError::Io)?,
-            None if memory.len() + chunk.len() > SPILL_BYTES => {
+        match (file.as_mut(), spill) {
+            (Some(f), _) => f.write_all(&chunk).await.map_err(WriteError::Io)?,
+            (None, Some(spill)) if memory.len() + chunk.len() > SPILL_BYTES => {
                 let f = tokio::fs::File::create(spill)
                     .await
                     .map_err(WriteError::Io)?;
@@ -217,14 +226,14 @@ where
                 memory.clear();
                 file = Some(f);
             }
-            None => memory.extend_from_slice(&chunk),
+            (None, _) => memory.extend_from_slice(&chunk),
         }
     }
-    match file {
-        Some(mut f) => {
+    match (file, spill) {
+        (Some(mut f), Some(spill)) => {
             f.flush().await.map_err(WriteError::Io)?;
             Ok(Source::File(spill.to_path_buf()))
         }
-        None => Ok(Source::Memory(memory.freeze())),
+        _ => Ok(Source::Memory(memory.freeze())),
     }
 }

@@ -464,3 +464,48 @@ async fn a_full_queue_answers_429_and_ready_says_why() {
     drop((running, waiting));
     host.stop().await;
 }
+
+#[tokio::test]
+async fn small_normalized_uploads_get_their_folder_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (disk, small) = (dir.path().join("disk"), dir.path().join("small"));
+    std::fs::create_dir(&disk).unwrap();
+    std::fs::create_dir(&small).unwrap();
+    let host = TestHost::start(&one_stage(
+        &format!(
+            "[limits]\ntemp_dir = {:?}\nsmall_temp_dir = {:?}",
+            disk.display().to_string(),
+            small.display().to_string()
+        ),
+        "",
+    ))
+    .await
+    .ready()
+    .await;
+    let folder = |events: Vec<gpuhost::protocol::ClientEvent>| {
+        let audio = result_of(&events)["stages"]["w"]["audio_path"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        std::path::PathBuf::from(audio)
+    };
+    // Two seconds of 16 kHz mono PCM16: copied as it is, into the small folder.
+    let job = host.transcribe("", wav(2.0, 16000, 1)).await;
+    assert!(folder(job).starts_with(&small));
+    // Decoding (44.1 kHz) or more than 256 KiB (10 s): on disk.
+    let job = host.transcribe("", wav(2.0, 44100, 1)).await;
+    assert!(folder(job).starts_with(&disk));
+    let job = host.transcribe("", wav(10.0, 16000, 1)).await;
+    assert!(folder(job).starts_with(&disk));
+    // A small folder that cannot be used: on disk as well, and the job works.
+    std::fs::remove_dir_all(&small).unwrap();
+    std::fs::write(&small, b"now a file").unwrap();
+    let job = host.transcribe("", wav(2.0, 16000, 1)).await;
+    assert!(folder(job).starts_with(&disk));
+    // Every job's folder is gone once it is answered.
+    wait_for("job folders removed", Duration::from_secs(5), || async {
+        std::fs::read_dir(&disk).unwrap().next().is_none()
+    })
+    .await;
+    host.stop().await;
+}

@@ -59,7 +59,8 @@ pub fn fake_worker(name: &str, extra: &str) -> String {
     ] {
         // `job_timeout_s` is the older name of `task_timeout_s`: setting both is an error.
         let named = |k: &str| extra.lines().any(|l| l.trim_start().starts_with(k));
-        if !named(key) && !(key == "task_timeout_s" && named("job_timeout_s")) {
+        let set = named(key) || (key == "task_timeout_s" && named("job_timeout_s"));
+        if !set {
             toml.push_str(&format!("{key} = {value}\n"));
         }
     }
