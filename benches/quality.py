@@ -1,8 +1,12 @@
-"""Speech quality benchmark: WER, DER (collar 0.25 s), median word-boundary error and
-speaker-attributed word accuracy per recording of the evaluation set, and the pipeline's
-real-time factor resident vs oneshot, with the host's own overhead.
+"""Speech quality benchmark. First the real recordings (`benches/real_sets.py`: telephone prompts,
+read speech, meeting clips; fetched from the registries on first use): corpus WER per set and
+split, overlap-scored DER (collar 0.25 s) on the meeting clips, real-time factor. Then the
+espeak-ng set, a unit check only: WER, DER, median word-boundary error and speaker-attributed
+word accuracy per recording, and the pipeline's real-time factor resident vs oneshot, with the
+host's own overhead.
 
-    cargo build --release && python3 benches/quality.py      (GPUHOST_BIN overrides the binary)
+    cargo build --release && python3 benches/quality.py [ROUNDS] [--real-only]
+    (GPUHOST_BIN overrides the binary)
 
 Host overhead = request wall time − the time the pipeline's stages ran (first stage's job sent →
 last stage's `done`, as the host measured it: `pipeline_seconds`), i.e. intake, queueing, merging
@@ -18,6 +22,67 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests/speech"))
 
 import harness  # noqa: E402
 import metrics  # noqa: E402
+import real_sets  # noqa: E402
+
+# Targets of issue 11 for the default CPU pipeline, by set.
+TARGETS = {"asterisk": ("WER", 0.10), "librivox": ("WER", 0.05), "cards": ("WER", 0.05)}
+TARGETS["meetings"] = ("DER", 0.15)
+
+
+def real_report():
+    """Every real item once through a resident server: ASR sets with `?stages=asr`, meeting clips
+    with `?stages=diarizer`; one row per set and split."""
+    items = real_sets.load()
+    server = harness.Server(mode="resident")
+    rows = {}
+    try:
+        for item in items:
+            key = (item["set"], item["split"])
+            row = rows.setdefault(
+                key, {"n": 0, "err": 0.0, "ref": 0, "audio": 0.0, "wall": 0.0, "failed": 0}
+            )
+            stages = "diarizer" if "turns" in item else "asr"
+            events, wall = server.transcribe(item["wav"], f"?stages={stages}")
+            last = events[-1]
+            row["n"] += 1
+            row["wall"] += wall
+            if last.get("type") != "result":
+                row["failed"] += 1
+                continue
+            result = last["result"]
+            row["audio"] += result.get("duration") or 0.0
+            if "turns" in item:
+                turns = result["stages"]["diarizer"]["turns"]
+                d = metrics.der_overlap(item["turns"], turns, item["uem"])
+                speech = sum(t["end"] - t["start"] for t in item["turns"])
+                row["err"] += d * speech
+                row["ref"] += speech
+                found = len({t["speaker"] for t in turns})
+                true = len({t["speaker"] for t in item["turns"]})
+                row.setdefault("speakers", []).append(f"{found}/{true}")
+            else:
+                ref = metrics.tokens(item["text"])
+                hyp = [w[0] for w in metrics.hyp_words(result)]
+                errors, _ = metrics.align_words(ref, hyp)
+                row["err"] += errors
+                row["ref"] += len(ref)
+    finally:
+        server.stop()
+    print("# real recordings (default CPU engines, 3 workers resident, 2 cores)\n")
+    print("| set | split | items | audio min | metric | value | target | RTF | note |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (set_name, split), r in sorted(rows.items()):
+        metric, target = TARGETS[set_name]
+        value = r["err"] / max(1e-9, r["ref"])
+        mark = "✓" if value <= target else "✗"
+        note = f"speakers found/true: {' '.join(r['speakers'])}" if "speakers" in r else ""
+        if r["failed"]:
+            note += f" {r['failed']} failed"
+        print(
+            f"| {set_name} | {split} | {r['n']} | {r['audio'] / 60:.1f} | {metric} | {value:.3f} "
+            f"| {mark} ≤ {target:.2f} | {r['wall'] / max(1e-9, r['audio']):.3f} | {note} |"
+        )
+    print()
 
 
 def run(mode, folder, names, rounds):
@@ -40,7 +105,11 @@ def run(mode, folder, names, rounds):
 
 
 def main():
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    rounds = int(args[0]) if args else 3
+    real_report()
+    if "--real-only" in sys.argv:
+        return
     folder, names = harness.eval_set()
     resident = run("resident", folder, names, rounds)
     oneshot = run("oneshot", folder, names, 1)

