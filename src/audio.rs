@@ -56,14 +56,14 @@ impl Source {
     }
 
     /// The first `n` bytes (fewer when the upload is shorter).
-    fn head(&self, n: usize) -> std::io::Result<Vec<u8>> {
+    fn head(&self, n: usize) -> std::io::Result<std::borrow::Cow<'_, [u8]>> {
         match self {
-            Source::Memory(b) => Ok(b[..b.len().min(n)].to_vec()),
+            Source::Memory(b) => Ok(std::borrow::Cow::Borrowed(&b[..b.len().min(n)])),
             Source::File(p) => {
                 use std::io::Read;
                 let mut head = Vec::with_capacity(n);
                 File::open(p)?.take(n as u64).read_to_end(&mut head)?;
-                Ok(head)
+                Ok(std::borrow::Cow::Owned(head))
             }
         }
     }
@@ -111,22 +111,19 @@ pub async fn normalize(
     if input.len()? == 0 {
         return Err(AudioError::Empty);
     }
-    // A short upload that already is 16 kHz mono PCM16 (a voice command, a test clip) is copied
-    // right here: a hop to the blocking pool and back would cost more than the copy.
-    if let Source::Memory(bytes) = &input {
-        if bytes.len() <= INLINE_COPY_MAX {
-            limits::check_riff_header(bytes)?;
-            if let Some(info) = wav::copy_if_normalized(bytes, output, TARGET_RATE)? {
-                return check_length(info, max_seconds);
-            }
+    // A short upload (a voice command, a test clip) is checked, and copied when it already is
+    // 16 kHz mono PCM16, right here: a hop to the blocking pool and back would cost more.
+    let small = matches!(&input, Source::Memory(bytes) if bytes.len() <= INLINE_COPY_MAX);
+    if small {
+        if let Some(info) = check_and_copy(&input, output, max_seconds)? {
+            return Ok(info);
         }
     }
     let (inp, out) = (input.clone(), output.to_path_buf());
     let decoded = tokio::task::spawn_blocking(move || {
-        limits::check_riff_header(&inp.head(64 * 1024)?)?;
-        if let Source::Memory(bytes) = &inp {
-            if let Some(info) = wav::copy_if_normalized(bytes, &out, TARGET_RATE)? {
-                return check_length(info, max_seconds);
+        if !small {
+            if let Some(info) = check_and_copy(&inp, &out, max_seconds)? {
+                return Ok(info);
             }
         }
         // A decoder bug must cost this request only, and its message stays in the server log.
@@ -164,6 +161,23 @@ pub async fn normalize(
             ))),
         },
         other => other,
+    }
+}
+
+/// Refuses a hostile WAV header, then copies an upload in memory that already is 16 kHz mono
+/// PCM16 as it is (`None`: it needs decoding).
+fn check_and_copy(
+    input: &Source,
+    output: &Path,
+    max_seconds: f64,
+) -> Result<Option<AudioInfo>, AudioError> {
+    limits::check_riff_header(&input.head(64 * 1024)?)?;
+    let Source::Memory(bytes) = input else {
+        return Ok(None);
+    };
+    match wav::copy_if_normalized(bytes, output, TARGET_RATE)? {
+        Some(info) => check_length(info, max_seconds).map(Some),
+        None => Ok(None),
     }
 }
 

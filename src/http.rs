@@ -5,6 +5,7 @@ mod dashboard;
 pub mod error;
 mod gpu;
 mod health;
+mod ndjson;
 mod openai;
 pub mod openapi;
 mod origin;
@@ -19,7 +20,7 @@ use axum::Router;
 
 pub use auth::token_matches;
 pub use error::ApiError;
-pub use transcribe::{ndjson_response, TranscribeQuery};
+pub use transcribe::TranscribeQuery;
 
 use crate::AppState;
 

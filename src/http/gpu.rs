@@ -2,18 +2,13 @@
 //! `GET /gpu/leases` with the holders and the queue, and `GET /gpu/history` (who held the GPU,
 //! memory and utilization over time). The arbiter does the work.
 
-use std::convert::Infallible;
-
-use axum::body::Body;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::StreamExt;
 use serde_json::json;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use super::error::{ApiError, ErrorBody};
 use crate::arbiter::leases::{LeaseRequest, LeaseView};
@@ -62,13 +57,7 @@ pub(super) async fn lease(
     let arbiter = std::sync::Arc::clone(&app.arbiter);
     tokio::spawn(async move { arbiter.leases.acquire(request, device, ttl, tx).await });
     if wait {
-        let stream = ReceiverStream::new(rx)
-            .map(|event| Ok::<_, Infallible>(bytes::Bytes::from(event.to_line())));
-        return Ok(Response::builder()
-            .header(header::CONTENT_TYPE, "application/x-ndjson")
-            .header(header::CACHE_CONTROL, "no-cache")
-            .body(Body::from_stream(stream))
-            .expect("static headers are valid"));
+        return Ok(super::ndjson::from_channel(rx));
     }
     while let Some(event) = rx.recv().await {
         match event {

@@ -4,9 +4,8 @@
 
 use std::convert::Infallible;
 
-use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
 use serde_json::{json, Value};
@@ -103,11 +102,7 @@ pub(super) async fn start(
             }
         }
     };
-    Ok(Response::builder()
-        .header(header::CONTENT_TYPE, "application/x-ndjson")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(stream))
-        .expect("static headers are valid"))
+    Ok(super::ndjson::response(stream))
 }
 
 /// Stops the service (release call, signal → grace → kill, verified teardown) and waits for it.

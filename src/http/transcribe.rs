@@ -1,10 +1,7 @@
 //! `POST /transcribe`: take the upload, normalize it, wait in the GPU queue, run the pipeline,
 //! and stream every step to the client as NDJSON.
 
-use std::convert::Infallible;
-
 use crate::protocol::ErrorCode;
-use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, Request, State};
 use axum::http::header;
@@ -101,7 +98,7 @@ pub(super) async fn transcribe(
     job.priority = priority;
     let events = start_job(app, job).map_err(|full| ApiError::queue_full(&full))?;
     match format {
-        None => Ok(ndjson_response(events)),
+        None => Ok(super::ndjson::from_channel(events)),
         Some(format) => {
             let result = final_result(events).await?;
             Ok((
@@ -147,12 +144,7 @@ pub(super) async fn prepare(
     let folder_error = |e| ApiError::internal(format!("cannot create a job folder: {e}"));
     // A body that may spill to disk needs its folder first; one declared small stays in memory,
     // and its folder is chosen once it is known (see `job::job_dir_for`).
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let early = match declared {
+    let early = match upload::declared_length(&request) {
         Some(n) if n <= upload::SPILL_BYTES as u64 => None,
         _ => Some(job::job_dir(&app.config).map_err(folder_error)?),
     };
@@ -172,31 +164,4 @@ pub(super) async fn prepare(
     PreparedJob::from_upload(&app.config, dir, source, options, stages)
         .await
         .map_err(|e| ApiError::from(e).redact(&dir_path))
-}
-
-/// An NDJSON response that flushes each event as it happens (events that are ready together go
-/// out as one chunk) and ends with the final event: the client has its answer without waiting
-/// for the job's cleanup (its folder being removed).
-pub fn ndjson_response(mut rx: mpsc::Receiver<ClientEvent>) -> Response {
-    let stream = async_stream::stream! {
-        while let Some(event) = rx.recv().await {
-            let mut last = event.is_final();
-            let mut chunk = event.to_line();
-            while !last {
-                let Ok(next) = rx.try_recv() else { break };
-                last = next.is_final();
-                chunk.push_str(&next.to_line());
-            }
-            yield Ok::<_, Infallible>(bytes::Bytes::from(chunk));
-            if last {
-                break;
-            }
-        }
-    };
-    Response::builder()
-        .header(header::CONTENT_TYPE, "application/x-ndjson")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .header("x-accel-buffering", "no")
-        .body(Body::from_stream(stream))
-        .expect("static headers are valid")
 }

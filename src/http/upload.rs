@@ -106,6 +106,15 @@ pub(super) fn guard(request: Request, limits: BodyLimits) -> (Request, Tripwire)
 /// Uploads larger than this are streamed to a file instead of kept in memory.
 pub(super) const SPILL_BYTES: usize = 8 * 1024 * 1024;
 
+/// The body length the request declares (`Content-Length`), if it does.
+pub(super) fn declared_length(request: &Request) -> Option<u64> {
+    request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
 /// Receives the upload; `spill` is where a large one goes (`None`: kept in memory whatever its
 /// size, for bodies whose declared length is at most [`SPILL_BYTES`]).
 pub(super) async fn receive(
@@ -124,12 +133,7 @@ async fn receive_guarded(
     spill: Option<&Path>,
     limit: u64,
 ) -> Result<Source, ApiError> {
-    let declared = request
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
+    if declared_length(&request).is_some_and(|n| n > limit) {
         return Err(too_large("the request body", limit));
     }
     let is_multipart = request
