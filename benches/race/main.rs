@@ -209,7 +209,9 @@ async fn original_round(client: &reqwest::Client, base: &str, fake: &Fake, n: us
         let _ = child.wait();
         // SIGKILL skips the fake's own cleanup: drop its line from the fake GPU, or a later
         // process given the same pid (pids wrap fast here) would show up as holding memory.
-        let _ = std::fs::remove_file(fake.dir.path().join("procs").join(child.id().to_string()));
+        let line = fake.dir.path().join("procs").join(child.id().to_string());
+        let _ = std::fs::remove_file(line.with_extension("tmp"));
+        let _ = std::fs::remove_file(line);
     }
     times
 }
