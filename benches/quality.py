@@ -6,7 +6,8 @@ word accuracy per recording, and the pipeline's real-time factor resident vs one
 host's own overhead.
 
     cargo build --release && python3 benches/quality.py [ROUNDS] [--real-only]
-    (GPUHOST_BIN overrides the binary)
+        [--sets=asterisk,meetings,...] [--diarizer=ENGINE]
+    (GPUHOST_BIN overrides the binary; --diarizer runs the real sets with that diarizer engine)
 
 Host overhead = request wall time − the time the pipeline's stages ran (first stage's job sent →
 last stage's `done`, as the host measured it: `pipeline_seconds`), i.e. intake, queueing, merging
@@ -29,11 +30,11 @@ TARGETS = {"asterisk": ("WER", 0.10), "librivox": ("WER", 0.05), "cards": ("WER"
 TARGETS["meetings"] = ("DER", 0.15)
 
 
-def real_report():
+def real_report(sets=None, diarizer=None):
     """Every real item once through a resident server: ASR sets with `?stages=asr`, meeting clips
     with `?stages=diarizer`; one row per set and split."""
-    items = real_sets.load()
-    server = harness.Server(mode="resident")
+    items = [i for i in real_sets.load() if not sets or i["set"] in sets]
+    server = harness.Server(mode="resident", engines={"diarizer": diarizer} if diarizer else None)
     rows = {}
     try:
         for item in items:
@@ -68,7 +69,8 @@ def real_report():
                 row["ref"] += len(ref)
     finally:
         server.stop()
-    print("# real recordings (default CPU engines, 3 workers resident, 2 cores)\n")
+    engines = f"diarizer engine `{diarizer}`" if diarizer else "default CPU engines"
+    print(f"# real recordings ({engines}, 3 workers resident, 2 cores)\n")
     print("| set | split | items | audio min | metric | value | target | RTF | note |")
     print("|---|---|---|---|---|---|---|---|---|")
     for (set_name, split), r in sorted(rows.items()):
@@ -107,7 +109,9 @@ def run(mode, folder, names, rounds):
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     rounds = int(args[0]) if args else 3
-    real_report()
+    flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+    sets = flags["sets"].split(",") if "sets" in flags else None
+    real_report(sets, flags.get("diarizer"))
     if "--real-only" in sys.argv:
         return
     folder, names = harness.eval_set()

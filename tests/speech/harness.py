@@ -40,13 +40,16 @@ def free_port():
 
 
 class Server:
-    def __init__(self, mode="resident", token="e2e-token"):
+    def __init__(self, mode="resident", token="e2e-token", engines=None):
         self.port, self.wyoming_port = free_port(), free_port()
         self.url, self.token = f"http://127.0.0.1:{self.port}", token
         self.dir = tempfile.TemporaryDirectory()
         config = Path(self.dir.name) / "gpuhost.toml"
+        engines = engines or {}
         workers = "".join(
-            f'[workers.{w}]\nmode = "{mode}"\n' for w in ("diarizer", "asr", "aligner")
+            f'[workers.{w}]\nmode = "{mode}"\n'
+            + (f'engine = "{engines[w]}"\n' if w in engines else "")
+            for w in ("diarizer", "asr", "aligner")
         )
         config.write_text(
             f'listen = "127.0.0.1:{self.port}"\ntoken = "{token}"\nworkers_dir = "{REPO / "workers"}"\n'

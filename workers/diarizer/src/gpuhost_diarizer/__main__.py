@@ -12,7 +12,7 @@ class DiarizerWorker(Worker):
     def load(self):
         self.engine = load(engine("vad-dvector"), options())
         self.model = self.engine.name
-        self.device = "cpu" if "d-vector" in self.engine.name else "cuda"
+        self.device = getattr(self.engine, "device", "cuda")
 
     def warmup(self):
         # Two synthetic voices: VAD, embeddings, pitch and clustering all run once.

