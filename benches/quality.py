@@ -6,8 +6,8 @@ word accuracy per recording, and the pipeline's real-time factor resident vs one
 host's own overhead.
 
     cargo build --release && python3 benches/quality.py [ROUNDS] [--real-only]
-        [--sets=asterisk,meetings,...] [--diarizer=ENGINE]
-    (GPUHOST_BIN overrides the binary; --diarizer runs the real sets with that diarizer engine)
+        [--sets=asterisk,meetings,...] [--diarizer=ENGINE] [--asr=ENGINE]
+    (GPUHOST_BIN overrides the binary; --diarizer / --asr run the real sets with that engine)
 
 Host overhead = request wall time − the time the pipeline's stages ran (first stage's job sent →
 last stage's `done`, as the host measured it: `pipeline_seconds`), i.e. intake, queueing, merging
@@ -30,11 +30,11 @@ TARGETS = {"asterisk": ("WER", 0.10), "librivox": ("WER", 0.05), "cards": ("WER"
 TARGETS["meetings"] = ("DER", 0.15)
 
 
-def real_report(sets=None, diarizer=None):
+def real_report(sets=None, engines=None):
     """Every real item once through a resident server: ASR sets with `?stages=asr`, meeting clips
     with `?stages=diarizer`; one row per set and split."""
     items = [i for i in real_sets.load() if not sets or i["set"] in sets]
-    server = harness.Server(mode="resident", engines={"diarizer": diarizer} if diarizer else None)
+    server = harness.Server(mode="resident", engines=engines)
     rows = {}
     try:
         for item in items:
@@ -69,8 +69,8 @@ def real_report(sets=None, diarizer=None):
                 row["ref"] += len(ref)
     finally:
         server.stop()
-    engines = f"diarizer engine `{diarizer}`" if diarizer else "default CPU engines"
-    print(f"# real recordings ({engines}, 3 workers resident, 2 cores)\n")
+    chosen = ", ".join(f"{w} engine `{e}`" for w, e in (engines or {}).items())
+    print(f"# real recordings ({chosen or 'default CPU engines'}, 3 workers resident, 2 cores)\n")
     print("| set | split | items | audio min | metric | value | target | RTF | note |")
     print("|---|---|---|---|---|---|---|---|---|")
     for (set_name, split), r in sorted(rows.items()):
@@ -111,7 +111,8 @@ def main():
     rounds = int(args[0]) if args else 3
     flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
     sets = flags["sets"].split(",") if "sets" in flags else None
-    real_report(sets, flags.get("diarizer"))
+    engines = {w: flags[w] for w in ("diarizer", "asr") if w in flags}
+    real_report(sets, engines)
     if "--real-only" in sys.argv:
         return
     folder, names = harness.eval_set()

@@ -45,9 +45,13 @@ pub struct Transcript {
     /// Every speaker, in order of first appearance.
     #[serde(default)]
     pub speakers: Vec<String>,
-    /// The diarizer's turns (empty without a diarizer stage).
+    /// The diarizer's turns (empty without a diarizer stage). They overlap where the
+    /// diarizer heard people talk at once.
     #[serde(default)]
     pub turns: Vec<Turn>,
+    /// Spans `[start, end]` of overlapped speech, when the diarizer finds it (`overlap` engine).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overlaps: Vec<[f64; 2]>,
     /// The language the ASR used or detected.
     #[serde(default)]
     pub language: Option<String>,
@@ -71,6 +75,11 @@ pub fn build(stages: &Map<String, Value>) -> Option<Transcript> {
         .get("diarizer")
         .and_then(|d| d.get("turns"))
         .and_then(|t| serde_json::from_value(t.clone()).ok())
+        .unwrap_or_default();
+    let overlaps: Vec<[f64; 2]> = stages
+        .get("diarizer")
+        .and_then(|d| d.get("overlaps"))
+        .and_then(|o| serde_json::from_value(o.clone()).ok())
         .unwrap_or_default();
     let source = stages
         .get("aligner")
@@ -100,6 +109,7 @@ pub fn build(stages: &Map<String, Value>) -> Option<Transcript> {
         segments,
         speakers,
         turns,
+        overlaps,
         language: asr
             .get("language")
             .and_then(Value::as_str)
@@ -215,6 +225,30 @@ mod tests {
 
     fn w(word: &str, start: f64, end: f64) -> Value {
         json!({"word": word, "start": start, "end": end, "probability": 0.9})
+    }
+
+    #[test]
+    fn overlapped_speech_is_carried_into_the_transcript() {
+        let stages = json!({
+            "diarizer": {
+                "turns": [
+                    {"start": 0.0, "end": 2.5, "speaker": "SPEAKER_00"},
+                    {"start": 2.0, "end": 4.0, "speaker": "SPEAKER_01"}
+                ],
+                "overlaps": [[2.0, 2.5]]
+            },
+            "asr": {"segments": [{"start": 0.0, "end": 4.0, "text": "a b",
+                "words": [w("a", 0.5, 1.0), w("b", 3.0, 3.5)]}]}
+        });
+        let out = build(stages.as_object().unwrap()).unwrap();
+        assert_eq!(out.overlaps, vec![[2.0, 2.5]]);
+        assert_eq!(out.turns.len(), 2);
+        let json = serde_json::to_value(&out).unwrap();
+        assert_eq!(json["overlaps"], json!([[2.0, 2.5]]));
+        // Without overlap information the field stays out of the result.
+        let plain = json!({"asr": {"segments": []}});
+        let out = serde_json::to_value(build(plain.as_object().unwrap()).unwrap()).unwrap();
+        assert!(out.get("overlaps").is_none(), "{out}");
     }
 
     #[test]

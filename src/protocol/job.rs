@@ -35,8 +35,9 @@ pub enum OptionsError {
     PromptTooLong { max: usize },
     #[error(
         "language `{language}` is not supported by the `{stage}` worker: {model} knows {} only. \
-         Leave `language` out, or configure a multilingual model for it \
-         ([workers.{stage}.options] model = …)",
+         Leave `language` out, or give the `{stage}` worker a multilingual model (for the asr \
+         worker: `engine = \"base\"` under [workers.asr] on CPU, or `engine = \"cuda\"` with any \
+         Whisper model)",
         .known.join(", ")
     )]
     UnsupportedLanguage {

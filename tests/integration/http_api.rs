@@ -207,7 +207,7 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
         .await;
     let msg = json_error(r, 400, "bad_request").await;
     assert!(
-        msg.contains("`ko`") && msg.contains("tiny.en") && msg.contains("[workers.asr.options]"),
+        msg.contains("`ko`") && msg.contains("tiny.en") && msg.contains("engine = \"base\""),
         "names the language, the model and what to configure: {msg}"
     );
     let form = reqwest::multipart::Form::new()

@@ -69,3 +69,34 @@ def test_protocol_needs_the_asr_result(tmp_path, speech_wav):
     lines = stdout.splitlines()
     assert lines[0].startswith("ready")
     assert lines[1].startswith("error ") and "asr stage" in lines[1]
+
+
+def test_a_language_without_a_model_keeps_the_asr_word_times(tmp_path, speech_wav):
+    # Korean ASR output: pocketsphinx (en-us) must not touch it; the ASR's times stand, marked.
+    asr = {
+        "language": "ko",
+        "segments": [
+            {
+                "start": 0.1,
+                "end": 1.9,
+                "text": "안녕하세요 여러분",
+                "words": [
+                    {"word": "안녕하세요", "start": 0.1, "end": 0.9, "probability": 0.9},
+                    {"word": "여러분", "start": 1.0, "end": 1.9, "probability": 0.8},
+                ],
+            }
+        ],
+    }
+    proc = start_worker("gpuhost_aligner")
+    out = tmp_path / "r.json"
+    task = {"audio_path": speech_wav, "_output_path": str(out), "results": {"asr": asr}}
+    stdout, _ = proc.communicate(json.dumps(task) + "\n", timeout=120)
+    assert stdout.splitlines()[1] == "done", stdout
+    result = json.loads(out.read_text())
+    words = result["segments"][0]["words"]
+    assert [(w["word"], w["start"], w["end"], w["aligned"]) for w in words] == [
+        ("안녕하세요", 0.1, 0.9, False),
+        ("여러분", 1.0, 1.9, False),
+    ]
+    assert result["aligned_words"] == 0 and result["total_words"] == 2
+    assert "'ko'" in result["skipped"]

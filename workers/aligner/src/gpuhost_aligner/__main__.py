@@ -4,7 +4,7 @@ import sys
 
 from gpuhost_worker import Worker, engine, options, serve
 
-from .engine import load, read_wav
+from .engine import load, passthrough, read_wav
 
 
 class AlignerWorker(Worker):
@@ -18,8 +18,13 @@ class AlignerWorker(Worker):
             raise ValueError(
                 "the aligner needs the asr stage's result (put asr before aligner in the pipeline)"
             )
-        audio = read_wav(task["audio_path"])
         segments = asr.get("segments", [])
+        language = asr.get("language")
+        known = getattr(self.engine, "languages", None)
+        if language and known is not None and language not in known:
+            # No acoustic model for this language: the ASR's own word times stand.
+            return passthrough(self.engine.name, segments, language)
+        audio = read_wav(task["audio_path"])
         out = {"engine": self.engine.name, "segments": [], "aligned_words": 0, "total_words": 0}
         for i, seg in enumerate(segments):
             part = self.engine.align(audio, [seg])

@@ -41,8 +41,38 @@ def read_wav(path: str) -> np.ndarray:
         return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
 
 
+def passthrough(engine: str, segments: list, language: str) -> dict:
+    """The ASR's segments with its own word times, for a language the aligner has no model for."""
+    out = [
+        {
+            "start": seg["start"],
+            "end": seg["end"],
+            "text": seg.get("text", ""),
+            "words": [
+                {
+                    "word": w["word"],
+                    "start": w["start"],
+                    "end": w["end"],
+                    "score": w.get("probability", 0.0),
+                    "aligned": False,
+                }
+                for w in seg.get("words") or []
+            ],
+        }
+        for seg in segments
+    ]
+    return {
+        "engine": engine,
+        "segments": out,
+        "aligned_words": 0,
+        "total_words": sum(len(s["words"]) for s in out),
+        "skipped": f"{engine} has no model for language {language!r}: word times are the ASR's",
+    }
+
+
 class SphinxAligner:
     name = "pocketsphinx en-us"
+    languages = ("en",)
 
     def __init__(self, beams=BEAMS):
         from pocketsphinx import Decoder

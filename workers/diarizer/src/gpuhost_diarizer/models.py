@@ -1,9 +1,9 @@
 """The ONNX models of the overlap-aware engine, carved out of the pinned `moonshine-voice` wheel
 and checked byte for byte. No protocol code here.
 
-`moonshine-voice==0.1.0` (MIT) compiles ONNX Runtime-format copies of pyannote's community-1
-segmentation model (MIT) and of the WeSpeaker ResNet34 speaker embedding (CC-BY-4.0) into its
-`libmoonshine.so`. Each model starts 4 bytes before its `ORTM` flatbuffer identifier; the offsets
+`moonshine-voice==0.1.0` (MIT) compiles ONNX Runtime-format copies (int8 weights) of the
+segmentation model of pyannote's speaker-diarization-community-1 and of the WeSpeaker ResNet34
+speaker embedding (both CC-BY-4.0; attribution in NOTICE) into its `libmoonshine.so`. Each model starts 4 bytes before its `ORTM` flatbuffer identifier; the offsets
 and the sha256 of every blob are pinned below, so a different wheel fails loudly instead of
 loading something else. `gpuhost setup` runs `prepare()` to carve and check them once.
 """

@@ -28,6 +28,7 @@ STEP_S = 2.5  # window hop
 THRESHOLD = 1.1  # average distance between unit embeddings below which clusters merge
 MIN_TRAIN_S = 2.0  # a local speaker joins the clustering only with this much speech
 MIN_EMBED_S = 0.25  # below this a local speaker gets no embedding and is dropped
+EMBED_MAX_S = 3.0  # an embedding looks at most at this long a stretch of its window
 MIN_CLUSTER_S = 3.0  # a cluster with less speech joins its nearest larger one
 
 
@@ -153,6 +154,12 @@ class OverlapDiarizer:
         weights = mask[np.clip(np.round(centers).astype(int), 0, FRAMES - 1)].astype(np.float32)
         on = np.flatnonzero(weights)
         a, b = on[0], on[-1] + 1
+        limit = int(EMBED_MAX_S * 100)
+        if b - a > limit:
+            # The stretch of at most EMBED_MAX_S with the most of this speaker's frames.
+            counts = np.convolve(weights, np.ones(limit, dtype=np.float32), mode="valid")
+            a = int(counts.argmax())
+            b = a + limit
         out = self.embedder.run(None, {"fbank": fbank[None, a:b], "weights": weights[None, a:b]})[
             0
         ][0]

