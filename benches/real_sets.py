@@ -12,6 +12,8 @@ diarization):
   reader of *Sense and Sensibility*; a speaker reading card names), 16 kHz, with transcripts.
 - `meetings`: the pyannote-audio 4.0.7 sdist's `tests/data` (14 clips of 30 s from AMI-style
   meetings, 1–4 speakers, overlapping speech) with `debug.{train,development,test}.rttm`.
+- `calls`: two-party conversations spliced from single-speaker stretches of those clips, with
+  exact references, wideband and as telephone calls (`conversations.py`).
 
 Splits: a set marked `tune` may be used to choose parameters; `report` items never are. The
 asterisk prompts alternate (even index: tune, odd: report); pyannote's train clips are `tune`,
@@ -25,6 +27,8 @@ import subprocess
 import tarfile
 import urllib.request
 from pathlib import Path
+
+import conversations
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".bench" / "real"
@@ -144,7 +148,11 @@ def meetings(cache):
 def load():
     """Every real item, fetching the sets first when they are not cached."""
     cache = fetch()
-    return asterisk(cache) + pocketsphinx(cache) + meetings(cache)
+    clips, prompts, readings = meetings(cache), asterisk(cache), pocketsphinx(cache)
+    # Twenty prompts per split are plenty of one voice.
+    voices = prompts[:40] + readings  # prompts alternate between the splits
+    calls = conversations.build(clips, cache / "calls", voices)
+    return prompts + readings + clips + calls
 
 
 if __name__ == "__main__":

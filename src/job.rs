@@ -301,6 +301,20 @@ pub fn accept_options(
     stages: &[String],
 ) -> Result<JobOptions, OptionsError> {
     let options = options.validated(app.config.limits.max_field_bytes)?;
+    if options.translate {
+        // The stage that says which languages it knows is the ASR; it must say it translates.
+        for stage in stages {
+            let Some(loaded) = app.supervisor.get(stage).and_then(|w| w.status().loaded) else {
+                continue;
+            };
+            if loaded.languages.is_some() && !loaded.translate {
+                return Err(OptionsError::CannotTranslate {
+                    stage: stage.clone(),
+                    model: loaded.model.unwrap_or_else(|| "its model".into()),
+                });
+            }
+        }
+    }
     let Some(language) = options.language.as_deref() else {
         return Ok(options);
     };

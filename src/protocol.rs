@@ -28,6 +28,9 @@ pub struct ReadyInfo {
     /// restriction. Requests for another language are refused before they queue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub languages: Option<Vec<String>>,
+    /// The loaded model can translate to English (a task with `translate: true`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub translate: bool,
     /// The worker abandons a job on `SIGINT` and answers `error` with kind `cancelled`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cancel: bool,

@@ -40,6 +40,9 @@ pub(crate) struct TranscribeArgs {
     /// Text that primes the ASR: names, terms, spelling.
     #[arg(long)]
     prompt: Option<String>,
+    /// Translate the speech to English instead of transcribing it (a multilingual ASR model).
+    #[arg(long)]
+    translate: bool,
     /// Also show the workers' log lines and the host's own log.
     #[arg(long, short)]
     verbose: bool,
@@ -77,6 +80,7 @@ fn options(args: &TranscribeArgs) -> JobOptions {
         min_speakers: args.min_speakers,
         max_speakers: args.max_speakers,
         prompt: args.prompt.clone(),
+        translate: args.translate,
     }
 }
 
@@ -129,6 +133,7 @@ async fn remote(
             ("min_speakers", o.min_speakers.map(|n| n.to_string())),
             ("max_speakers", o.max_speakers.map(|n| n.to_string())),
             ("prompt", o.prompt),
+            ("translate", o.translate.then(|| "true".to_string())),
         ] {
             if let Some(v) = v {
                 q.append_pair(k, &v);

@@ -1,6 +1,7 @@
-//! `POST /v1/audio/transcriptions`, compatible with OpenAI's API so existing clients work
-//! unchanged: multipart `file`, `model`, `language`, `prompt`, `response_format`,
-//! `timestamp_granularities[]`; speaker labels ride along in `verbose_json` segments.
+//! `POST /v1/audio/transcriptions` and `/v1/audio/translations`, compatible with OpenAI's API so
+//! existing clients work unchanged: multipart `file`, `model`, `language`, `prompt`,
+//! `response_format`, `timestamp_granularities[]`; speaker labels ride along in `verbose_json`
+//! segments. A translation is the same job with `translate` set: English text, source timing.
 
 use axum::extract::{FromRequest, Multipart, Request, State};
 use axum::http::header;
@@ -94,6 +95,45 @@ pub(super) async fn transcriptions(
     State(app): State<AppState>,
     request: Request,
 ) -> Result<Response, OpenAiError> {
+    answer(app, request, false).await
+}
+
+/// OpenAI-compatible translation to English (a multilingual ASR model only).
+#[utoipa::path(
+    post,
+    path = "/v1/audio/translations",
+    request_body(content = super::openapi::OpenAiForm, content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "The transcript in `response_format`", content(
+            (Object = "application/json"),
+            (String = "text/plain"),
+            (String = "application/x-subrip"),
+            (String = "text/vtt"),
+        )),
+        (status = 400, description = "Bad form, or the ASR model is English-only", body = OpenAiErrorBody),
+        (status = 401, description = "Token missing or wrong", body = super::error::ErrorBody),
+        (status = 403, description = "Foreign Host or a cross-site request", body = super::error::ErrorBody),
+        (status = 408, description = "The body stalled", body = OpenAiErrorBody),
+        (status = 413, description = "Upload, field or audio too large", body = OpenAiErrorBody),
+        (status = 415, description = "Not decodable as audio", body = OpenAiErrorBody),
+        (status = 422, description = "The job failed", body = OpenAiErrorBody),
+        (status = 429, description = "The GPU queue is full (see Retry-After)", body = OpenAiErrorBody),
+        (status = 500, description = "Internal error", body = OpenAiErrorBody),
+        (status = 502, description = "A worker crashed or wrote bad output", body = OpenAiErrorBody),
+        (status = 503, description = "A worker is unavailable, or the host is shutting down", body = OpenAiErrorBody),
+        (status = 504, description = "A worker timed out", body = OpenAiErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub(super) async fn translations(
+    State(app): State<AppState>,
+    request: Request,
+) -> Result<Response, OpenAiError> {
+    answer(app, request, true).await
+}
+
+/// One job from the form; the transcript (or translation) in `response_format`.
+async fn answer(app: AppState, request: Request, translate: bool) -> Result<Response, OpenAiError> {
     job::QueueFull::check(&app).map_err(|full| ApiError::queue_full(&full))?;
     let dir = job::job_dir(&app.config)
         .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
@@ -121,6 +161,7 @@ pub(super) async fn transcriptions(
     let options = JobOptions {
         language: form.language,
         prompt: form.prompt,
+        translate,
         ..JobOptions::default()
     };
     let stages = app.config.pipeline.stages.clone();

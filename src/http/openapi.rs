@@ -17,7 +17,7 @@ pub struct AudioForm {
     file: Vec<u8>,
 }
 
-/// Multipart form of `POST /v1/audio/transcriptions` (OpenAI's fields).
+/// Multipart form of `POST /v1/audio/transcriptions` and `/translations` (OpenAI's fields).
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)] // documentation only: the handler streams the form itself
 pub struct OpenAiForm {
@@ -52,6 +52,7 @@ pub enum GuardErrors {
         super::health::ready,
         super::transcribe::transcribe,
         super::openai::transcriptions,
+        super::openai::translations,
         super::status::status,
         super::status::metrics,
         super::status::workers,
@@ -104,6 +105,7 @@ mod tests {
             "/ready",
             "/transcribe",
             "/v1/audio/transcriptions",
+            "/v1/audio/translations",
             "/status",
             "/metrics",
             "/workers",

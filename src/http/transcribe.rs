@@ -28,6 +28,9 @@ pub struct TranscribeQuery {
     pub min_speakers: Option<u32>,
     pub max_speakers: Option<u32>,
     pub prompt: Option<String>,
+    /// Translate the speech to English instead of transcribing it (a multilingual ASR model
+    /// only; as `POST /v1/audio/translations`).
+    pub translate: Option<bool>,
     /// Higher goes first among requests waiting for the GPU (default 0); nothing running is
     /// interrupted.
     pub priority: Option<i32>,
@@ -44,6 +47,7 @@ impl TranscribeQuery {
             min_speakers: self.min_speakers,
             max_speakers: self.max_speakers,
             prompt: self.prompt.clone(),
+            translate: self.translate.unwrap_or(false),
         }
     }
 }

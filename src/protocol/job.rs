@@ -1,4 +1,4 @@
-//! A job's request options (`language`, speakers, `prompt`): one type and one check for every
+//! A job's request options (`language`, speakers, `prompt`, `translate`): one type and one check for every
 //! door a job comes in by (query string, OpenAI form, Wyoming, CLI).
 
 use serde::{Deserialize, Serialize};
@@ -18,6 +18,10 @@ pub struct JobOptions {
     /// Text that primes the ASR (names, spelling).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
+    /// Translate the speech to English instead of transcribing it (`/v1/audio/translations`;
+    /// needs a multilingual ASR model).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub translate: bool,
 }
 
 /// Why request options were refused (400, or 413 for an over-long prompt).
@@ -46,6 +50,12 @@ pub enum OptionsError {
         model: String,
         known: Vec<String>,
     },
+    #[error(
+        "translation to English needs a multilingual model, and the `{stage}` worker's {model} \
+         is English-only: give it one (`engine = \"base\"` under [workers.{stage}] on CPU, or \
+         `engine = \"cuda\"` with any multilingual Whisper model)"
+    )]
+    CannotTranslate { stage: String, model: String },
 }
 
 /// Longest `language` accepted (codes are 2–3 letters; engines also take a few names).

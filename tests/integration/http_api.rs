@@ -238,3 +238,63 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
     result_of(&host.transcribe("?language=en-US", wav(0.2, 16000, 1)).await);
     host.stop().await;
 }
+
+#[tokio::test]
+async fn translations_go_to_a_multilingual_asr_and_an_english_only_one_refuses_them() {
+    let asr = |meta: &str| {
+        format!(
+            "[pipeline]\nstages = [\"asr\"]\n{}",
+            fake_worker(
+                "asr",
+                &format!("env = {{ FAKE_TEXT = \"guten morgen\", FAKE_READY_META = '{meta}' }}\n")
+            )
+        )
+    };
+    let form = || {
+        reqwest::multipart::Form::new()
+            .part(
+                "file",
+                reqwest::multipart::Part::bytes(wav(0.5, 16000, 1)).file_name("a.wav"),
+            )
+            .text("model", "whisper-1")
+            .text("response_format", "text")
+    };
+    let multilingual = r#"{"protocol":1,"model":"base","languages":["en","de"],"translate":true}"#;
+    let host = TestHost::start(&asr(multilingual)).await.ready().await;
+    let r = host
+        .post("/v1/audio/translations")
+        .multipart(form())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "translated guten morgen\n");
+    // The same through the NDJSON endpoint; a plain transcription stays untranslated.
+    let events = host.transcribe("?translate=true", wav(0.5, 16000, 1)).await;
+    assert_eq!(result_of(&events)["text"], "translated guten morgen");
+    let events = host.transcribe("", wav(0.5, 16000, 1)).await;
+    assert_eq!(result_of(&events)["text"], "guten morgen");
+    host.stop().await;
+
+    let english = r#"{"protocol":1,"model":"tiny.en","languages":["en"]}"#;
+    let host = TestHost::start(&asr(english)).await.ready().await;
+    let r = host
+        .post("/v1/audio/translations")
+        .multipart(form())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("tiny.en") && message.contains("engine = \"base\""),
+        "names the model and what to configure: {body}"
+    );
+    assert_eq!(
+        host.worker("asr").await["tasks_done"],
+        0,
+        "refused up front"
+    );
+    host.stop().await;
+}

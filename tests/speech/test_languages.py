@@ -1,7 +1,7 @@
 """Languages beyond English, end to end through a real `gpuhost serve` whose ASR worker runs the
 multilingual base model (`engine = "base"`): the asked-for language is transcribed, a missing one
-is detected, the aligner (English only) leaves the ASR's word times in place, and a code no
-model knows is refused before it queues. Synthesized speech (espeak-ng) only checks the routing;
+is detected, the aligner (English only) leaves the ASR's word times in place, a code no model
+knows is refused before it queues, and `/v1/audio/translations` gives English. Synthesized speech (espeak-ng) only checks the routing;
 quality is judged on real recordings (benches/quality.py)."""
 
 import json
@@ -57,3 +57,18 @@ def test_a_language_no_model_knows_is_refused_up_front(server, german):
     assert error.value.code == 400
     body = json.loads(error.value.read())
     assert "`xx`" in body["message"] and "asr" in body["message"], body
+
+
+def test_the_openai_client_translates_to_english(server, german):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.token)
+    with open(german, "rb") as f:
+        text = client.audio.translations.create(model="whisper-1", file=f, response_format="text")
+    text = str(text).lower()
+    assert "morning" in text and "park" in text, text
+    with open(german, "rb") as f:
+        verbose = client.audio.translations.create(
+            model="whisper-1", file=f, response_format="verbose_json"
+        )
+    assert verbose.language == "german" and "morning" in verbose.text.lower()

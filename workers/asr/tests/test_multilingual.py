@@ -26,6 +26,11 @@ def spoken(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def transcriber_en():
+    return Transcriber(AsrSettings())
+
+
+@pytest.fixture(scope="module")
 def base():
     return Transcriber(AsrSettings.from_options("base", {}))
 
@@ -50,6 +55,15 @@ def test_the_language_is_detected_when_none_is_given(base, spoken):
     assert result["language"] == "de", result
     assert result["language_probability"] > 0.5
     assert "morgen" in " ".join(s["text"] for s in result["segments"]).lower()
+
+
+def test_translation_gives_english_text_and_keeps_the_spoken_language(base, spoken, transcriber_en):
+    result = base.transcribe(spoken["es"], translate=True)
+    text = " ".join(s["text"] for s in result["segments"]).lower()
+    assert result["language"] == "es" and result["task"] == "translate"
+    assert "morning" in text and "park" in text, text
+    with pytest.raises(ValueError, match="cannot translate"):
+        transcriber_en.transcribe(spoken["es"], translate=True)
 
 
 def test_the_halves_are_joined_and_checked(tmp_path, monkeypatch):

@@ -15,7 +15,10 @@ class AsrWorker(Worker):
         self.model = self.transcriber.model_name
         self.device = f"{settings.device}/{settings.compute_type}"
         # The host refuses other languages before they queue (never silent English output).
-        return {"languages": self.transcriber.languages()}
+        return {
+            "languages": self.transcriber.languages(),
+            "translate": not self.transcriber.english_only,
+        }
 
     def warmup(self):
         self.transcriber.warm_up(np.asarray(synthetic_voices(16000), dtype=np.float32))
@@ -34,6 +37,7 @@ class AsrWorker(Worker):
             language=task.get("language"),
             prompt=task.get("prompt"),
             on_segment=on_segment,
+            translate=bool(task.get("translate")),
         )
 
 

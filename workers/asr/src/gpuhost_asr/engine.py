@@ -109,7 +109,15 @@ class Transcriber:
         language: str | None = None,
         prompt: str | None = None,
         on_segment: Callable[[dict, float], None] | None = None,
+        translate: bool = False,
     ) -> dict:
+        """Segments with word times; with `translate`, the speech translated to English (the
+        result's `language` stays the spoken one)."""
+        if self.english_only and translate:
+            raise ValueError(
+                f"the model {self.model_name} is English-only and cannot translate "
+                '(engine = "base" for the asr worker can)'
+            )
         if self.english_only and language and language != "en":
             raise ValueError(
                 f"the model {self.model_name} is English-only; language {language!r} is not "
@@ -123,6 +131,7 @@ class Transcriber:
             word_timestamps=True,
             initial_prompt=prompt,
             condition_on_previous_text=False,
+            task="translate" if translate else "transcribe",
         )
         out = []
         for seg in segments:
@@ -151,5 +160,6 @@ class Transcriber:
             "language_probability": round(info.language_probability, 4),
             "duration": round(info.duration, 3),
             "model": self.model_name,
+            "task": "translate" if translate else "transcribe",
             "segments": out,
         }
