@@ -9,7 +9,15 @@ from gpuhost_aligner.text import letter_to_phones, normalize
 
 def test_normalize_and_letter_to_phones():
     assert normalize("Hello,") == ["hello"]
-    assert normalize("42") == ["four", "two"]
+    # Numbers and symbols as they are said, so they get word times too.
+    assert normalize("42") == ["forty", "two"]
+    assert normalize("$1,250") == ["one", "thousand", "two", "hundred", "fifty", "dollars"]
+    assert normalize("3.5%") == ["three", "point", "five", "percent"]
+    assert normalize("1990s") == ["nineteen", "nineties"]
+    assert normalize("2024,") == ["twenty", "twenty", "four"]
+    assert normalize("21st") == ["twenty", "first"]
+    assert normalize("9:05") == ["nine", "oh", "five"]
+    assert normalize("R&D") == ["r", "and", "d"]
     assert normalize("—") == []
     assert letter_to_phones("gpuhost") == "G P AH HH AA S T"
 
@@ -58,6 +66,24 @@ def test_out_of_vocabulary_words_still_align(aligner, speech_wav):
         audio, rough_words(audio, "hello world, this is a test of the gpuhost worker")
     )
     assert result["aligned_words"] == result["total_words"]
+
+
+def test_numbers_and_symbols_get_word_times_as_they_are_said(aligner, tmp_path):
+    from gpuhost_worker.testing import speech_wav as make_speech
+
+    # What the speaker says, and how an ASR writes it down.
+    said = "the rent went up fifty percent to one thousand two hundred dollars in nineteen ninety"
+    written = "the rent went up 50% to $1,200 in 1990."
+    audio = read_wav(make_speech(said, str(tmp_path)))
+    words = rough_words(audio, written)
+    result = aligner.align(audio, words)
+    assert result["aligned_words"] == result["total_words"] == 9, result
+    out = {w["word"]: w for w in result["segments"][0]["words"]}
+    assert out["50%"]["aligned"] and out["$1,200"]["aligned"] and out["1990."]["aligned"]
+    # "$1,200" spans "one thousand two hundred dollars", not the time of one token.
+    assert out["$1,200"]["end"] - out["$1,200"]["start"] > 0.6, out["$1,200"]
+    order = [w["start"] for w in result["segments"][0]["words"]]
+    assert order == sorted(order)
 
 
 def test_protocol_needs_the_asr_result(tmp_path, speech_wav):
