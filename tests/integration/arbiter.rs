@@ -876,7 +876,9 @@ async fn a_watched_ollama_is_asked_to_unload_its_models_to_make_room() {
         ollama.port
     );
     let config = format!(
-        "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
+        // A generous teardown deadline: on a loaded machine the fake nvidia-smi's samples come
+        // slowly, and the check only waits as long as the memory takes to come back.
+        "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 15\n{}",
         fake_worker("w", ""),
         gpu.config(&watch)
     );
