@@ -118,3 +118,12 @@ def test_the_engine_is_chosen_by_name():
     assert engine.device == "cpu" and engine.threshold == 1.0
     with pytest.raises(ValueError, match="overlap"):
         load("nonsense", {})
+
+
+def test_cuda_without_a_cuda_runtime_is_refused_not_silently_cpu():
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this venv has CUDA")
+    with pytest.raises(RuntimeError, match="onnxruntime-gpu"):
+        load("overlap", {"device": "cuda"})

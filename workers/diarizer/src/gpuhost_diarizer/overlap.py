@@ -67,6 +67,16 @@ class OverlapDiarizer:
 
         from .models import model_bytes
 
+        if providers and "CUDAExecutionProvider" in providers:
+            import onnxruntime as ort
+
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                # Never a silent fall back to CPU: the GPU's memory plan counts on this worker.
+                raise RuntimeError(
+                    "device = cuda needs onnxruntime with CUDA in the diarizer's venv "
+                    "(`onnxruntime-gpu` instead of `onnxruntime`); this one has "
+                    f"{', '.join(ort.get_available_providers())}"
+                )
         self.segmenter = _session(model_bytes("segmentation"), threads)
         self.embedder = _session(model_bytes("embedding"), threads)
         self.device = "cpu"
