@@ -7,7 +7,9 @@ host's own overhead.
 
     cargo build --release && python3 benches/quality.py [ROUNDS] [--real-only]
         [--sets=asterisk,meetings,...] [--diarizer=ENGINE] [--asr=ENGINE]
-    (GPUHOST_BIN overrides the binary; --diarizer / --asr run the real sets with that engine)
+        [--asr-options='{ beam_size = 5 }']
+    (GPUHOST_BIN overrides the binary; --diarizer / --asr run the real sets with that engine,
+    --asr-options with those worker options, a TOML inline table)
 
 Host overhead = request wall time − the time the pipeline's stages ran (first stage's job sent →
 last stage's `done`, as the host measured it: `pipeline_seconds`), i.e. intake, queueing, merging
@@ -31,11 +33,11 @@ TARGETS["meetings"] = ("DER", 0.15)
 TARGETS["calls"] = ("DER", 0.05)
 
 
-def real_report(sets=None, engines=None):
+def real_report(sets=None, engines=None, options=None):
     """Every real item once through a resident server: ASR sets with `?stages=asr`, meeting clips
     with `?stages=diarizer`; one row per set and split."""
     items = [i for i in real_sets.load() if not sets or i["set"] in sets]
-    server = harness.Server(mode="resident", engines=engines)
+    server = harness.Server(mode="resident", engines=engines, options=options)
     rows = {}
     try:
         for item in items:
@@ -70,7 +72,10 @@ def real_report(sets=None, engines=None):
                 row["ref"] += len(ref)
     finally:
         server.stop()
-    chosen = ", ".join(f"{w} engine `{e}`" for w, e in (engines or {}).items())
+    chosen = ", ".join(
+        [f"{w} engine `{e}`" for w, e in (engines or {}).items()]
+        + [f"{w} options `{o}`" for w, o in (options or {}).items()]
+    )
     print(f"# real recordings ({chosen or 'default CPU engines'}, 3 workers resident, 2 cores)\n")
     print("| set | split | items | audio min | metric | value | target | RTF | note |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -113,7 +118,8 @@ def main():
     flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
     sets = flags["sets"].split(",") if "sets" in flags else None
     engines = {w: flags[w] for w in ("diarizer", "asr") if w in flags}
-    real_report(sets, engines)
+    options = {"asr": flags["asr-options"]} if "asr-options" in flags else None
+    real_report(sets, engines, options)
     if "--real-only" in sys.argv:
         return
     folder, names = harness.eval_set()

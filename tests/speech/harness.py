@@ -40,7 +40,7 @@ def free_port():
 
 
 class Server:
-    def __init__(self, mode="resident", token="e2e-token", engines=None):
+    def __init__(self, mode="resident", token="e2e-token", engines=None, options=None):
         self.port, self.wyoming_port = free_port(), free_port()
         self.url, self.token = f"http://127.0.0.1:{self.port}", token
         self.dir = tempfile.TemporaryDirectory()
@@ -49,6 +49,7 @@ class Server:
         workers = "".join(
             f'[workers.{w}]\nmode = "{mode}"\n'
             + (f'engine = "{engines[w]}"\n' if w in engines else "")
+            + (f"options = {(options or {})[w]}\n" if w in (options or {}) else "")
             for w in ("diarizer", "asr", "aligner")
         )
         config.write_text(
