@@ -301,44 +301,35 @@ pub fn accept_options(
     stages: &[String],
 ) -> Result<JobOptions, OptionsError> {
     let options = options.validated(app.config.limits.max_field_bytes)?;
-    if options.translate {
-        // The stage that says which languages it knows is the ASR; it must say it translates.
-        for stage in stages {
-            let Some(loaded) = app.supervisor.get(stage).and_then(|w| w.status().loaded) else {
-                continue;
-            };
-            if loaded.languages.is_some() && !loaded.translate {
-                return Err(OptionsError::CannotTranslate {
+    let language = options.language.as_deref();
+    let primary = language.map(|l| l.split(['-', '_']).next().unwrap_or(l));
+    for stage in stages {
+        let Some(loaded) = app.supervisor.get(stage).and_then(|w| w.status().loaded) else {
+            continue;
+        };
+        // The stage that says which languages it knows is the ASR.
+        let Some(known) = &loaded.languages else {
+            continue;
+        };
+        let model = || loaded.model.clone().unwrap_or_else(|| "its model".into());
+        if options.translate && !loaded.translate {
+            return Err(OptionsError::CannotTranslate {
+                stage: stage.clone(),
+                model: model(),
+            });
+        }
+        if let (Some(language), Some(primary)) = (language, primary) {
+            if !known
+                .iter()
+                .any(|k| k == "*" || k.eq_ignore_ascii_case(primary))
+            {
+                return Err(OptionsError::UnsupportedLanguage {
+                    language: language.to_string(),
                     stage: stage.clone(),
-                    model: loaded.model.unwrap_or_else(|| "its model".into()),
+                    model: model(),
+                    known: known.clone(),
                 });
             }
-        }
-    }
-    let Some(language) = options.language.as_deref() else {
-        return Ok(options);
-    };
-    let primary = language.split(['-', '_']).next().unwrap_or(language);
-    for stage in stages {
-        let Some(status) = app.supervisor.get(stage).map(|w| w.status()) else {
-            continue;
-        };
-        let Some(loaded) = status.loaded else {
-            continue;
-        };
-        let Some(known) = loaded.languages else {
-            continue;
-        };
-        if !known
-            .iter()
-            .any(|k| k == "*" || k.eq_ignore_ascii_case(primary))
-        {
-            return Err(OptionsError::UnsupportedLanguage {
-                language: language.to_string(),
-                stage: stage.clone(),
-                model: loaded.model.unwrap_or_else(|| "its model".into()),
-                known,
-            });
         }
     }
     Ok(options)

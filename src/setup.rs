@@ -147,14 +147,8 @@ impl Package {
             "import importlib, gpuhost_worker, {m}\nfor name in getattr({m}, 'REQUIRES', []): importlib.import_module(name)",
             m = self.module
         );
-        self.run(
-            "import self-test",
-            &self.python(),
-            &["-c".into(), code],
-            Duration::from_secs(120),
-        )
-        .await
-        .map(|_| ())
+        self.run_python("import self-test", code, Duration::from_secs(120))
+            .await
     }
 
     /// Runs the worker module's `prepare()` when it has one: model files carved, fetched from
@@ -164,14 +158,20 @@ impl Package {
             "import {m}\nprepare = getattr({m}, 'prepare', None)\nif prepare: prepare()",
             m = self.module
         );
-        self.run(
-            "prepare models",
-            &self.python(),
-            &["-c".into(), code],
-            Duration::from_secs(600),
-        )
-        .await
-        .map(|_| ())
+        self.run_python("prepare models", code, Duration::from_secs(600))
+            .await
+    }
+
+    /// Runs `code` with the venv's Python as the setup step `step`.
+    async fn run_python(
+        &self,
+        step: &str,
+        code: String,
+        timeout: Duration,
+    ) -> Result<(), SetupError> {
+        self.run(step, &self.python(), &["-c".into(), code], timeout)
+            .await
+            .map(|_| ())
     }
 }
 

@@ -64,6 +64,37 @@ pub(super) struct OpenAiErrorBody {
     error: serde_json::Value,
 }
 
+/// What both OpenAI endpoints may answer besides 200 and 400.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // documentation only
+pub(super) enum OpenAiErrors {
+    #[response(status = 401, description = "Token missing or wrong")]
+    Unauthorized(super::error::ErrorBody),
+    #[response(status = 403, description = "Foreign Host or a cross-site request")]
+    Forbidden(super::error::ErrorBody),
+    #[response(status = 408, description = "The body stalled")]
+    Stalled(OpenAiErrorBody),
+    #[response(status = 413, description = "Upload, field or audio too large")]
+    TooLarge(OpenAiErrorBody),
+    #[response(status = 415, description = "Not decodable as audio")]
+    NotAudio(OpenAiErrorBody),
+    #[response(status = 422, description = "The job failed")]
+    JobFailed(OpenAiErrorBody),
+    #[response(status = 429, description = "The GPU queue is full (see Retry-After)")]
+    QueueFull(OpenAiErrorBody),
+    #[response(status = 500, description = "Internal error")]
+    Internal(OpenAiErrorBody),
+    #[response(status = 502, description = "A worker crashed or wrote bad output")]
+    WorkerBroke(OpenAiErrorBody),
+    #[response(
+        status = 503,
+        description = "A worker is unavailable, or the host is shutting down"
+    )]
+    Unavailable(OpenAiErrorBody),
+    #[response(status = 504, description = "A worker timed out")]
+    Timeout(OpenAiErrorBody),
+}
+
 /// OpenAI-compatible transcription (`base_url=http://host:9090/v1`).
 #[utoipa::path(
     post,
@@ -77,17 +108,7 @@ pub(super) struct OpenAiErrorBody {
             (String = "text/vtt"),
         )),
         (status = 400, description = "Bad form", body = OpenAiErrorBody),
-        (status = 401, description = "Token missing or wrong", body = super::error::ErrorBody),
-        (status = 403, description = "Foreign Host or a cross-site request", body = super::error::ErrorBody),
-        (status = 408, description = "The body stalled", body = OpenAiErrorBody),
-        (status = 413, description = "Upload, field or audio too large", body = OpenAiErrorBody),
-        (status = 415, description = "Not decodable as audio", body = OpenAiErrorBody),
-        (status = 422, description = "The job failed", body = OpenAiErrorBody),
-        (status = 429, description = "The GPU queue is full (see Retry-After)", body = OpenAiErrorBody),
-        (status = 500, description = "Internal error", body = OpenAiErrorBody),
-        (status = 502, description = "A worker crashed or wrote bad output", body = OpenAiErrorBody),
-        (status = 503, description = "A worker is unavailable, or the host is shutting down", body = OpenAiErrorBody),
-        (status = 504, description = "A worker timed out", body = OpenAiErrorBody),
+        OpenAiErrors,
     ),
     security(("bearer" = []))
 )]
@@ -111,17 +132,7 @@ pub(super) async fn transcriptions(
             (String = "text/vtt"),
         )),
         (status = 400, description = "Bad form, or the ASR model is English-only", body = OpenAiErrorBody),
-        (status = 401, description = "Token missing or wrong", body = super::error::ErrorBody),
-        (status = 403, description = "Foreign Host or a cross-site request", body = super::error::ErrorBody),
-        (status = 408, description = "The body stalled", body = OpenAiErrorBody),
-        (status = 413, description = "Upload, field or audio too large", body = OpenAiErrorBody),
-        (status = 415, description = "Not decodable as audio", body = OpenAiErrorBody),
-        (status = 422, description = "The job failed", body = OpenAiErrorBody),
-        (status = 429, description = "The GPU queue is full (see Retry-After)", body = OpenAiErrorBody),
-        (status = 500, description = "Internal error", body = OpenAiErrorBody),
-        (status = 502, description = "A worker crashed or wrote bad output", body = OpenAiErrorBody),
-        (status = 503, description = "A worker is unavailable, or the host is shutting down", body = OpenAiErrorBody),
-        (status = 504, description = "A worker timed out", body = OpenAiErrorBody),
+        OpenAiErrors,
     ),
     security(("bearer" = []))
 )]

@@ -250,23 +250,19 @@ async fn translations_go_to_a_multilingual_asr_and_an_english_only_one_refuses_t
             )
         )
     };
-    let form = || {
-        reqwest::multipart::Form::new()
+    let translate = |host: &TestHost| {
+        let form = reqwest::multipart::Form::new()
             .part(
                 "file",
                 reqwest::multipart::Part::bytes(wav(0.5, 16000, 1)).file_name("a.wav"),
             )
             .text("model", "whisper-1")
-            .text("response_format", "text")
+            .text("response_format", "text");
+        host.post("/v1/audio/translations").multipart(form).send()
     };
     let multilingual = r#"{"protocol":1,"model":"base","languages":["en","de"],"translate":true}"#;
     let host = TestHost::start(&asr(multilingual)).await.ready().await;
-    let r = host
-        .post("/v1/audio/translations")
-        .multipart(form())
-        .send()
-        .await
-        .unwrap();
+    let r = translate(&host).await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().await.unwrap(), "translated guten morgen\n");
     // The same through the NDJSON endpoint; a plain transcription stays untranslated.
@@ -278,12 +274,7 @@ async fn translations_go_to_a_multilingual_asr_and_an_english_only_one_refuses_t
 
     let english = r#"{"protocol":1,"model":"tiny.en","languages":["en"]}"#;
     let host = TestHost::start(&asr(english)).await.ready().await;
-    let r = host
-        .post("/v1/audio/translations")
-        .multipart(form())
-        .send()
-        .await
-        .unwrap();
+    let r = translate(&host).await.unwrap();
     assert_eq!(r.status(), 400);
     let body: Value = r.json().await.unwrap();
     let message = body["error"]["message"].as_str().unwrap();

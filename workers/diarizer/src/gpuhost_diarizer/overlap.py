@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,14 +109,21 @@ class OverlapDiarizer:
         starts = list(range(0, max(1, n - CHUNK + 1), self.hop))
         if n > CHUNK and starts[-1] + CHUNK < n:
             starts.append(n - CHUNK)  # the last window ends with the audio
-        windows = np.zeros((len(starts), 1, CHUNK), dtype=np.float32)
-        for i, s in enumerate(starts):
+
+        def window(s: int) -> np.ndarray:
+            """The 10 s from sample `s`, zero-padded (made when needed: an hour of audio
+            would be a gigabyte of overlapping windows)."""
+            out = np.zeros(CHUNK, dtype=np.float32)
             piece = audio[s : s + CHUNK]
-            windows[i, 0, : len(piece)] = piece
+            out[: len(piece)] = piece
+            return out
+
         seg = np.concatenate(
             [
-                self.segmenter.run(None, {"waveforms": windows[i : i + 8]})[0]
-                for i in range(0, len(windows), 8)
+                self.segmenter.run(
+                    None, {"waveforms": np.stack([window(s) for s in starts[i : i + 8]])[:, None]}
+                )[0]
+                for i in range(0, len(starts), 8)
             ]
         )
         seg = (seg > 0.5).astype(np.float32)
@@ -132,7 +140,7 @@ class OverlapDiarizer:
                 if clean.sum() * FRAME_HOP / RATE >= MIN_EMBED_S:
                     mask = clean
                 if fbank is None:
-                    fbank = self.fbank(windows[w, 0])
+                    fbank = self.fbank(window(starts[w]))
                 embeddings.append(self.embed(fbank, mask))
                 owners.append((w, s))
                 seconds.append(mask.sum() * FRAME_HOP / RATE)
@@ -160,8 +168,7 @@ class OverlapDiarizer:
     def embed(self, fbank: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """The embedding pooled over `mask` (segmentation frames), computed only over the span of
         fbank frames the mask touches."""
-        centers = (np.arange(len(fbank)) * 160 + 200 - FRAME_LEN / 2) / FRAME_HOP
-        weights = mask[np.clip(np.round(centers).astype(int), 0, FRAMES - 1)].astype(np.float32)
+        weights = mask[_segmentation_frame(len(fbank))].astype(np.float32)
         on = np.flatnonzero(weights)
         a, b = on[0], on[-1] + 1
         limit = int(EMBED_MAX_S * 100)
@@ -174,6 +181,13 @@ class OverlapDiarizer:
             0
         ][0]
         return out / (np.linalg.norm(out) + 1e-12)
+
+
+@functools.lru_cache(maxsize=4)
+def _segmentation_frame(fbank_frames: int) -> np.ndarray:
+    """For each fbank frame (25 ms every 10 ms), the segmentation frame at its centre."""
+    centers = (np.arange(fbank_frames) * 160 + 200 - FRAME_LEN / 2) / FRAME_HOP
+    return np.clip(np.round(centers).astype(int), 0, FRAMES - 1)
 
 
 def cluster(local: Local, threshold, num_speakers=None, min_speakers=None, max_speakers=None):
