@@ -5,7 +5,11 @@ import sys
 import numpy as np
 from gpuhost_worker import Worker, engine, options, serve, synthetic_voices
 
+from . import voiceprint
 from .engine import load, read_wav
+from .resnet import SpeakerEmbedder
+
+VOICEPRINT_MODEL = "wespeaker-resnet34"
 
 
 class DiarizerWorker(Worker):
@@ -13,20 +17,49 @@ class DiarizerWorker(Worker):
         self.engine = load(engine("vad-dvector"), options())
         self.model = self.engine.name
         self.device = getattr(self.engine, "device", "cuda")
+        own = getattr(self.engine, "embedder", None)
+        self._embedder = own if isinstance(own, SpeakerEmbedder) else None
+        self._vad = getattr(self.engine, "vad", None)
+        # The host enrols voices through this worker and hands it the voiceprints.
+        return {"voiceprints": VOICEPRINT_MODEL}
 
     def warmup(self):
         # Two synthetic voices: VAD, embeddings, pitch and clustering all run once.
         self.engine.diarize(np.asarray(synthetic_voices(16000), dtype=np.float32))
 
+    def embedder(self):
+        """The overlap engine's ResNet34, or one of its own (loaded at first use)."""
+        if self._embedder is None:
+            self._embedder = SpeakerEmbedder()
+        return self._embedder
+
     def run(self, task, progress):
         audio = read_wav(task["audio_path"])
-        return self.engine.diarize(
+        if task.get("action") == "enroll":
+            return self.enroll(audio, task.get("segments"))
+        result = self.engine.diarize(
             audio,
             task.get("num_speakers"),
             task.get("min_speakers"),
             task.get("max_speakers"),
             progress=progress,
         )
+        prints = task.get("voiceprints") or []
+        if prints:
+            progress(0.95, f"matching {len(result['speakers'])} speakers to enrolled voices")
+            threshold = float(task.get("voiceprint_threshold") or voiceprint.THRESHOLD)
+            result = voiceprint.identify(self.embedder(), audio, result, prints, threshold)
+        return result
+
+    def enroll(self, audio, segments):
+        """A voiceprint from `segments` ([start, end] seconds), or from the speech the VAD finds."""
+        if not segments:
+            if self._vad is None:
+                from .embed import Vad
+
+                self._vad = Vad()
+            segments = self._vad.regions(audio)
+        return {"model": VOICEPRINT_MODEL, **voiceprint.enroll(self.embedder(), audio, segments)}
 
 
 if __name__ == "__main__":

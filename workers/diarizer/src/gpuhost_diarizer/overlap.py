@@ -45,15 +45,6 @@ class Local:
     frames: int  # global frames
 
 
-def _session(blob: bytes, threads: int):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(blob, options, providers=["CPUExecutionProvider"])
-
-
 class OverlapDiarizer:
     name = "pyannote community-1 segmentation + WeSpeaker ResNet34 (ONNX), overlap-aware"
 
@@ -64,36 +55,14 @@ class OverlapDiarizer:
         threads: int = 2,
         providers: list | None = None,
     ):
-        import kaldi_native_fbank as knf
-
         from .models import model_bytes
+        from .resnet import SpeakerEmbedder, session
 
-        if providers and "CUDAExecutionProvider" in providers:
-            import onnxruntime as ort
-
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                # Never a silent fall back to CPU: the GPU's memory plan counts on this worker.
-                raise RuntimeError(
-                    "device = cuda needs onnxruntime with CUDA in the diarizer's venv "
-                    "(`onnxruntime-gpu` instead of `onnxruntime`); this one has "
-                    f"{', '.join(ort.get_available_providers())}"
-                )
-        self.segmenter = _session(model_bytes("segmentation"), threads)
-        self.embedder = _session(model_bytes("embedding"), threads)
-        self.device = "cpu"
-        if providers:
-            self.segmenter.set_providers(providers)
-            self.embedder.set_providers(providers)
-            if "CUDAExecutionProvider" in self.embedder.get_providers():
-                self.device = "cuda"
+        self.embedder = SpeakerEmbedder(threads, providers)
+        self.segmenter = session(model_bytes("segmentation"), threads, providers)
+        self.device = self.embedder.device
         self.hop = max(1, round(step_s * RATE / FRAME_HOP)) * FRAME_HOP
         self.threshold = threshold
-        opts = knf.FbankOptions()
-        opts.frame_opts.dither = 0.0
-        opts.frame_opts.samp_freq = RATE
-        opts.frame_opts.window_type = "hamming"
-        opts.mel_opts.num_bins = 80
-        self.fbank_options, self.knf = opts, knf
 
     def diarize(
         self, audio, num_speakers=None, min_speakers=None, max_speakers=None, progress=None
@@ -140,7 +109,7 @@ class OverlapDiarizer:
                 if clean.sum() * FRAME_HOP / RATE >= MIN_EMBED_S:
                     mask = clean
                 if fbank is None:
-                    fbank = self.fbank(window(starts[w]))
+                    fbank = self.embedder.fbank(window(starts[w]))
                 embeddings.append(self.embed(fbank, mask))
                 owners.append((w, s))
                 seconds.append(mask.sum() * FRAME_HOP / RATE)
@@ -156,15 +125,6 @@ class OverlapDiarizer:
             frames=frames,
         )
 
-    def fbank(self, window: np.ndarray) -> np.ndarray:
-        online = self.knf.OnlineFbank(self.fbank_options)
-        online.accept_waveform(RATE, (window * 32768.0).tolist())
-        online.input_finished()
-        feats = np.array(
-            [online.get_frame(i) for i in range(online.num_frames_ready)], dtype=np.float32
-        )
-        return feats - feats.mean(axis=0)
-
     def embed(self, fbank: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """The embedding pooled over `mask` (segmentation frames), computed only over the span of
         fbank frames the mask touches."""
@@ -177,10 +137,7 @@ class OverlapDiarizer:
             counts = np.convolve(weights, np.ones(limit, dtype=np.float32), mode="valid")
             a = int(counts.argmax())
             b = a + limit
-        out = self.embedder.run(None, {"fbank": fbank[None, a:b], "weights": weights[None, a:b]})[
-            0
-        ][0]
-        return out / (np.linalg.norm(out) + 1e-12)
+        return self.embedder.embed(fbank[a:b], weights[a:b])
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,0 +1,65 @@
+"""The WeSpeaker ResNet34 speaker embedding on ONNX Runtime, with its Kaldi fbank input. The
+overlap engine and the voiceprints share it. No protocol code here."""
+
+from __future__ import annotations
+
+import numpy as np
+
+RATE = 16000
+DIM = 256
+
+
+def session(blob: bytes, threads: int, providers: list | None = None):
+    """An ONNX Runtime session over a carved model. `providers` with CUDA needs onnxruntime-gpu:
+    never a silent fall back to CPU, since the GPU's memory plan counts on this worker."""
+    import onnxruntime as ort
+
+    if providers and "CUDAExecutionProvider" in providers:
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError(
+                "device = cuda needs onnxruntime with CUDA in the diarizer's venv "
+                "(`onnxruntime-gpu` instead of `onnxruntime`); this one has "
+                f"{', '.join(ort.get_available_providers())}"
+            )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(blob, options, providers=providers or ["CPUExecutionProvider"])
+
+
+class SpeakerEmbedder:
+    """80-bin Kaldi fbank (hamming window, mean-normalized) → 256-d unit vector."""
+
+    def __init__(self, threads: int = 2, providers: list | None = None):
+        import kaldi_native_fbank as knf
+
+        from .models import model_bytes
+
+        self.session = session(model_bytes("embedding"), threads, providers)
+        self.device = "cuda" if "CUDAExecutionProvider" in self.session.get_providers() else "cpu"
+        opts = knf.FbankOptions()
+        opts.frame_opts.dither = 0.0
+        opts.frame_opts.samp_freq = RATE
+        opts.frame_opts.window_type = "hamming"
+        opts.mel_opts.num_bins = 80
+        self.fbank_options, self.knf = opts, knf
+
+    def fbank(self, audio: np.ndarray) -> np.ndarray:
+        """(frames, 80): 25 ms frames every 10 ms, the mean over `audio` taken out."""
+        online = self.knf.OnlineFbank(self.fbank_options)
+        online.accept_waveform(RATE, (np.asarray(audio, dtype=np.float32) * 32768.0).tolist())
+        online.input_finished()
+        feats = np.array(
+            [online.get_frame(i) for i in range(online.num_frames_ready)], dtype=np.float32
+        ).reshape(-1, 80)
+        return feats - feats.mean(axis=0) if len(feats) else feats
+
+    def embed(self, fbank: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        """The unit embedding of `fbank`, pooled over the frames `weights` keeps (all of them
+        when None)."""
+        if weights is None:
+            weights = np.ones(len(fbank), dtype=np.float32)
+        out = self.session.run(
+            None, {"fbank": fbank[None], "weights": weights[None].astype(np.float32)}
+        )[0][0]
+        return out / (np.linalg.norm(out) + 1e-12)

@@ -1,0 +1,155 @@
+"""Voiceprints: a speaker's ResNet34 embedding from a few seconds of their speech, and the
+naming of a diarization's speakers after the enrolled voices they match. No protocol code here.
+
+A voiceprint is the mean of unit embeddings of 1–3 s pieces of speech (at most `MAX_SPEECH_S` of
+it), itself a unit vector; two voices score their cosine similarity. The host keeps the
+voiceprints; a diarization task carries them, and `identify` renames each speaker whose voice
+scores at least the threshold against one of them (one name per speaker, one speaker per name).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .resnet import DIM, RATE, SpeakerEmbedder
+
+PIECE_S = 3.0  # the span one embedding looks at (as the overlap engine's)
+MIN_PIECE_S = 1.0  # shorter pieces are left out (while longer ones exist)
+MAX_SPEECH_S = 30.0  # the speech a voiceprint or a speaker's identity is taken from
+MIN_ENROLL_S = 2.0  # less speech than this is refused at enrolment
+THRESHOLD = 0.4  # cosine similarity from which a speaker gets an enrolled name
+MIN_IDENTIFY_S = 1.5  # a speaker with less speech keeps its SPEAKER_nn label
+
+
+class EnrollError(ValueError):
+    """The audio cannot give a voiceprint (too little speech in it)."""
+
+
+def pieces(spans: list, min_s: float = MIN_PIECE_S) -> list:
+    """`spans` ([start, end] seconds) cut into pieces of at most PIECE_S, the longest spans first,
+    up to MAX_SPEECH_S in all; pieces under `min_s` only when there is nothing longer."""
+    spans = sorted(((float(s), float(e)) for s, e in spans if e > s), key=lambda x: x[0] - x[1])
+    out, total = [], 0.0
+    for start, end in spans:
+        k = max(1, int(np.ceil((end - start) / PIECE_S)))
+        for i in range(k):
+            a, b = start + (end - start) * i / k, start + (end - start) * (i + 1) / k
+            if b - a < min_s and out:
+                continue
+            out.append((a, b))
+            total += b - a
+            if total >= MAX_SPEECH_S:
+                return out
+    return out
+
+
+def embed_spans(embedder: SpeakerEmbedder, audio: np.ndarray, spans: list) -> tuple:
+    """(unit mean embedding or None, seconds of speech it is taken from)."""
+    vectors, weights = [], []
+    for a, b in pieces(spans):
+        piece = audio[int(a * RATE) : int(b * RATE)]
+        if len(piece) < int(0.3 * RATE):
+            continue
+        vectors.append(embedder.embed(embedder.fbank(piece)))
+        weights.append(len(piece) / RATE)
+    if not vectors:
+        return None, 0.0
+    mean = np.average(np.array(vectors), axis=0, weights=weights)
+    return mean / (np.linalg.norm(mean) + 1e-12), float(sum(weights))
+
+
+def enroll(embedder: SpeakerEmbedder, audio: np.ndarray, spans: list | None) -> dict:
+    """A voiceprint from `spans` of `audio` (all of it when None). Silence adds nothing: the
+    caller passes speech spans (the worker finds them with its VAD when none are given)."""
+    duration = len(audio) / RATE
+    spans = [(max(0.0, s), min(duration, e)) for s, e in (spans or [(0.0, duration)])]
+    vector, seconds = embed_spans(embedder, audio, spans)
+    if vector is None or seconds < MIN_ENROLL_S:
+        raise EnrollError(
+            f"only {seconds:.1f} s of speech to learn the voice from; "
+            f"give at least {MIN_ENROLL_S:.0f} s (5–30 s is best)"
+        )
+    return {"vector": [round(float(x), 6) for x in vector], "seconds": round(seconds, 2)}
+
+
+def identify(
+    embedder: SpeakerEmbedder,
+    audio: np.ndarray,
+    result: dict,
+    voiceprints: list,
+    threshold: float = THRESHOLD,
+) -> dict:
+    """`result` (a diarization) with the speakers that match an enrolled voice renamed after it,
+    and `identities`: every speaker's best match and its score."""
+    prints = [p for p in voiceprints if len(p.get("vector", ())) == DIM]
+    labels = sorted({t["speaker"] for t in result["turns"]})
+    if not prints:
+        return result
+    if not labels:
+        return {**result, "identities": []}
+    overlaps = result.get("overlaps") or []
+    vectors, seconds = [], []
+    for label in labels:
+        spans = [(t["start"], t["end"]) for t in result["turns"] if t["speaker"] == label]
+        vector, s = embed_spans(embedder, audio, _minus(spans, overlaps))
+        if vector is None:  # all of it overlapped: take it anyway
+            vector, s = embed_spans(embedder, audio, spans)
+        vectors.append(vector if vector is not None else np.zeros(DIM))
+        seconds.append(s)
+    known = np.array([p["vector"] for p in prints], dtype=np.float32)
+    known /= np.linalg.norm(known, axis=1, keepdims=True) + 1e-12
+    scores = np.array(vectors) @ known.T  # (speakers, voiceprints)
+    best = scores.argmax(axis=1)
+    # Each speaker is named after its best match alone: two speakers that both match one voice
+    # are one person the clustering split, and become one.
+    names = {
+        label: prints[best[i]]["name"]
+        for i, label in enumerate(labels)
+        if scores[i, best[i]] >= threshold and seconds[i] >= MIN_IDENTIFY_S
+    }
+    identities = [
+        {
+            "speaker": names.get(label, label),
+            "cluster": label,
+            "voiceprint": names.get(label),
+            "best": prints[best[i]]["name"],
+            "score": round(float(scores[i, best[i]]), 3),
+            "speech_s": round(seconds[i], 2),
+        }
+        for i, label in enumerate(labels)
+    ]
+    out = dict(result)
+    out["turns"] = _merged(
+        [{**t, "speaker": names.get(t["speaker"], t["speaker"])} for t in result["turns"]]
+    )
+    out["speakers"] = sorted({t["speaker"] for t in out["turns"]})
+    out["identities"] = identities
+    return out
+
+
+def _merged(turns: list) -> list:
+    """Turns in time order, one speaker's overlapping or touching turns made one."""
+    out: list = []
+    for t in sorted(turns, key=lambda t: (t["start"], t["end"])):
+        mine = [u for u in out if u["speaker"] == t["speaker"] and u["end"] >= t["start"] - 0.01]
+        if mine:
+            mine[-1]["end"] = max(mine[-1]["end"], t["end"])
+        else:
+            out.append(dict(t))
+    return out
+
+
+def _minus(spans: list, cuts: list) -> list:
+    """`spans` with the parts inside any of `cuts` removed."""
+    out = []
+    for s, e in spans:
+        parts = [(s, e)]
+        for a, b in cuts:
+            parts = [
+                part
+                for ps, pe in parts
+                for part in ((ps, min(pe, a)), (max(ps, b), pe))
+                if part[1] - part[0] > 0.05
+            ]
+        out += parts
+    return out
