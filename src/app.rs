@@ -10,6 +10,7 @@ use crate::config::{self, Config};
 use crate::gpu;
 use crate::job;
 use crate::pipeline::Pipeline;
+use crate::speakers::Speakers;
 use crate::stats::JobStats;
 use crate::supervisor::Supervisor;
 
@@ -22,6 +23,8 @@ pub struct App {
     /// Every grant of the GPU: jobs (through `queue`), services and leases.
     pub arbiter: Arc<Arbiter>,
     pub stats: JobStats,
+    /// Enrolled voices (`/speakers`), handed to the diarizer with every job.
+    pub speakers: Speakers,
     /// GPU status snapshot, refreshed in the background; reading it never waits.
     pub gpu: gpu::GpuMonitor,
     pub started: Instant,
@@ -80,7 +83,9 @@ impl App {
             .cloned()
             .expect("[gpu] device is always arbitrated");
         let arbiter = Arbiter::start(&config, &queues, &queue, Arc::clone(&supervisor), &gpu);
+        let speakers = Speakers::load(config.state_dir().join("speakers"));
         Arc::new(App {
+            speakers,
             gpu,
             queue,
             arbiter,

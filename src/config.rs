@@ -10,11 +10,13 @@ use serde::Deserialize;
 mod gpu;
 mod http;
 mod service;
+mod speakers;
 mod worker;
 
 pub use gpu::{GpuBackendChoice, GpuConfig, GpuStatusConfig, WatchConfig, WatchRelease};
 pub use http::HttpConfig;
 pub use service::{ArbiterConfig, Fallback, Reload, ServiceConfig};
+pub use speakers::SpeakersConfig;
 pub use worker::{Mode, WorkerConfig, WorkerSpec};
 
 /// Everything gpuhost can be told. Unknown keys are rejected so a typo never silently
@@ -40,8 +42,10 @@ pub struct Config {
     pub arbiter: ArbiterConfig,
     /// Wyoming speech-to-text for Home Assistant; off unless `listen` is set.
     pub wyoming: WyomingConfig,
-    /// Folder for what gpuhost keeps between runs (measured VRAM footprints), relative to the
-    /// config file; created on first use.
+    /// Enrolled voices (`/speakers`) and how speakers are matched to them.
+    pub speakers: SpeakersConfig,
+    /// Folder for what gpuhost keeps between runs (measured VRAM footprints, enrolled
+    /// voiceprints under `speakers/`), relative to the config file; created on first use.
     pub state_dir: PathBuf,
     /// Folder the config file was read from; relative paths resolve against it.
     #[serde(skip)]
@@ -188,6 +192,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             audio: AudioConfig::default(),
             wyoming: WyomingConfig::default(),
+            speakers: SpeakersConfig::default(),
             setup: SetupConfig::default(),
             services: Vec::new(),
             arbiter: ArbiterConfig::default(),
@@ -373,6 +378,7 @@ impl Config {
         }
         self.http.validate().map_err(ConfigError::Invalid)?;
         self.arbiter.validate().map_err(ConfigError::Invalid)?;
+        self.speakers.validate().map_err(ConfigError::Invalid)?;
         let mut names = std::collections::BTreeSet::new();
         for service in &self.services {
             service.validate().map_err(ConfigError::Invalid)?;

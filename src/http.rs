@@ -10,6 +10,7 @@ mod openai;
 pub mod openapi;
 mod origin;
 mod services;
+mod speakers;
 mod status;
 mod transcribe;
 mod upload;
@@ -45,6 +46,8 @@ pub fn router(state: AppState) -> Router {
         .route("/services/{name}/start", post(services::start))
         .route("/services/{name}/stop", post(services::stop))
         .route("/services/{name}/touch", post(services::touch))
+        .route("/speakers", get(speakers::list).post(speakers::enroll))
+        .route("/speakers/{name}", axum::routing::delete(speakers::delete))
         .route("/workers/{name}/unload", post(services::unload))
         .route("/workers/{name}/load", post(services::load))
         .route_layer(middleware::from_fn_with_state(

@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 
 use futures_util::FutureExt;
-use serde_json::Value;
+use std::collections::HashMap;
+
+use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use crate::audio::{self, AudioError, AudioInfo, Source};
@@ -22,6 +24,18 @@ pub struct PreparedJob {
     pub stages: Vec<String>,
     /// Higher goes first among waiters (nothing running is interrupted).
     pub priority: i32,
+    pub kind: JobKind,
+}
+
+/// What a job asks of its stages.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum JobKind {
+    /// Run the pipeline; the `[speakers] stage` also gets the enrolled voiceprints.
+    #[default]
+    Transcribe,
+    /// Make a voiceprint: the `[speakers] stage` alone, from these `[start, end]` spans (all
+    /// the speech it finds when `None`).
+    Enroll { segments: Option<Vec<[f64; 2]>> },
 }
 
 /// Job folders are `gpuhost-job-<host pid>-<random>`: the pid tells a live host's folders from
@@ -179,6 +193,7 @@ impl PreparedJob {
             options,
             stages,
             priority: 0,
+            kind: JobKind::Transcribe,
         })
     }
 }
@@ -261,17 +276,16 @@ async fn run_job(
         }
     };
     let started = std::time::Instant::now();
-    let outcome = app
-        .pipeline
-        .run(
-            job.dir.path(),
-            &job.audio,
-            job.info.seconds,
-            &job.options,
-            &job.stages,
-            &tx,
-        )
-        .await;
+    let extra = stage_fields(&app, &job);
+    let input = crate::pipeline::JobInput {
+        dir: job.dir.path(),
+        audio: &job.audio,
+        duration: job.info.seconds,
+        options: &job.options,
+        stages: &job.stages,
+        extra: &extra,
+    };
+    let outcome = app.pipeline.run(input, &tx).await;
     drop(permit);
     app.stats.record(&outcome, started.elapsed());
     let last = match outcome {
@@ -288,6 +302,43 @@ async fn run_job(
     };
     let _ = tx.send(last).await;
     drop(job); // removes the job folder
+}
+
+/// The task fields only the `[speakers] stage` gets: an enrolment's `action`, or the enrolled
+/// voiceprints its model made (none for a worker whose `ready` did not say `voiceprints`).
+fn stage_fields(app: &AppState, job: &PreparedJob) -> HashMap<String, Map<String, Value>> {
+    let stage = &app.config.speakers.stage;
+    let mut fields = Map::new();
+    match &job.kind {
+        JobKind::Enroll { segments } => {
+            fields.insert("action".into(), "enroll".into());
+            if let Some(segments) = segments {
+                fields.insert("segments".into(), json!(segments));
+            }
+        }
+        JobKind::Transcribe => {
+            if !job.stages.contains(stage) || app.speakers.is_empty() {
+                return HashMap::new();
+            }
+            let loaded = app.supervisor.get(stage).and_then(|w| w.status().loaded);
+            let model = loaded
+                .as_ref()
+                .map(|l| l.extra.get("voiceprints").and_then(Value::as_str));
+            if model == Some(None) {
+                return HashMap::new();
+            }
+            let prints = app.speakers.prints(model.flatten());
+            if prints.is_empty() {
+                return HashMap::new();
+            }
+            fields.insert("voiceprints".into(), Value::Array(prints));
+            fields.insert(
+                "voiceprint_threshold".into(),
+                json!(app.config.speakers.threshold),
+            );
+        }
+    }
+    HashMap::from([(stage.clone(), fields)])
 }
 
 /// The request options as every door (HTTP query, OpenAI form, Wyoming) accepts them:

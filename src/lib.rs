@@ -15,6 +15,7 @@ pub mod protocol;
 pub mod render;
 pub mod serve;
 pub mod setup;
+pub mod speakers;
 pub mod stats;
 pub mod supervisor;
 pub mod transcript;

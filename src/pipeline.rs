@@ -2,6 +2,7 @@
 //! run one after another, except that a `parallel` group of resident workers runs together; each
 //! stage sees the audio path and the result of every stage before its group.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -53,6 +54,20 @@ impl PipelineError {
     }
 }
 
+/// What a job gives the pipeline.
+pub struct JobInput<'a> {
+    /// The job folder.
+    pub dir: &'a Path,
+    /// The normalized audio in it.
+    pub audio: &'a Path,
+    pub duration: f64,
+    pub options: &'a JobOptions,
+    pub stages: &'a [String],
+    /// Task fields for one stage only, by stage (the voiceprints for the diarizer; an
+    /// enrolment's `action`).
+    pub extra: &'a HashMap<String, Map<String, Value>>,
+}
+
 pub struct Pipeline {
     supervisor: Arc<Supervisor>,
     /// Groups of consecutive stages that may run at the same time (config `[pipeline] parallel`).
@@ -94,17 +109,21 @@ impl Pipeline {
         steps
     }
 
-    /// Runs `stages` on the normalized audio at `audio` (inside the job folder `dir`), step by
-    /// step (see `plan`). A stage that fails calls off the others of its step.
+    /// Runs the job's stages on its normalized audio, step by step (see `plan`). A stage that
+    /// fails calls off the others of its step.
     pub async fn run(
         &self,
-        dir: &Path,
-        audio: &Path,
-        duration: f64,
-        options: &JobOptions,
-        stages: &[String],
+        job: JobInput<'_>,
         events: &mpsc::Sender<ClientEvent>,
     ) -> Result<Value, PipelineError> {
+        let JobInput {
+            dir,
+            audio,
+            duration,
+            options,
+            stages,
+            extra,
+        } = job;
         let mut results = Map::new();
         let mut timings = Map::new();
         let started = Instant::now();
@@ -124,8 +143,9 @@ impl Pipeline {
             let cancel = CancellationToken::new();
             let runs = step.iter().map(|stage| {
                 let (task, cancel) = (task.clone(), cancel.clone());
+                let extra = extra.get(stage);
                 async move {
-                    let outcome = self.stage(dir, stage, task, events, &cancel).await;
+                    let outcome = self.stage(dir, stage, task, extra, events, &cancel).await;
                     if outcome.is_err() {
                         cancel.cancel(); // the step has failed: free the GPU from the others
                     }
@@ -190,6 +210,7 @@ impl Pipeline {
         dir: &Path,
         stage: &str,
         mut task: Task,
+        extra: Option<&Map<String, Value>>,
         events: &mpsc::Sender<ClientEvent>,
         cancel: &CancellationToken,
     ) -> Result<(Value, f64), PipelineError> {
@@ -207,8 +228,15 @@ impl Pipeline {
             .await;
         let started = Instant::now();
         let (tx, mut rx) = mpsc::channel(1024);
+        let mut fields = task.into_fields();
+        fields.extend(
+            extra
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
         let request = TaskRequest {
-            task: task.into_fields(),
+            task: fields,
             output_path: dir.join(format!("{stage}.result.json")),
             events: tx,
             cancel: cancel.clone(),

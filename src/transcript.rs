@@ -37,6 +37,22 @@ pub struct Turn {
     pub speaker: String,
 }
 
+/// One diarized speaker against the enrolled voices.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Identity {
+    /// Its label in the transcript: the enrolled name it matched, or `SPEAKER_nn`.
+    pub speaker: String,
+    /// The diarizer's own label for it.
+    pub cluster: String,
+    /// The enrolled voice it was named after (its score reached `[speakers] threshold`).
+    pub voiceprint: Option<String>,
+    /// The enrolled voice it resembles most, and how much (cosine similarity).
+    pub best: String,
+    pub score: f64,
+    /// Seconds of its speech the comparison used.
+    pub speech_s: f64,
+}
+
 /// The merged transcript: what a speech job's `result` holds (beside `duration`, `timings`,
 /// `pipeline_seconds` and `audio`), and what the renderers and the OpenAI endpoint read.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -52,6 +68,10 @@ pub struct Transcript {
     /// Spans `[start, end]` of overlapped speech, when the diarizer finds it (`overlap` engine).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub overlaps: Vec<[f64; 2]>,
+    /// How each speaker the diarizer found matched the enrolled voices (`/speakers`); empty
+    /// when none are enrolled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<Identity>,
     /// The language the ASR used or detected.
     #[serde(default)]
     pub language: Option<String>,
@@ -79,6 +99,11 @@ pub fn build(stages: &Map<String, Value>) -> Option<Transcript> {
     let overlaps: Vec<[f64; 2]> = stages
         .get("diarizer")
         .and_then(|d| d.get("overlaps"))
+        .and_then(|o| serde_json::from_value(o.clone()).ok())
+        .unwrap_or_default();
+    let identities: Vec<Identity> = stages
+        .get("diarizer")
+        .and_then(|d| d.get("identities"))
         .and_then(|o| serde_json::from_value(o.clone()).ok())
         .unwrap_or_default();
     let source = stages
@@ -110,6 +135,7 @@ pub fn build(stages: &Map<String, Value>) -> Option<Transcript> {
         speakers,
         turns,
         overlaps,
+        identities,
         language: asr
             .get("language")
             .and_then(Value::as_str)

@@ -232,7 +232,7 @@ async fn read_form(
             form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?);
             continue;
         }
-        let value = read_text_field(field, &name, max_field).await?;
+        let value = upload::text_field(field, &name, max_field).await?;
         match name.as_str() {
             "language" => form.language = Some(value),
             "prompt" => form.prompt = Some(value),
@@ -244,30 +244,6 @@ async fn read_form(
         }
     }
     Ok(form)
-}
-
-/// A text field of the form, refused once it grows past `max` bytes (never buffered whole).
-async fn read_text_field(
-    mut field: axum::extract::multipart::Field<'_>,
-    name: &str,
-    max: usize,
-) -> Result<String, ApiError> {
-    let mut value = Vec::new();
-    while let Some(chunk) = field.chunk().await.map_err(|e| {
-        ApiError::bad_request(format!(
-            "invalid multipart field `{name}`: {}",
-            e.body_text()
-        ))
-    })? {
-        if value.len() + chunk.len() > max {
-            return Err(ApiError::too_large(format!(
-                "the form field `{name}` is longer than {max} bytes (limits.max_field_bytes)"
-            )));
-        }
-        value.extend_from_slice(&chunk);
-    }
-    String::from_utf8(value)
-        .map_err(|_| ApiError::bad_request(format!("the form field `{name}` is not UTF-8 text")))
 }
 
 fn language_name(code: &str) -> &str {

@@ -68,9 +68,12 @@ pub enum GuardErrors {
         super::services::touch,
         super::services::unload,
         super::services::load,
+        super::speakers::enroll,
+        super::speakers::list,
+        super::speakers::delete,
         spec,
     ),
-    components(schemas(crate::protocol::ClientEvent, crate::protocol::GrantEvent, crate::protocol::StageStatus, crate::render::Format, ErrorBody, AudioForm, OpenAiForm)),
+    components(schemas(crate::protocol::ClientEvent, crate::protocol::GrantEvent, crate::protocol::StageStatus, crate::render::Format, ErrorBody, AudioForm, OpenAiForm, super::speakers::EnrollForm)),
     modifiers(&Bearer),
 )]
 pub struct ApiDoc;

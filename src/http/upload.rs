@@ -178,6 +178,30 @@ pub(super) async fn collect_field(
         .map_err(|e| e.into_api(limit))
 }
 
+/// A text field of the form, refused once it grows past `max` bytes (never buffered whole).
+pub(super) async fn text_field(
+    mut field: axum::extract::multipart::Field<'_>,
+    name: &str,
+    max: usize,
+) -> Result<String, ApiError> {
+    let mut value = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid multipart field `{name}`: {}",
+            e.body_text()
+        ))
+    })? {
+        if value.len() + chunk.len() > max {
+            return Err(ApiError::too_large(format!(
+                "the form field `{name}` is longer than {max} bytes (limits.max_field_bytes)"
+            )));
+        }
+        value.extend_from_slice(&chunk);
+    }
+    String::from_utf8(value)
+        .map_err(|_| ApiError::bad_request(format!("the form field `{name}` is not UTF-8 text")))
+}
+
 fn too_large(what: &str, limit: u64) -> ApiError {
     ApiError::too_large(format!(
         "{what} exceeds the upload limit of {limit} bytes (limits.max_upload_bytes)"

@@ -10,6 +10,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,6 +89,35 @@ class Server:
             headers={"Authorization": f"Bearer {self.token}", **(headers or {})},
         )
         return urllib.request.urlopen(req, timeout=600)
+
+    def post_form(self, path, fields, files):
+        """POST multipart/form-data (stdlib): `fields` {name: text}, `files` {name: path}."""
+        boundary = uuid.uuid4().hex
+        body = b""
+        for name, value in fields.items():
+            body += (
+                (f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n').encode()
+                + value.encode()
+                + b"\r\n"
+            )
+        for name, path_ in files.items():
+            body += (
+                (
+                    f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; '
+                    f'filename="{Path(path_).name}"\r\nContent-Type: application/octet-stream\r\n\r\n'
+                ).encode()
+                + Path(path_).read_bytes()
+                + b"\r\n"
+            )
+        body += f"--{boundary}--\r\n".encode()
+        headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+        return self.request(path, body, headers)
+
+    def delete(self, path):
+        req = urllib.request.Request(
+            f"{self.url}{path}", method="DELETE", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        return urllib.request.urlopen(req, timeout=60)
 
     def transcribe(self, wav, query=""):
         """(events, wall seconds) of POST /transcribe with the file's bytes."""

@@ -246,3 +246,43 @@ def test_a_language_the_model_lacks_is_a_clear_400(server, recordings):
         server.transcribe(folder / "support_call.wav", "?language=ko")
     body = json.loads(refused.value.read())
     assert refused.value.code == 400 and "tiny.en" in body["message"], body
+
+
+def test_an_enrolled_voice_names_its_speaker_in_another_recording(server, recordings, results):
+    """Enrol Alice (under a Korean name) as one speaker of a finished transcript of the meeting;
+    in the interview, a different recording, her words carry that name and nobody else's do.
+    Then the voice is deleted for good. (Alice is the one female voice of the interview: the
+    espeak-ng voices of one sex score alike to the speaker embedding, unlike real people.)"""
+    import urllib.parse
+
+    folder, _ = recordings
+    meeting = final(results["meeting"])
+    alice = meeting["turns"][0]["speaker"]  # she opens the meeting
+    fields = {"name": "앨리스", "transcript": json.dumps(meeting), "speaker": alice}
+    with server.post_form("/speakers", fields, {"file": folder / "meeting.wav"}) as r:
+        assert r.status == 201
+        voice = json.load(r)
+    assert voice["seconds"] > 5, voice
+    try:
+        events, _ = server.transcribe(folder / "interview.wav")
+        result = final(events)
+        truth = json.loads((folder / "interview.json").read_text())
+        assert "앨리스" in result["speakers"], result["identities"]
+
+        def truth_speaker(w):
+            t = (w["start"] + w["end"]) / 2
+            return next((x["speaker"] for x in truth["turns"] if x["start"] <= t <= x["end"]), None)
+
+        words = [w for s in result["segments"] for w in s["words"]]
+        hers = [w for w in words if truth_speaker(w) == "alice"]
+        others = [w for w in words if truth_speaker(w) not in (None, "alice")]
+        named = [(w["word"], w.get("speaker")) for w in words]
+        assert sum(w.get("speaker") == "앨리스" for w in hers) >= 0.8 * len(hers), named
+        assert sum(w.get("speaker") == "앨리스" for w in others) <= 0.05 * len(others), named
+        identity = next(i for i in result["identities"] if i["voiceprint"] == "앨리스")
+        assert identity["score"] >= 0.4, result["identities"]
+    finally:
+        with server.delete("/speakers/" + urllib.parse.quote("앨리스")) as gone:
+            assert gone.status == 200
+    events, _ = server.transcribe(folder / "interview.wav", "?stages=diarizer")
+    assert "앨리스" not in json.dumps(final(events)), "a deleted voice names nobody"

@@ -1,0 +1,295 @@
+//! `/speakers`: enrol a voice from a few seconds of its speech (or from one speaker of a finished
+//! transcript), list the enrolled voices, delete one for good. Enrolment is a GPU job of the
+//! `[speakers] stage` through the same queue as every other.
+
+use axum::extract::{FromRequest, Multipart, Path, Request, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::error::{ApiError, ErrorBody};
+use super::transcribe::final_result;
+use super::upload;
+use crate::audio::Source;
+use crate::job::{self, start_job, JobKind, PreparedJob};
+use crate::pipeline::JobOptions;
+use crate::speakers::{self, SpeakerError};
+use crate::AppState;
+
+/// A finished transcript may be sent back whole to enrol one of its speakers.
+const TRANSCRIPT_MAX: usize = 16 * 1024 * 1024;
+/// More spans than anyone marks by hand, or a transcript has for one speaker.
+const SEGMENTS_MAX: usize = 100_000;
+
+impl From<SpeakerError> for ApiError {
+    fn from(e: SpeakerError) -> ApiError {
+        let status = match &e {
+            SpeakerError::BadName(_) => StatusCode::BAD_REQUEST,
+            SpeakerError::NotFound(_) => StatusCode::NOT_FOUND,
+            SpeakerError::Full { .. } | SpeakerError::OtherModel { .. } => StatusCode::CONFLICT,
+            SpeakerError::BadVoiceprint { .. } => StatusCode::BAD_GATEWAY,
+            SpeakerError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let code = match &e {
+            SpeakerError::BadName(_) => "bad_request",
+            SpeakerError::NotFound(_) => "not_found",
+            SpeakerError::Full { .. } | SpeakerError::OtherModel { .. } => "conflict",
+            SpeakerError::BadVoiceprint { .. } => "bad_output",
+            SpeakerError::Io(_) => "internal",
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
+/// Multipart form of `POST /speakers`.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // documentation only: the handler streams the form itself
+pub(super) struct EnrollForm {
+    /// The voice's name (Korean and every other script welcome; not `SPEAKER_…`).
+    name: String,
+    /// Audio with the voice in it: a few seconds of it alone (5–30 s is best).
+    #[schema(value_type = String, format = Binary)]
+    file: Vec<u8>,
+    /// JSON `[[start, end], …]` seconds where the voice speaks; default: all the speech.
+    segments: Option<String>,
+    /// A finished transcript of this audio (the JSON `result`); with `speaker`.
+    transcript: Option<String>,
+    /// The transcript's label of the voice (`SPEAKER_01`): its turns are the segments.
+    speaker: Option<String>,
+}
+
+#[derive(Default)]
+struct Form {
+    name: Option<String>,
+    file: Option<Source>,
+    segments: Option<String>,
+    transcript: Option<String>,
+    speaker: Option<String>,
+}
+
+/// Enrol a voice, or add a sample to one: answers the voice once the worker has made its
+/// voiceprint.
+#[utoipa::path(post, path = "/speakers",
+    request_body(content = EnrollForm, content_type = "multipart/form-data"),
+    responses(
+        (status = 201, description = "The voice: name, model, samples, seconds of speech", body = Object),
+        (status = 400, description = "Bad name, segments or transcript", body = ErrorBody),
+        (status = 409, description = "Too many voices, another model, or no stage makes voiceprints", body = ErrorBody),
+        (status = 413, description = "Upload or field too large", body = ErrorBody),
+        (status = 415, description = "Not decodable as audio", body = ErrorBody),
+        (status = 422, description = "Too little speech to learn the voice from", body = ErrorBody),
+        (status = 429, description = "The GPU queue is full", body = ErrorBody),
+        (status = 502, description = "The worker crashed or answered without a voiceprint", body = ErrorBody),
+        (status = 503, description = "The worker is unavailable", body = ErrorBody),
+        super::openapi::GuardErrors,
+    ),
+    security(("bearer" = [])))]
+pub(super) async fn enroll(
+    State(app): State<AppState>,
+    request: Request,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let stage = voiceprint_stage(&app)?;
+    job::QueueFull::check(&app).map_err(|full| ApiError::queue_full(&full))?;
+    let dir = job::job_dir(&app.config)
+        .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
+    let dir_path = dir.path().to_path_buf();
+    let limits = upload::BodyLimits::from_config(&app.config);
+    let (request, tripwire) = upload::guard(request, limits);
+    let form = read_form(request, &dir_path, limits.max_bytes, &app)
+        .await
+        .map_err(|e| tripwire.error(&limits).unwrap_or(e).redact(&dir_path))?;
+    let name = speakers::check_name(form.name.as_deref().unwrap_or(""))?;
+    let segments = segments_of(&form)?;
+    let file = form
+        .file
+        .ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing"))?;
+    let mut prepared = PreparedJob::from_upload(
+        &app.config,
+        dir,
+        file,
+        JobOptions::default(),
+        vec![stage.clone()],
+    )
+    .await
+    .map_err(|e| ApiError::from(e).redact(&dir_path))?;
+    prepared.kind = JobKind::Enroll { segments };
+    let events = start_job(app.clone(), prepared).map_err(|full| ApiError::queue_full(&full))?;
+    let result = final_result(events).await?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (model, sample) = speakers::sample_of(&stage, &result["stages"][&stage], now)?;
+    let speakers = &app.config.speakers;
+    let voice = app.speakers.add(
+        &name,
+        &model,
+        sample,
+        speakers.max_voices,
+        speakers.max_samples,
+    )?;
+    tracing::info!(%name, "voice enrolled");
+    Ok((StatusCode::CREATED, Json(voice)))
+}
+
+/// The enrolled voices (never their voiceprints).
+#[utoipa::path(get, path = "/speakers", responses(
+    (status = 200, description = "`{speakers: [{name, model, samples, seconds, created, updated}]}`", body = Object),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub(super) async fn list(State(app): State<AppState>) -> Json<Value> {
+    Json(json!({ "speakers": app.speakers.list(), "threshold": app.config.speakers.threshold }))
+}
+
+/// Forget a voice: its file is removed, and later jobs no longer name anyone after it.
+#[utoipa::path(delete, path = "/speakers/{name}", params(("name" = String, Path, description = "The voice's name (URL-encoded)")), responses(
+    (status = 200, description = "Deleted", body = Object),
+    (status = 404, description = "No voice of that name", body = ErrorBody),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub(super) async fn delete(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    app.speakers.delete(&name)?;
+    tracing::info!(%name, "voice deleted");
+    Ok(Json(json!({ "deleted": name })))
+}
+
+/// The stage that makes voiceprints, when the pipeline has it and its worker (once loaded) says
+/// it does.
+fn voiceprint_stage(app: &AppState) -> Result<String, ApiError> {
+    let stage = app.config.speakers.stage.clone();
+    let conflict = |why: String| ApiError::new(StatusCode::CONFLICT, "conflict", why);
+    if !app.config.pipeline.stages.contains(&stage) {
+        return Err(conflict(format!(
+            "[speakers] stage `{stage}` is not in this server's pipeline ({}); voices cannot be enrolled",
+            app.config.pipeline.stages.join(", ")
+        )));
+    }
+    let loaded = app.supervisor.get(&stage).and_then(|w| w.status().loaded);
+    if loaded.is_some_and(|l| !l.extra.contains_key("voiceprints")) {
+        return Err(conflict(format!(
+            "the `{stage}` worker's engine does not make voiceprints (its `ready` did not say \
+             `voiceprints`); use the packaged diarizer"
+        )));
+    }
+    Ok(stage)
+}
+
+async fn read_form(
+    request: Request,
+    dir: &std::path::Path,
+    limit: u64,
+    app: &AppState,
+) -> Result<Form, ApiError> {
+    let mut multipart = Multipart::from_request(request, &()).await.map_err(|e| {
+        ApiError::bad_request(format!("send multipart/form-data: {}", e.body_text()))
+    })?;
+    let max_field = app.config.limits.max_field_bytes;
+    let mut form = Form::default();
+    while let Some(field) = multipart
+        .next_field()
+        .await
+        .map_err(|e| ApiError::bad_request(format!("invalid multipart body: {}", e.body_text())))?
+    {
+        let name = field.name().unwrap_or("").to_string();
+        match name.as_str() {
+            "file" => form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?),
+            "transcript" => {
+                form.transcript = Some(upload::text_field(field, &name, TRANSCRIPT_MAX).await?)
+            }
+            "segments" => {
+                form.segments = Some(upload::text_field(field, &name, TRANSCRIPT_MAX).await?)
+            }
+            "name" => form.name = Some(upload::text_field(field, &name, max_field).await?),
+            "speaker" => form.speaker = Some(upload::text_field(field, &name, max_field).await?),
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown form field `{other}`; POST /speakers takes name, file, segments, transcript, speaker"
+                )))
+            }
+        }
+    }
+    Ok(form)
+}
+
+/// The spans to learn the voice from: `segments`, or the turns of `speaker` in `transcript`;
+/// `None`: all the speech in the audio.
+fn segments_of(form: &Form) -> Result<Option<Vec<[f64; 2]>>, ApiError> {
+    let spans: Vec<[f64; 2]> = match (&form.segments, &form.transcript, &form.speaker) {
+        (Some(_), Some(_), _) => {
+            return Err(ApiError::bad_request(
+                "give `segments` or `transcript` + `speaker`, not both",
+            ))
+        }
+        (Some(text), None, _) => serde_json::from_str(text).map_err(|e| {
+            ApiError::bad_request(format!(
+                "`segments` must be JSON like [[0.5, 4.2], [10, 12.5]] (seconds): {e}"
+            ))
+        })?,
+        (None, Some(text), Some(speaker)) => turns_of(text, speaker.trim())?,
+        (None, Some(_), None) => {
+            return Err(ApiError::bad_request(
+                "`transcript` needs `speaker`: the label of the voice in it (SPEAKER_01)",
+            ))
+        }
+        (None, None, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "`speaker` needs `transcript`: the finished transcript of this audio",
+            ))
+        }
+        (None, None, None) => return Ok(None),
+    };
+    if spans.len() > SEGMENTS_MAX {
+        return Err(ApiError::bad_request(format!(
+            "more than {SEGMENTS_MAX} segments"
+        )));
+    }
+    if let Some(bad) = spans
+        .iter()
+        .find(|[s, e]| !(s.is_finite() && e.is_finite() && *s >= 0.0 && e > s))
+    {
+        return Err(ApiError::bad_request(format!(
+            "segment {bad:?} is not [start, end] seconds with 0 <= start < end"
+        )));
+    }
+    if spans.is_empty() {
+        return Err(ApiError::bad_request("`segments` is empty"));
+    }
+    Ok(Some(spans))
+}
+
+/// The turns of `speaker` in a transcript (a job's `result`, or the whole `result` event).
+fn turns_of(text: &str, speaker: &str) -> Result<Vec<[f64; 2]>, ApiError> {
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        ApiError::bad_request(format!(
+            "`transcript` is not JSON (send the job's result): {e}"
+        ))
+    })?;
+    let result = value.get("result").unwrap_or(&value);
+    let transcript = crate::transcript::Transcript::from_result(result).ok_or_else(|| {
+        ApiError::bad_request("`transcript` has no `segments`: send the result of a transcription")
+    })?;
+    let mut spans: Vec<[f64; 2]> = transcript
+        .turns
+        .iter()
+        .filter(|t| t.speaker == speaker)
+        .map(|t| [t.start, t.end])
+        .collect();
+    if spans.is_empty() {
+        // A transcript without turns still has each segment's speaker.
+        spans = transcript
+            .segments
+            .iter()
+            .filter(|s| s.speaker.as_deref() == Some(speaker))
+            .map(|s| [s.start, s.end])
+            .collect();
+    }
+    if spans.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "the transcript has no turns of `{speaker}`; its speakers are: {}",
+            transcript.speakers.join(", ")
+        )));
+    }
+    Ok(spans)
+}

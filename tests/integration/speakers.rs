@@ -1,0 +1,231 @@
+//! `/speakers` on the real server with the stdlib fake diarizer: enrolment through the GPU queue,
+//! voiceprints kept in the state folder (owner-only, gone on DELETE, back after a restart), handed
+//! to the diarizer stage only, and every mistake answered with a status and what to do.
+
+use reqwest::multipart::{Form, Part};
+use serde_json::{json, Value};
+
+use super::support::*;
+
+fn config(ready_meta: &str) -> String {
+    format!(
+        "token = \"secret\"\n[pipeline]\nstages = [\"diarizer\", \"aligner\"]\nparallel = []\n{}{}",
+        fake_worker(
+            "diarizer",
+            &format!("env = {{ FAKE_READY_META = '{ready_meta}' }}")
+        ),
+        // No `asr`: the result keeps each stage's own answer.
+        fake_worker("aligner", ""),
+    )
+}
+
+fn form(name: &str, seconds: f64) -> Form {
+    Form::new().text("name", name.to_string()).part(
+        "file",
+        Part::bytes(wav(seconds, 16000, 1)).file_name("voice.wav"),
+    )
+}
+
+async fn enroll(host: &TestHost, form: Form) -> (u16, Value) {
+    let response = host.post("/speakers").multipart(form).send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+async fn listed(host: &TestHost) -> Vec<Value> {
+    let body: Value = host
+        .get("/speakers")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    body["speakers"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_voice_is_enrolled_kept_used_and_deleted_for_good() {
+    let host = TestHost::start(&config(r#"{"voiceprints":"fake-embed"}"#))
+        .await
+        .ready()
+        .await;
+    // The token guards voiceprints like every other personal thing.
+    let anonymous = host.client().get(format!("{}/speakers", host.url));
+    assert_eq!(anonymous.send().await.unwrap().status(), 401);
+
+    let (status, voice) = enroll(&host, form("김민수", 3.0)).await;
+    assert_eq!(status, 201, "{voice}");
+    assert_eq!(voice["name"], "김민수");
+    assert_eq!(voice["model"], "fake-embed");
+    assert_eq!(voice["samples"], 1);
+    // A second sample joins the same voice.
+    let (status, voice) = enroll(&host, form("김민수", 4.0)).await;
+    assert_eq!((status, voice["samples"].clone()), (201, json!(2)));
+    let voices = listed(&host).await;
+    assert_eq!(voices.len(), 1);
+    assert!(
+        voices[0].get("vector").is_none(),
+        "voiceprints never leave the server"
+    );
+
+    let files: Vec<_> = std::fs::read_dir(host.state.config.state_dir().join("speakers"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&files[0]).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "only the owner may read a voiceprint");
+
+    // Transcription hands the voiceprints to the diarizer stage, and to no other.
+    let events = host.transcribe("", wav(1.0, 16000, 1)).await;
+    let result = result_of(&events);
+    assert_eq!(
+        result["stages"]["diarizer"]["voiceprints"],
+        json!(["김민수"])
+    );
+    assert_eq!(result["stages"]["diarizer"]["voiceprint_threshold"], 0.4);
+    assert!(result["stages"]["aligner"].get("voiceprints").is_none());
+
+    let gone = host
+        .client()
+        .delete(format!("{}/speakers/%EA%B9%80%EB%AF%BC%EC%88%98", host.url))
+        .bearer_auth("secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 200);
+    assert!(listed(&host).await.is_empty());
+    assert!(!files[0].exists(), "DELETE removes the file");
+    let events = host.transcribe("", wav(1.0, 16000, 1)).await;
+    assert!(result_of(&events)["stages"]["diarizer"]
+        .get("voiceprints")
+        .is_none());
+    let again = host
+        .client()
+        .delete(format!("{}/speakers/nobody", host.url))
+        .bearer_auth("secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 404);
+    let body: Value = again.json().await.unwrap();
+    assert!(body["message"].as_str().unwrap().contains("nobody"));
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn voices_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    // A top-level key: before the tables.
+    let toml = format!(
+        "state_dir = {:?}\n{}",
+        dir.path().display().to_string(),
+        config(r#"{"voiceprints":"fake-embed"}"#)
+    );
+    let host = TestHost::start(&toml).await.ready().await;
+    assert_eq!(enroll(&host, form("Alice", 3.0)).await.0, 201);
+    host.stop().await;
+    let host = TestHost::start(&toml).await.ready().await;
+    let voices = listed(&host).await;
+    assert_eq!(voices.len(), 1);
+    assert_eq!(voices[0]["name"], "Alice");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_speaker_of_a_finished_transcript_is_enrolled_from_its_turns() {
+    let host = TestHost::start(&config(r#"{"voiceprints":"fake-embed"}"#))
+        .await
+        .ready()
+        .await;
+    let transcript = json!({
+        "segments": [],
+        "turns": [
+            {"start": 0.5, "end": 2.0, "speaker": "SPEAKER_00"},
+            {"start": 2.0, "end": 3.0, "speaker": "SPEAKER_01"},
+            {"start": 3.0, "end": 4.5, "speaker": "SPEAKER_00"},
+        ],
+        "speakers": ["SPEAKER_00", "SPEAKER_01"],
+    });
+    let with = |speaker: &str| {
+        form("Bob", 5.0)
+            .text("transcript", transcript.to_string())
+            .text("speaker", speaker.to_string())
+    };
+    let (status, voice) = enroll(&host, with("SPEAKER_00")).await;
+    assert_eq!(status, 201, "{voice}");
+    assert_eq!(
+        voice["seconds"], 3.0,
+        "the two turns of SPEAKER_00: 1.5 s + 1.5 s"
+    );
+    let (status, error) = enroll(&host, with("SPEAKER_07")).await;
+    assert_eq!(status, 400);
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("SPEAKER_00, SPEAKER_01"), "{message}");
+    // Explicit segments work the same way.
+    let segments = form("Carol", 5.0).text("segments", "[[0, 1.25], [2, 3]]");
+    let (status, voice) = enroll(&host, segments).await;
+    assert_eq!((status, voice["seconds"].clone()), (201, json!(2.25)));
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn every_mistake_gets_a_status_and_what_to_do() {
+    let host = TestHost::start(&config(r#"{"voiceprints":"fake-embed"}"#))
+        .await
+        .ready()
+        .await;
+    let cases: Vec<(Form, u16, &str)> = vec![
+        (form("SPEAKER_00", 3.0), 400, "SPEAKER_"),
+        (form("  ", 3.0), 400, "`name`"),
+        (Form::new().text("name", "Ann"), 400, "`file`"),
+        (
+            form("Ann", 3.0).text("segments", "[[2, 1]]"),
+            400,
+            "0 <= start < end",
+        ),
+        (
+            form("Ann", 3.0).text("segments", "soon"),
+            400,
+            "[[0.5, 4.2]",
+        ),
+        (
+            form("Ann", 3.0).text("transcript", "{}"),
+            400,
+            "needs `speaker`",
+        ),
+        (
+            form("Ann", 3.0).text("colour", "red"),
+            400,
+            "unknown form field",
+        ),
+        (form("Ann", 1.0), 422, "speech to learn the voice"),
+    ];
+    for (form, status, says) in cases {
+        let (got, body) = enroll(&host, form).await;
+        assert_eq!(got, status, "{body}");
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message:?} should say {says:?}");
+    }
+    let raw = host.post_body("/speakers", wav(3.0, 16000, 1)).await;
+    assert_eq!(raw.status(), 400, "a raw body has no name");
+    assert!(listed(&host).await.is_empty(), "nothing half-enrolled");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_diarizer_that_makes_no_voiceprints_is_refused_before_the_upload() {
+    let host = TestHost::start(&config(r#"{"model":"other"}"#))
+        .await
+        .ready()
+        .await;
+    let (status, body) = enroll(&host, form("Ann", 3.0)).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body["message"]
+        .as_str()
+        .unwrap()
+        .contains("does not make voiceprints"));
+    host.stop().await;
+}
