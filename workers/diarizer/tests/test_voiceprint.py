@@ -57,6 +57,8 @@ def test_too_little_speech_is_refused_with_what_to_give(embedder, voices):
     audio = read_wav(voices["high"])
     with pytest.raises(voiceprint.EnrollError, match="at least 2 s"):
         voiceprint.enroll(embedder, audio, [(0.0, 1.2)])
+    with pytest.raises(voiceprint.EnrollError):
+        voiceprint.enroll(embedder, audio, [])  # no spans is no speech, not all of it
 
 
 def test_enrolled_voices_name_their_speakers_and_the_rest_keep_theirs(embedder, voices):

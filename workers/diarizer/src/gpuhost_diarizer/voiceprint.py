@@ -62,7 +62,9 @@ def enroll(embedder: SpeakerEmbedder, audio: np.ndarray, spans: list | None) -> 
     """A voiceprint from `spans` of `audio` (all of it when None). Silence adds nothing: the
     caller passes speech spans (the worker finds them with its VAD when none are given)."""
     duration = len(audio) / RATE
-    spans = [(max(0.0, s), min(duration, e)) for s, e in (spans or [(0.0, duration)])]
+    if spans is None:
+        spans = [(0.0, duration)]
+    spans = [(max(0.0, s), min(duration, e)) for s, e in spans]
     vector, seconds = embed_spans(embedder, audio, spans)
     if vector is None or seconds < MIN_ENROLL_S:
         raise EnrollError(
