@@ -139,3 +139,52 @@ def build(items: list, folder: Path, read: list = ()) -> list:
         dict(item, wav=folder / f"{item['name']}.wav", set="calls", uem=tuple(item["uem"]))
         for item in json.loads(index.read_text())
     ]
+
+
+LONG_S = 90  # length of each long recording
+LONG_PER_SPLIT = 4
+
+
+def long_recordings(prompts: list, folder: Path) -> list:
+    """Long recordings of one real voice with pauses, for hallucinations and run-on repetition:
+    each split's asterisk prompts in order, joined into recordings of about LONG_S seconds with
+    silences of 0.3–6 s between them (a faint noise floor, as a line has). The reference is the
+    prompts' texts in order. Built once into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(11)
+    out = []
+    for split in ("tune", "report"):
+        mine = [p for p in prompts if p["split"] == split]
+        at = 0
+        for n in range(LONG_PER_SPLIT):
+            wav, ref = folder / f"long_{split}_{n:02d}.wav", folder / f"long_{split}_{n:02d}.json"
+            if not (wav.exists() and ref.exists()):
+                pcm, texts = bytearray(), []
+                while len(pcm) < LONG_S * RATE * 2 and at < len(mine):
+                    gap = rng.uniform(0.3, 6.0) if rng.random() < 0.3 else rng.uniform(0.3, 1.2)
+                    pcm += b"\0" * (int(gap * RATE) * 2)
+                    pcm += _samples(mine[at]["wav"], trim=True)
+                    texts.append(mine[at]["text"])
+                    at += 1
+                pcm += b"\0" * (RATE * 2)
+                noise = bytearray(
+                    b"".join(
+                        int(rng.gauss(0, 20)).to_bytes(2, "little", signed=True)
+                        for _ in range(len(pcm) // 2)
+                    )
+                )
+                _mix(noise, 0, bytes(pcm))
+                _write(wav, bytes(noise))
+                ref.write_text(json.dumps({"text": " ".join(texts), "prompts": len(texts)}))
+            else:
+                at += json.loads(ref.read_text())["prompts"]  # where a fresh build would be
+            out.append(
+                {
+                    "name": wav.stem,
+                    "wav": wav,
+                    "text": json.loads(ref.read_text())["text"],
+                    "set": "long",
+                    "split": split,
+                }
+            )
+    return out

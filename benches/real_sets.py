@@ -12,6 +12,8 @@ diarization):
   reader of *Sense and Sensibility*; a speaker reading card names), 16 kHz, with transcripts.
 - `meetings`: the pyannote-audio 4.0.7 sdist's `tests/data` (14 clips of 30 s from AMI-style
   meetings, 1–4 speakers, overlapping speech) with `debug.{train,development,test}.rttm`.
+- `long`: each split's asterisk prompts joined into 90 s recordings with pauses of 0.3–6 s, for
+  hallucinations in silence and run-on repetition (`conversations.long_recordings`).
 - `calls`: two-party conversations spliced from single-speaker stretches of those clips, with
   exact references, wideband and as telephone calls (`conversations.py`).
 
@@ -152,7 +154,8 @@ def load():
     # Twenty prompts per split are plenty of one voice.
     voices = prompts[:40] + readings  # prompts alternate between the splits
     calls = conversations.build(clips, cache / "calls", voices)
-    return prompts + readings + clips + calls
+    long = conversations.long_recordings(prompts, cache / "long")
+    return prompts + readings + clips + calls + long
 
 
 if __name__ == "__main__":

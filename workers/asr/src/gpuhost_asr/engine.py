@@ -42,6 +42,19 @@ class AsrSettings:
     cpu_threads: int = 0  # 0 = CTranslate2's default
     vad_filter: bool = True
     local_files_only: bool = True
+    # Guards against hallucination and run-on repetition (faster-whisper's, same defaults): a
+    # window whose text compresses too well (repeats) or decodes unsure is decoded again hotter;
+    # one judged silence is dropped. `condition_on_previous_text` stays off: the previous
+    # window's text is what lets a repetition carry on. `hallucination_silence_threshold`
+    # (seconds) skips silences around a likely hallucination: no change with the VAD on, and
+    # it wins back most of what turning the VAD off loses (docs/benchmarks.md, long recordings).
+    compression_ratio_threshold: float = 2.4
+    log_prob_threshold: float = -1.0
+    no_speech_threshold: float = 0.6
+    condition_on_previous_text: bool = False
+    hallucination_silence_threshold: float | None = 2.0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
 
     @classmethod
     def from_options(cls, engine: str, options: dict) -> AsrSettings:
@@ -130,8 +143,14 @@ class Transcriber:
             vad_filter=self.settings.vad_filter,
             word_timestamps=True,
             initial_prompt=prompt,
-            condition_on_previous_text=False,
             task="translate" if translate else "transcribe",
+            compression_ratio_threshold=self.settings.compression_ratio_threshold,
+            log_prob_threshold=self.settings.log_prob_threshold,
+            no_speech_threshold=self.settings.no_speech_threshold,
+            condition_on_previous_text=self.settings.condition_on_previous_text,
+            hallucination_silence_threshold=self.settings.hallucination_silence_threshold,
+            repetition_penalty=self.settings.repetition_penalty,
+            no_repeat_ngram_size=self.settings.no_repeat_ngram_size,
         )
         out = []
         for seg in segments:
