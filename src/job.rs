@@ -5,15 +5,15 @@
 use std::path::PathBuf;
 
 use futures_util::FutureExt;
-use std::collections::HashMap;
-
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::audio::{self, AudioError, AudioInfo, Source};
 use crate::pipeline::JobOptions;
 use crate::protocol::{ClientEvent, OptionsError};
 use crate::{AppState, Config};
+
+mod fields;
 
 /// A request that passed every check and waits for the GPU. Dropping it removes its folder.
 pub struct PreparedJob {
@@ -276,7 +276,7 @@ async fn run_job(
         }
     };
     let started = std::time::Instant::now();
-    let extra = stage_fields(&app, &job);
+    let extra = fields::stage_fields(&app, &job);
     let input = crate::pipeline::JobInput {
         dir: job.dir.path(),
         audio: &job.audio,
@@ -302,43 +302,6 @@ async fn run_job(
     };
     let _ = tx.send(last).await;
     drop(job); // removes the job folder
-}
-
-/// The task fields only the `[speakers] stage` gets: an enrolment's `action`, or the enrolled
-/// voiceprints its model made (none for a worker whose `ready` did not say `voiceprints`).
-fn stage_fields(app: &AppState, job: &PreparedJob) -> HashMap<String, Map<String, Value>> {
-    let stage = &app.config.speakers.stage;
-    let mut fields = Map::new();
-    match &job.kind {
-        JobKind::Enroll { segments } => {
-            fields.insert("action".into(), "enroll".into());
-            if let Some(segments) = segments {
-                fields.insert("segments".into(), json!(segments));
-            }
-        }
-        JobKind::Transcribe => {
-            if !job.stages.contains(stage) || app.speakers.is_empty() {
-                return HashMap::new();
-            }
-            let loaded = app.supervisor.get(stage).and_then(|w| w.status().loaded);
-            let model = loaded
-                .as_ref()
-                .map(|l| l.extra.get("voiceprints").and_then(Value::as_str));
-            if model == Some(None) {
-                return HashMap::new();
-            }
-            let prints = app.speakers.prints(model.flatten());
-            if prints.is_empty() {
-                return HashMap::new();
-            }
-            fields.insert("voiceprints".into(), Value::Array(prints));
-            fields.insert(
-                "voiceprint_threshold".into(),
-                json!(app.config.speakers.threshold),
-            );
-        }
-    }
-    HashMap::from([(stage.clone(), fields)])
 }
 
 /// The request options as every door (HTTP query, OpenAI form, Wyoming) accepts them:

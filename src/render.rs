@@ -84,7 +84,8 @@ fn cues(transcript: &Transcript, vtt: bool) -> String {
         let (start, end) = (timestamp(seg.start, vtt), timestamp(seg.end, vtt));
         let text = seg.text.trim();
         let line = match (&seg.speaker, vtt) {
-            (Some(sp), true) => format!("<v {sp}>{text}"),
+            (Some(sp), true) => format!("<v {}>{}", vtt_escape(sp), vtt_escape(text)),
+            (None, true) => vtt_escape(text),
             (Some(sp), false) => format!("[{sp}] {text}"),
             (None, _) => text.to_string(),
         };
@@ -97,7 +98,15 @@ fn cues(transcript: &Transcript, vtt: bool) -> String {
     out
 }
 
-/// The diarizer's turns, or the segments' speakers when there were none.
+/// Text inside a WebVTT cue: `&`, `<` and `>` as entities (an enrolled name may hold them).
+fn vtt_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// The diarizer's turns, or the segments' speakers when there were none. RTTM fields are
+/// space-separated: spaces inside a speaker's name (an enrolled one) become `_`.
 fn rttm(transcript: &Transcript) -> String {
     let turns: Vec<(f64, f64, String)> = if transcript.turns.is_empty() {
         let speaker = |s: &Segment| s.speaker.clone().unwrap_or_else(|| "SPEAKER_00".into());
@@ -115,6 +124,10 @@ fn rttm(transcript: &Transcript) -> String {
     };
     let mut out = String::new();
     for (start, end, speaker) in turns {
+        let speaker: String = speaker
+            .chars()
+            .map(|c| if c.is_whitespace() { '_' } else { c })
+            .collect();
         let _ = writeln!(
             out,
             "SPEAKER audio 1 {start:.3} {:.3} <NA> <NA> {speaker} <NA> <NA>",
@@ -167,5 +180,16 @@ mod tests {
             render(&sample(), Format::Rttm),
             "SPEAKER audio 1 0.400 1.900 <NA> <NA> SPEAKER_00 <NA> <NA>\n"
         );
+    }
+
+    #[test]
+    fn enrolled_names_keep_the_formats_intact() {
+        let named = json!({
+            "segments": [{"start": 0.0, "end": 1.0, "speaker": "Kim <R&D>", "text": "a < b", "words": []}],
+            "turns": [{"start": 0.0, "end": 1.0, "speaker": "김 민수"}]
+        });
+        let vtt = render(&named, Format::Vtt);
+        assert!(vtt.contains("<v Kim &lt;R&amp;D&gt;>a &lt; b\n"), "{vtt}");
+        assert!(render(&named, Format::Rttm).contains(" 김_민수 <NA>"));
     }
 }

@@ -16,24 +16,28 @@ use crate::pipeline::JobOptions;
 use crate::speakers::{self, SpeakerError};
 use crate::AppState;
 
+mod segments;
+
 /// A finished transcript may be sent back whole to enrol one of its speakers.
 const TRANSCRIPT_MAX: usize = 16 * 1024 * 1024;
-/// More spans than anyone marks by hand, or a transcript has for one speaker.
-const SEGMENTS_MAX: usize = 100_000;
 
 impl From<SpeakerError> for ApiError {
     fn from(e: SpeakerError) -> ApiError {
         let status = match &e {
             SpeakerError::BadName(_) => StatusCode::BAD_REQUEST,
             SpeakerError::NotFound(_) => StatusCode::NOT_FOUND,
-            SpeakerError::Full { .. } | SpeakerError::OtherModel { .. } => StatusCode::CONFLICT,
+            SpeakerError::Full { .. }
+            | SpeakerError::OtherModel { .. }
+            | SpeakerError::DeletedMeanwhile(_) => StatusCode::CONFLICT,
             SpeakerError::BadVoiceprint { .. } => StatusCode::BAD_GATEWAY,
             SpeakerError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let code = match &e {
             SpeakerError::BadName(_) => "bad_request",
             SpeakerError::NotFound(_) => "not_found",
-            SpeakerError::Full { .. } | SpeakerError::OtherModel { .. } => "conflict",
+            SpeakerError::Full { .. }
+            | SpeakerError::OtherModel { .. }
+            | SpeakerError::DeletedMeanwhile(_) => "conflict",
             SpeakerError::BadVoiceprint { .. } => "bad_output",
             SpeakerError::Io(_) => "internal",
         };
@@ -99,7 +103,14 @@ pub(super) async fn enroll(
         .await
         .map_err(|e| tripwire.error(&limits).unwrap_or(e).redact(&dir_path))?;
     let name = speakers::check_name(form.name.as_deref().unwrap_or(""))?;
-    let segments = segments_of(&form)?;
+    let cfg = &app.config.speakers;
+    app.speakers.check_room(&name, cfg.max_voices)?;
+    let generation = app.speakers.generation(&name);
+    let segments = segments::segments_of(
+        form.segments.as_deref(),
+        form.transcript.as_deref(),
+        form.speaker.as_deref(),
+    )?;
     let file = form
         .file
         .ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing"))?;
@@ -112,6 +123,16 @@ pub(super) async fn enroll(
     )
     .await
     .map_err(|e| ApiError::from(e).redact(&dir_path))?;
+    let duration = prepared.info.seconds;
+    if let Some([start, _]) = segments
+        .iter()
+        .flatten()
+        .find(|[start, _]| *start >= duration)
+    {
+        return Err(ApiError::bad_request(format!(
+            "a segment starts at {start} s, past the end of the audio ({duration:.2} s)"
+        )));
+    }
     prepared.kind = JobKind::Enroll { segments };
     let events = start_job(app.clone(), prepared).map_err(|full| ApiError::queue_full(&full))?;
     let result = final_result(events).await?;
@@ -119,13 +140,12 @@ pub(super) async fn enroll(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let (model, sample) = speakers::sample_of(&stage, &result["stages"][&stage], now)?;
-    let speakers = &app.config.speakers;
     let voice = app.speakers.add(
         &name,
         &model,
         sample,
-        speakers.max_voices,
-        speakers.max_samples,
+        generation,
+        (cfg.max_voices, cfg.max_samples),
     )?;
     tracing::info!(%name, "voice enrolled");
     Ok((StatusCode::CREATED, Json(voice)))
@@ -150,7 +170,8 @@ pub(super) async fn delete(
     State(app): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    app.speakers.delete(&name)?;
+    let name = name.trim();
+    app.speakers.delete(name)?;
     tracing::info!(%name, "voice deleted");
     Ok(Json(json!({ "deleted": name })))
 }
@@ -211,85 +232,4 @@ async fn read_form(
         }
     }
     Ok(form)
-}
-
-/// The spans to learn the voice from: `segments`, or the turns of `speaker` in `transcript`;
-/// `None`: all the speech in the audio.
-fn segments_of(form: &Form) -> Result<Option<Vec<[f64; 2]>>, ApiError> {
-    let spans: Vec<[f64; 2]> = match (&form.segments, &form.transcript, &form.speaker) {
-        (Some(_), Some(_), _) => {
-            return Err(ApiError::bad_request(
-                "give `segments` or `transcript` + `speaker`, not both",
-            ))
-        }
-        (Some(text), None, _) => serde_json::from_str(text).map_err(|e| {
-            ApiError::bad_request(format!(
-                "`segments` must be JSON like [[0.5, 4.2], [10, 12.5]] (seconds): {e}"
-            ))
-        })?,
-        (None, Some(text), Some(speaker)) => turns_of(text, speaker.trim())?,
-        (None, Some(_), None) => {
-            return Err(ApiError::bad_request(
-                "`transcript` needs `speaker`: the label of the voice in it (SPEAKER_01)",
-            ))
-        }
-        (None, None, Some(_)) => {
-            return Err(ApiError::bad_request(
-                "`speaker` needs `transcript`: the finished transcript of this audio",
-            ))
-        }
-        (None, None, None) => return Ok(None),
-    };
-    if spans.len() > SEGMENTS_MAX {
-        return Err(ApiError::bad_request(format!(
-            "more than {SEGMENTS_MAX} segments"
-        )));
-    }
-    if let Some(bad) = spans
-        .iter()
-        .find(|[s, e]| !(s.is_finite() && e.is_finite() && *s >= 0.0 && e > s))
-    {
-        return Err(ApiError::bad_request(format!(
-            "segment {bad:?} is not [start, end] seconds with 0 <= start < end"
-        )));
-    }
-    if spans.is_empty() {
-        return Err(ApiError::bad_request("`segments` is empty"));
-    }
-    Ok(Some(spans))
-}
-
-/// The turns of `speaker` in a transcript (a job's `result`, or the whole `result` event).
-fn turns_of(text: &str, speaker: &str) -> Result<Vec<[f64; 2]>, ApiError> {
-    let value: Value = serde_json::from_str(text).map_err(|e| {
-        ApiError::bad_request(format!(
-            "`transcript` is not JSON (send the job's result): {e}"
-        ))
-    })?;
-    let result = value.get("result").unwrap_or(&value);
-    let transcript = crate::transcript::Transcript::from_result(result).ok_or_else(|| {
-        ApiError::bad_request("`transcript` has no `segments`: send the result of a transcription")
-    })?;
-    let mut spans: Vec<[f64; 2]> = transcript
-        .turns
-        .iter()
-        .filter(|t| t.speaker == speaker)
-        .map(|t| [t.start, t.end])
-        .collect();
-    if spans.is_empty() {
-        // A transcript without turns still has each segment's speaker.
-        spans = transcript
-            .segments
-            .iter()
-            .filter(|s| s.speaker.as_deref() == Some(speaker))
-            .map(|s| [s.start, s.end])
-            .collect();
-    }
-    if spans.is_empty() {
-        return Err(ApiError::bad_request(format!(
-            "the transcript has no turns of `{speaker}`; its speakers are: {}",
-            transcript.speakers.join(", ")
-        )));
-    }
-    Ok(spans)
 }

@@ -99,6 +99,27 @@ def test_spans_lose_what_overlaps_and_cut_into_pieces():
     cut = voiceprint.pieces([(0, 7), (10, 10.5)])
     assert cut == [(0, 7 / 3), (7 / 3, 14 / 3), (14 / 3, 7)]  # the half second is left out
     assert voiceprint.pieces([(0, 0.5)]) == [(0, 0.5)]  # unless there is nothing else
+    # The same second given twice counts once.
+    assert voiceprint.union([(0, 1.2)] * 10 + [(1, 2), (3, 4)]) == [(0, 2), (3, 4)]
+
+
+def test_renamed_turns_join_and_the_overlaps_follow():
+    turns = [
+        {"start": 0.0, "end": 2.0, "speaker": "SPEAKER_00"},
+        {"start": 1.5, "end": 3.0, "speaker": "SPEAKER_01"},
+        {"start": 2.5, "end": 4.0, "speaker": "SPEAKER_02"},
+        {"start": 5.0, "end": 6.0, "speaker": "SPEAKER_02"},
+        {"start": 6.0, "end": 7.0, "speaker": "SPEAKER_02"},
+    ]
+    names = {"SPEAKER_00": "Ann", "SPEAKER_01": "Ann"}
+    merged = voiceprint._merged(turns, names)
+    assert [(t["start"], t["end"], t["speaker"]) for t in merged] == [
+        (0.0, 3.0, "Ann"),
+        (2.5, 4.0, "SPEAKER_02"),
+        (5.0, 6.0, "SPEAKER_02"),  # nobody renamed them: left as the engine gave them
+        (6.0, 7.0, "SPEAKER_02"),
+    ]
+    assert voiceprint.overlaps_of(merged) == [[2.5, 3.0]]
 
 
 def test_protocol_enrol_then_identify(tmp_path, voices):

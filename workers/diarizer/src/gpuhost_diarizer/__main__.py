@@ -44,10 +44,16 @@ class DiarizerWorker(Worker):
             task.get("max_speakers"),
             progress=progress,
         )
-        prints = task.get("voiceprints") or []
+        # Voiceprints of another embedding model would score nonsense: they are left out.
+        prints = [
+            p
+            for p in task.get("voiceprints") or []
+            if p.get("model", VOICEPRINT_MODEL) == VOICEPRINT_MODEL
+        ]
         if prints:
             progress(0.95, f"matching {len(result['speakers'])} speakers to enrolled voices")
-            threshold = float(task.get("voiceprint_threshold") or voiceprint.THRESHOLD)
+            given = task.get("voiceprint_threshold")
+            threshold = voiceprint.THRESHOLD if given is None else float(given)
             result = voiceprint.identify(self.embedder(), audio, result, prints, threshold)
         return result
 

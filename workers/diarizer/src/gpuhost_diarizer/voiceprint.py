@@ -25,10 +25,21 @@ class EnrollError(ValueError):
     """The audio cannot give a voiceprint (too little speech in it)."""
 
 
+def union(spans: list) -> list:
+    """`spans` sorted, overlapping and touching ones made one (no second counted twice)."""
+    out: list = []
+    for s, e in sorted((float(s), float(e)) for s, e in spans if e > s):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
 def pieces(spans: list, min_s: float = MIN_PIECE_S) -> list:
     """`spans` ([start, end] seconds) cut into pieces of at most PIECE_S, the longest spans first,
     up to MAX_SPEECH_S in all; pieces under `min_s` only when there is nothing longer."""
-    spans = sorted(((float(s), float(e)) for s, e in spans if e > s), key=lambda x: x[0] - x[1])
+    spans = sorted(union(spans), key=lambda x: x[0] - x[1])
     out, total = [], 0.0
     for start, end in spans:
         k = max(1, int(np.ceil((end - start) / PIECE_S)))
@@ -83,7 +94,13 @@ def identify(
 ) -> dict:
     """`result` (a diarization) with the speakers that match an enrolled voice renamed after it,
     and `identities`: every speaker's best match and its score."""
-    prints = [p for p in voiceprints if len(p.get("vector", ())) == DIM]
+    prints = [
+        p
+        for p in voiceprints
+        if len(p.get("vector") or ()) == DIM
+        and all(isinstance(x, (int, float)) for x in p["vector"])
+        and np.isfinite(np.asarray(p["vector"], dtype=np.float64)).all()
+    ]
     labels = sorted({t["speaker"] for t in result["turns"]})
     if not prints:
         return result
@@ -121,23 +138,48 @@ def identify(
         for i, label in enumerate(labels)
     ]
     out = dict(result)
-    out["turns"] = _merged(
-        [{**t, "speaker": names.get(t["speaker"], t["speaker"])} for t in result["turns"]]
-    )
+    if len(set(names.values())) < len(names):
+        # Two speakers became one person: their turns join, and where only they overlapped
+        # nobody else talks over anyone.
+        out["turns"] = _merged(result["turns"], names)
+        if "overlaps" in result:
+            out["overlaps"] = overlaps_of(out["turns"])
+    else:
+        out["turns"] = [{**t, "speaker": names.get(t["speaker"], t["speaker"])} for t in result["turns"]]
     out["speakers"] = sorted({t["speaker"] for t in out["turns"]})
     out["identities"] = identities
     return out
 
 
-def _merged(turns: list) -> list:
-    """Turns in time order, one speaker's overlapping or touching turns made one."""
+def _merged(turns: list, names: dict) -> list:
+    """Turns renamed, in time order; the overlapping or touching turns of one person that came
+    from different speakers made one (the others are left as the engine gave them)."""
     out: list = []
+    last: dict = {}  # person -> index in `out` of their latest renamed turn
     for t in sorted(turns, key=lambda t: (t["start"], t["end"])):
-        mine = [u for u in out if u["speaker"] == t["speaker"] and u["end"] >= t["start"] - 0.01]
-        if mine:
-            mine[-1]["end"] = max(mine[-1]["end"], t["end"])
-        else:
-            out.append(dict(t))
+        who = names.get(t["speaker"])
+        i = last.get(who)
+        if who is not None and i is not None and out[i]["end"] >= t["start"] - 0.01:
+            out[i]["end"] = max(out[i]["end"], t["end"])
+            continue
+        out.append({**t, "speaker": who or t["speaker"]})
+        if who is not None:
+            last[who] = len(out) - 1
+    return out
+
+
+def overlaps_of(turns: list) -> list:
+    """Spans where turns of two or more speakers overlap."""
+    edges = sorted([(t["start"], 1) for t in turns] + [(t["end"], -1) for t in turns])
+    out, talking, since = [], 0, None
+    for at, step in edges:
+        talking += step
+        if talking >= 2 and since is None:
+            since = at
+        elif talking < 2 and since is not None:
+            if at > since:
+                out.append([round(since, 3), round(at, 3)])
+            since = None
     return out
 
 

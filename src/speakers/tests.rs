@@ -1,0 +1,104 @@
+//! The voice store: persistence, limits, names.
+
+use super::*;
+
+fn sample(x: f32) -> Sample {
+    let mut vector = vec![0.0; DIM];
+    vector[0] = x;
+    vector[1] = 1.0;
+    Sample {
+        vector,
+        seconds: 3.0,
+        added: 1,
+    }
+}
+
+#[test]
+fn voices_survive_a_restart_and_deletion_removes_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Speakers::load(dir.path().join("speakers"));
+    store.add("민수", "m", sample(1.0), 0, (10, 2)).unwrap();
+    store.add("민수", "m", sample(0.0), 0, (10, 2)).unwrap();
+    let summary = store.add("민수", "m", sample(-1.0), 0, (10, 2)).unwrap();
+    assert_eq!(summary["samples"], 2, "the oldest sample is dropped");
+    let again = Speakers::load(dir.path().join("speakers"));
+    assert_eq!(again.list()[0]["name"], "민수");
+    let print = &again.prints(Some("m"))[0]["vector"];
+    // The mean of (0, 1) and (-1, 1), made a unit vector.
+    assert!((print[1].as_f64().unwrap() - 2.0 / 5f64.sqrt()).abs() < 1e-4);
+    assert!(again.prints(Some("other")).is_empty());
+    let mode = std::fs::metadata(again.file("민수")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+    again.delete("민수").unwrap();
+    assert_eq!(std::fs::read_dir(again.dir()).unwrap().count(), 0);
+    assert_eq!(
+        again.delete("민수"),
+        Err(SpeakerError::NotFound("민수".into()))
+    );
+}
+
+#[test]
+fn limits_and_models_are_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Speakers::load(dir.path().to_path_buf());
+    store.add("a", "m", sample(1.0), 0, (1, 5)).unwrap();
+    assert_eq!(
+        store.add("b", "m", sample(1.0), 0, (1, 5)),
+        Err(SpeakerError::Full { max: 1 })
+    );
+    assert!(matches!(
+        store.add("a", "n", sample(1.0), 0, (1, 5)),
+        Err(SpeakerError::OtherModel { .. })
+    ));
+}
+
+#[test]
+fn names_are_checked() {
+    assert_eq!(check_name("  Alice ").unwrap(), "Alice");
+    assert!(check_name("").is_err());
+    assert!(check_name("SPEAKER_00").is_err());
+    assert!(check_name("a\nb").is_err());
+    assert!(check_name(&"가".repeat(40)).is_err()); // 120 bytes
+    let bad = sample_of("diarizer", &json!({"vector": [1.0]}), 0).unwrap_err();
+    assert!(bad.to_string().contains("1 numbers instead of 256"));
+}
+
+#[test]
+fn a_deletion_during_an_enrolment_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Speakers::load(dir.path().to_path_buf());
+    store.add("a", "m", sample(1.0), 0, (5, 5)).unwrap();
+    let taken = store.generation("a"); // an enrolment of `a` is accepted …
+    store.delete("a").unwrap(); // … `a` is deleted while it runs …
+    assert_eq!(
+        store.add("a", "m", sample(1.0), taken, (5, 5)),
+        Err(SpeakerError::DeletedMeanwhile("a".into()))
+    );
+    assert!(store.is_empty());
+    let fresh = store.generation("a");
+    store.add("a", "m", sample(1.0), fresh, (5, 5)).unwrap();
+}
+
+#[test]
+fn broken_files_and_leftovers_are_not_voices() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Speakers::load(dir.path().to_path_buf());
+    store.add("a", "m", sample(1.0), 0, (5, 5)).unwrap();
+    std::fs::write(dir.path().join(".voice-half"), b"{").unwrap();
+    let nan = r#"{"name":"b","model":"m","samples":[{"vector":[null],"seconds":1,"added":1}]}"#;
+    std::fs::write(dir.path().join(file_name("b")), nan).unwrap();
+    std::fs::write(
+        dir.path().join(file_name("c")),
+        store.lock().voices["a"].summary().to_string(),
+    )
+    .unwrap();
+    let again = Speakers::load(dir.path().to_path_buf());
+    let names: Vec<Value> = again.list().iter().map(|v| v["name"].clone()).collect();
+    assert_eq!(names, [json!("a")]);
+    assert!(
+        !dir.path().join(".voice-half").exists(),
+        "a crash's leftover is removed"
+    );
+    assert!(check_name("a\u{200B}b").is_err());
+}

@@ -1,0 +1,136 @@
+//! One enrolled voice: its samples and their mean, and the checks every voice passes (its name,
+//! its vectors, a worker's answer).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::{SpeakerError, DIM, NAME_MAX};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sample {
+    pub vector: Vec<f32>,
+    /// Seconds of speech it was taken from.
+    pub seconds: f64,
+    /// Unix time it was enrolled.
+    pub added: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Voice {
+    pub name: String,
+    /// The embedding model (the worker's `ready` key `voiceprints`).
+    pub model: String,
+    pub samples: Vec<Sample>,
+}
+
+impl Voice {
+    /// What `GET /speakers` shows of a voice (never the vectors).
+    pub fn summary(&self) -> Value {
+        json!({
+            "name": self.name,
+            "model": self.model,
+            "samples": self.samples.len(),
+            "seconds": (self.samples.iter().map(|s| s.seconds).sum::<f64>() * 100.0).round() / 100.0,
+            "created": self.samples.iter().map(|s| s.added).min(),
+            "updated": self.samples.iter().map(|s| s.added).max(),
+        })
+    }
+
+    /// The unit mean of the samples: what speakers are matched against.
+    pub fn print(&self) -> Vec<f32> {
+        let mut mean = vec![0f32; DIM];
+        for sample in &self.samples {
+            for (m, x) in mean.iter_mut().zip(&sample.vector) {
+                *m += x;
+            }
+        }
+        let norm = mean.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        mean.iter().map(|x| x / norm).collect()
+    }
+}
+
+/// A voice read from disk is one the API could have made.
+pub(super) fn sound(voice: &Voice) -> Result<(), String> {
+    check_name(&voice.name).map_err(|e| e.to_string())?;
+    if voice.samples.is_empty() {
+        return Err("it has no samples".into());
+    }
+    voice
+        .samples
+        .iter()
+        .try_for_each(|s| check_vector(&s.vector))
+}
+
+/// 256 finite numbers, not all zero.
+fn check_vector(vector: &[f32]) -> Result<(), String> {
+    if vector.len() != DIM {
+        return Err(format!("{} numbers instead of {DIM}", vector.len()));
+    }
+    if vector.iter().any(|x| !x.is_finite()) {
+        return Err("numbers that are not finite".into());
+    }
+    if vector.iter().all(|x| *x == 0.0) {
+        return Err("a vector of zeros".into());
+    }
+    Ok(())
+}
+
+/// A voice's name as given, trimmed; refused when empty, too long, with control characters, or
+/// shaped like the labels of unknown speakers.
+pub fn check_name(name: &str) -> Result<String, SpeakerError> {
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(SpeakerError::BadName(
+            "the form field `name` is missing or empty".into(),
+        ));
+    }
+    if name.len() > NAME_MAX {
+        return Err(SpeakerError::BadName(format!(
+            "`name` is longer than {NAME_MAX} bytes"
+        )));
+    }
+    // Control characters, and the invisible ones that make two names look alike (zero-width,
+    // bidirectional overrides, byte-order mark).
+    let invisible = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}')
+    };
+    if name.chars().any(invisible) {
+        return Err(SpeakerError::BadName(
+            "`name` must not contain control or invisible characters".into(),
+        ));
+    }
+    if name.starts_with("SPEAKER_") {
+        return Err(SpeakerError::BadName(
+            "names starting with `SPEAKER_` are the labels of speakers nobody enrolled; choose another".into(),
+        ));
+    }
+    Ok(name.to_string())
+}
+
+/// The voiceprint in a worker's enrolment result: `(model, sample)`.
+pub fn sample_of(stage: &str, result: &Value, now: u64) -> Result<(String, Sample), SpeakerError> {
+    let bad = |why: &str| SpeakerError::BadVoiceprint {
+        stage: stage.into(),
+        why: why.into(),
+    };
+    let vector: Vec<f32> = result
+        .get("vector")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .ok_or_else(|| bad("no `vector` in its result; does its engine make voiceprints?"))?;
+    check_vector(&vector).map_err(|why| bad(&why))?;
+    let model = result
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_string();
+    let seconds = result.get("seconds").and_then(Value::as_f64).unwrap_or(0.0);
+    Ok((
+        model,
+        Sample {
+            vector,
+            seconds,
+            added: now,
+        },
+    ))
+}
