@@ -84,6 +84,12 @@ impl App {
             .expect("[gpu] device is always arbitrated");
         let arbiter = Arbiter::start(&config, &queues, &queue, Arc::clone(&supervisor), &gpu);
         let speakers = Speakers::load(config.state_dir().join("speakers"));
+        if !speakers.is_empty() && !config.pipeline.stages.contains(&config.speakers.stage) {
+            tracing::warn!(
+                stage = %config.speakers.stage,
+                "voices are enrolled, but [speakers] stage is not in the pipeline: nobody will be named after them"
+            );
+        }
         Arc::new(App {
             speakers,
             gpu,
