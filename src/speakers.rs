@@ -235,7 +235,7 @@ fn read_voice(path: &Path, name: &str) -> Result<Voice, String> {
 mod voice;
 
 use voice::sound;
-pub use voice::{check_name, sample_of, Sample, Voice};
+pub use voice::{check_name, normal_name, sample_of, Sample, Voice};
 
 #[cfg(test)]
 mod tests;

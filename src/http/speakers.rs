@@ -139,7 +139,14 @@ pub(super) async fn enroll(
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let (model, sample) = speakers::sample_of(&stage, &result["stages"][&stage], now)?;
+    let (model, sample) = match speakers::sample_of(&stage, &result["stages"][&stage], now) {
+        Ok(made) => made,
+        Err(e) => {
+            // A worker that was not loaded when the request came may turn out to make none.
+            voiceprint_stage(&app)?;
+            return Err(e.into());
+        }
+    };
     let voice = app.speakers.add(
         &name,
         &model,
@@ -170,8 +177,8 @@ pub(super) async fn delete(
     State(app): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let name = name.trim();
-    app.speakers.delete(name)?;
+    let name = speakers::normal_name(&name);
+    app.speakers.delete(&name)?;
     tracing::info!(%name, "voice deleted");
     Ok(Json(json!({ "deleted": name })))
 }

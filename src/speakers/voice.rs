@@ -75,10 +75,18 @@ fn check_vector(vector: &[f32]) -> Result<(), String> {
     Ok(())
 }
 
-/// A voice's name as given, trimmed; refused when empty, too long, with control characters, or
+/// A name as it is kept and looked up: trimmed, in Unicode NFC (so "민수" typed on any system is
+/// one name).
+pub fn normal_name(name: &str) -> String {
+    use unicode_normalization::UnicodeNormalization;
+    name.trim().nfc().collect()
+}
+
+/// A voice's name as given, trimmed and NFC-normalized; refused when empty, too long, with control characters, or
 /// shaped like the labels of unknown speakers.
 pub fn check_name(name: &str) -> Result<String, SpeakerError> {
-    let name = name.trim();
+    let name = normal_name(name);
+    let name = name.as_str();
     if name.is_empty() {
         return Err(SpeakerError::BadName(
             "the form field `name` is missing or empty".into(),
