@@ -4,5 +4,6 @@ pub(crate) mod control;
 pub(crate) mod lease;
 pub(crate) mod progress;
 pub(crate) mod run;
+pub(crate) mod speakers;
 pub(crate) mod status;
 pub(crate) mod transcribe;

@@ -1,5 +1,5 @@
 //! The `gpuhost` command line: `serve`, `setup`, `run`, `transcribe`, `status`, `lease`,
-//! `unload`/`load`/`start`/`stop` (anyhow lives here and in `cli/` only).
+//! `unload`/`load`/`start`/`stop`, `speakers` (anyhow lives here and in `cli/` only).
 
 mod cli;
 
@@ -70,6 +70,8 @@ enum Command {
     Start(cli::control::ControlArgs),
     /// Stop an on-demand service on a server (release call, signal, grace, kill, teardown check).
     Stop(cli::control::ControlArgs),
+    /// Enrolled voices on a server: list, add (enrol), delete.
+    Speakers(cli::speakers::SpeakersArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -111,6 +113,7 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         Command::Load(c) => cli::control::control(&config, cli::control::Action::Load, c).await,
         Command::Start(c) => cli::control::control(&config, cli::control::Action::Start, c).await,
         Command::Stop(c) => cli::control::control(&config, cli::control::Action::Stop, c).await,
+        Command::Speakers(s) => cli::speakers::speakers(&config, s).await,
         Command::Setup { workers, force } => {
             gpuhost::setup::setup(&config, &workers, force, &|line| eprintln!("{line}")).await?;
             Ok(std::process::ExitCode::SUCCESS)

@@ -229,3 +229,37 @@ async fn a_diarizer_that_makes_no_voiceprints_is_refused_before_the_upload() {
         .contains("does not make voiceprints"));
     host.stop().await;
 }
+
+#[tokio::test]
+async fn the_command_line_enrols_lists_and_deletes() {
+    let host = TestHost::start(&config(r#"{"voiceprints":"fake-embed"}"#))
+        .await
+        .ready()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let audio = dir.path().join("voice.wav");
+    std::fs::write(&audio, wav(3.0, 16000, 1)).unwrap();
+    let gpuhost = |args: &[&str]| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"));
+        command
+            .arg("speakers")
+            .args(args)
+            .args(["--server", &host.url, "--token", "secret"])
+            .current_dir(dir.path()); // no gpuhost.toml there: the defaults
+        command.output()
+    };
+    let added = gpuhost(&["add", "Dana Kim", audio.to_str().unwrap()])
+        .await
+        .unwrap();
+    assert!(added.status.success(), "{added:?}");
+    let voice: Value = serde_json::from_slice(&added.stdout).unwrap();
+    assert_eq!(voice["name"], "Dana Kim");
+    let listed = gpuhost(&["list"]).await.unwrap();
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("Dana Kim"));
+    let deleted = gpuhost(&["delete", "Dana Kim"]).await.unwrap();
+    assert!(deleted.status.success(), "{deleted:?}");
+    let again = gpuhost(&["delete", "Dana Kim"]).await.unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("404"));
+    host.stop().await;
+}

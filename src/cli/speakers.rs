@@ -1,0 +1,117 @@
+//! `gpuhost speakers list|add|delete`: enrolled voices on a server, a thin client of
+//! `/speakers`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+#[derive(clap::Args)]
+pub(crate) struct SpeakersArgs {
+    #[command(subcommand)]
+    action: SpeakersAction,
+    /// Base URL of the server; default: the config's listen address.
+    #[arg(long, global = true)]
+    server: Option<String>,
+    #[arg(long, global = true, env = "GPUHOST_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+#[derive(clap::Subcommand)]
+enum SpeakersAction {
+    /// The enrolled voices.
+    List,
+    /// Enrol a voice (or add a sample to it) from audio with that voice in it.
+    Add {
+        /// The name transcripts will use.
+        name: String,
+        /// Audio with the voice: a few seconds of it alone, or a recording plus --segments or
+        /// --transcript/--speaker.
+        file: PathBuf,
+        /// JSON `[[start, end], …]` seconds where the voice speaks.
+        #[arg(long, conflicts_with = "transcript")]
+        segments: Option<String>,
+        /// A finished transcript (JSON result) of FILE; with --speaker.
+        #[arg(long, requires = "speaker")]
+        transcript: Option<PathBuf>,
+        /// The voice's label in that transcript (`SPEAKER_01`).
+        #[arg(long, requires = "transcript")]
+        speaker: Option<String>,
+    },
+    /// Forget a voice for good.
+    Delete { name: String },
+}
+
+pub(crate) async fn speakers(
+    config: &gpuhost::Config,
+    args: SpeakersArgs,
+) -> anyhow::Result<ExitCode> {
+    let base = args
+        .server
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.listen));
+    let mut url = reqwest::Url::parse(&base).with_context(|| format!("{base} is not a URL"))?;
+    let client = reqwest::Client::new();
+    let request = match args.action {
+        SpeakersAction::List => {
+            url.set_path("/speakers");
+            client.get(url.clone())
+        }
+        SpeakersAction::Delete { name } => {
+            url.path_segments_mut()
+                .map_err(|()| anyhow::anyhow!("{base} cannot be a base URL"))?
+                .clear()
+                .extend(["speakers", name.as_str()]);
+            client.delete(url.clone())
+        }
+        SpeakersAction::Add {
+            name,
+            file,
+            segments,
+            transcript,
+            speaker,
+        } => {
+            url.set_path("/speakers");
+            let audio = tokio::fs::read(&file)
+                .await
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let file_name = file
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "audio".into());
+            let mut form = reqwest::multipart::Form::new().text("name", name).part(
+                "file",
+                reqwest::multipart::Part::bytes(audio).file_name(file_name),
+            );
+            if let Some(segments) = segments {
+                form = form.text("segments", segments);
+            }
+            if let (Some(transcript), Some(speaker)) = (transcript, speaker) {
+                let text = tokio::fs::read_to_string(&transcript)
+                    .await
+                    .with_context(|| format!("cannot read {}", transcript.display()))?;
+                form = form.text("transcript", text).text("speaker", speaker);
+            }
+            client.post(url.clone()).multipart(form)
+        }
+    };
+    let request = match args.token.as_ref().or(config.token.as_ref()) {
+        Some(token) => request.bearer_auth(token),
+        None => request,
+    };
+    let response = request
+        .send()
+        .await
+        .with_context(|| format!("cannot reach {url}"))?;
+    let code = response.status();
+    let body: Value = response.json().await.unwrap_or_default();
+    if !code.is_success() {
+        bail!(
+            "{url} answered {code}: {}",
+            body["message"].as_str().unwrap_or("(no message)")
+        );
+    }
+    println!("{}", serde_json::to_string_pretty(&body)?);
+    Ok(ExitCode::SUCCESS)
+}
