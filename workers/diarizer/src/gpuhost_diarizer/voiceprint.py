@@ -145,7 +145,9 @@ def identify(
         if "overlaps" in result:
             out["overlaps"] = overlaps_of(out["turns"])
     else:
-        out["turns"] = [{**t, "speaker": names.get(t["speaker"], t["speaker"])} for t in result["turns"]]
+        out["turns"] = [
+            {**t, "speaker": names.get(t["speaker"], t["speaker"])} for t in result["turns"]
+        ]
     out["speakers"] = sorted({t["speaker"] for t in out["turns"]})
     out["identities"] = identities
     return out
