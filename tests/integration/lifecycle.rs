@@ -34,7 +34,7 @@ async fn serve() -> Served {
 /// Waits until one worker of the served binary is busy with a job.
 async fn wait_busy(url: &str) {
     let workers = format!("{url}/workers");
-    wait_for("a worker to be busy", Duration::from_secs(20), || {
+    wait_for("a worker to be busy", Duration::from_secs(60), || {
         let workers = workers.clone();
         async move {
             let Ok(r) = reqwest::get(&workers).await else {
@@ -95,14 +95,22 @@ async fn sigkill_of_the_host_takes_workers_within_two_seconds() {
     assert_eq!(pids.len(), 2);
     // One worker is busy when the host dies.
     let url = format!("{}/transcribe?language=fake:sleep=30000", served.url);
-    tokio::spawn(async move {
-        let _ = reqwest::Client::new()
+    let job = tokio::spawn(async move {
+        let response = reqwest::Client::new()
             .post(url)
             .body(wav(0.2, 16000, 1))
             .send()
             .await;
+        match response {
+            Ok(r) => format!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
+            Err(e) => format!("the request failed: {e}"),
+        }
     });
-    wait_busy(&served.url).await;
+    tokio::select! {
+        () = wait_busy(&served.url) => {}
+        // A job that ends before any worker was seen busy says why (it never ends otherwise).
+        answer = job => panic!("the job ended before a worker was busy: {answer:?}"),
+    }
     served.binary.signal(libc::SIGKILL);
     served.binary.child.wait().unwrap();
     let killed = Instant::now();
