@@ -14,7 +14,8 @@ fn one_stage(extra: &str) -> String {
 #[tokio::test]
 async fn ready_timeout_fails_the_job_with_the_reason() {
     let host = TestHost::start(&one_stage(
-        "load_timeout_s = 0.5\nenv = { FAKE_NO_READY = \"1\" }",
+        // Long enough for Python to start and say it is loading on a slow machine.
+        "load_timeout_s = 3\nenv = { FAKE_NO_READY = \"1\" }",
     ))
     .await;
     let events = host.transcribe("", wav(0.5, 16000, 1)).await;

@@ -324,7 +324,11 @@ async fn several_gpus_and_the_configured_device() {
     let state = "gpu: NVIDIA H200, 3, 1000, 143771, 35, 90.5\ngpu: NVIDIA GeForce RTX 5090, 97, 30000, 32607, 77, 480.0\nproc: 55, python3, 29000, 1\n";
     let gpu = FakeGpu::new(state);
     let host = TestHost::start(&no_workers(&gpu.config(""))).await;
-    let s = wait_status(&host, "a sample", |s| !s["gpu"].is_null()).await;
+    // The first sample may come before the process list does on a loaded machine.
+    let s = wait_status(&host, "a sample with the process", |s| {
+        !s["gpu"].is_null() && s["processes"].as_array().is_some_and(|p| !p.is_empty())
+    })
+    .await;
     assert_eq!(s["decision"], "busy");
     assert_eq!(s["gpus"].as_array().unwrap().len(), 2);
     assert_eq!(
