@@ -107,7 +107,7 @@ impl Session {
                     return Err(TaskError::Unavailable {
                         worker: session.name.clone(),
                         reason: format!(
-                            "not ready within load_timeout_s = {:.0} s; killed. Last stderr lines:\n{}",
+                            "not ready within load_timeout_s = {} s; killed. Last stderr lines:\n{}",
                             spec.load_timeout.as_secs_f64(), session.tail_text()),
                     });
                 }
