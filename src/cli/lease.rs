@@ -39,17 +39,10 @@ pub(crate) struct LeaseArgs {
 }
 
 pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::Result<ExitCode> {
-    let base = args
-        .server
-        .clone()
-        .unwrap_or_else(|| format!("http://{}", config.listen));
-    let base = reqwest::Url::parse(&base).with_context(|| format!("{base} is not a URL"))?;
-    let token = args.token.clone().or(config.token.clone());
+    let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
+    let base = remote.base.clone();
     let client = reqwest::Client::new();
-    let authed = |r: reqwest::RequestBuilder| match &token {
-        Some(t) => r.bearer_auth(t),
-        None => r,
-    };
+    let authed = |r: reqwest::RequestBuilder| remote.authed(r);
     let holder = args.holder.clone().unwrap_or_else(default_holder);
     let body = json!({
         "holder": holder, "purpose": args.purpose, "vram_mib": args.vram_mib,

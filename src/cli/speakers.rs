@@ -47,11 +47,8 @@ pub(crate) async fn speakers(
     config: &gpuhost::Config,
     args: SpeakersArgs,
 ) -> anyhow::Result<ExitCode> {
-    let base = args
-        .server
-        .clone()
-        .unwrap_or_else(|| format!("http://{}", config.listen));
-    let mut url = reqwest::Url::parse(&base).with_context(|| format!("{base} is not a URL"))?;
+    let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
+    let mut url = remote.base.clone();
     let client = reqwest::Client::new();
     let request = match args.action {
         SpeakersAction::List => {
@@ -60,7 +57,7 @@ pub(crate) async fn speakers(
         }
         SpeakersAction::Delete { name } => {
             url.path_segments_mut()
-                .map_err(|()| anyhow::anyhow!("{base} cannot be a base URL"))?
+                .map_err(|()| anyhow::anyhow!("{} cannot be a base URL", remote.base))?
                 .clear()
                 .extend(["speakers", name.as_str()]);
             client.delete(url.clone())
@@ -96,11 +93,8 @@ pub(crate) async fn speakers(
             client.post(url.clone()).multipart(form)
         }
     };
-    let request = match args.token.as_ref().or(config.token.as_ref()) {
-        Some(token) => request.bearer_auth(token),
-        None => request,
-    };
-    let response = request
+    let response = remote
+        .authed(request)
         .send()
         .await
         .with_context(|| format!("cannot reach {url}"))?;

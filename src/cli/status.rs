@@ -21,18 +21,10 @@ pub(crate) struct StatusArgs {
 }
 
 pub(crate) async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let base = args
-        .server
-        .clone()
-        .unwrap_or_else(|| format!("http://{}", config.listen));
-    let url = reqwest::Url::parse(&base)
-        .with_context(|| format!("{base} is not a URL"))?
-        .join("status")?;
-    let mut request = reqwest::Client::new().get(url.clone());
-    if let Some(token) = args.token.as_ref().or(config.token.as_ref()) {
-        request = request.bearer_auth(token);
-    }
-    let response = request
+    let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
+    let url = remote.base.join("status")?;
+    let response = remote
+        .authed(reqwest::Client::new().get(url.clone()))
         .send()
         .await
         .with_context(|| format!("cannot reach {url}"))?;

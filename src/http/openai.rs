@@ -3,7 +3,7 @@
 //! `response_format`, `timestamp_granularities[]`; speaker labels ride along in `verbose_json`
 //! segments. A translation is the same job with `translate` set: English text, source timing.
 
-use axum::extract::{FromRequest, Multipart, Request, State};
+use axum::extract::{Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -218,15 +218,9 @@ async fn read_form(
     limit: u64,
     max_field: usize,
 ) -> Result<Form, ApiError> {
-    let mut multipart = Multipart::from_request(request, &()).await.map_err(|e| {
-        ApiError::bad_request(format!("send multipart/form-data: {}", e.body_text()))
-    })?;
+    let mut fields = upload::Form::open(request).await?;
     let mut form = Form::default();
-    while let Some(field) = multipart
-        .next_field()
-        .await
-        .map_err(|e| ApiError::bad_request(format!("invalid multipart body: {}", e.body_text())))?
-    {
+    while let Some(field) = fields.next().await? {
         let name = field.name().unwrap_or("").to_string();
         if name == "file" {
             form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?);

@@ -2,7 +2,7 @@
 //! transcript), list the enrolled voices, delete one for good. Enrolment is a GPU job of the
 //! `[speakers] stage` through the same queue as every other.
 
-use axum::extract::{FromRequest, Multipart, Path, Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
@@ -210,16 +210,10 @@ async fn read_form(
     limit: u64,
     app: &AppState,
 ) -> Result<Form, ApiError> {
-    let mut multipart = Multipart::from_request(request, &()).await.map_err(|e| {
-        ApiError::bad_request(format!("send multipart/form-data: {}", e.body_text()))
-    })?;
+    let mut fields = upload::Form::open(request).await?;
     let max_field = app.config.limits.max_field_bytes;
     let mut form = Form::default();
-    while let Some(field) = multipart
-        .next_field()
-        .await
-        .map_err(|e| ApiError::bad_request(format!("invalid multipart body: {}", e.body_text())))?
-    {
+    while let Some(field) = fields.next().await? {
         let name = field.name().unwrap_or("").to_string();
         match name.as_str() {
             "file" => form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?),

@@ -147,14 +147,9 @@ async fn receive_guarded(
             .await
             .map_err(|e| e.into_api(limit));
     }
-    let mut multipart = Multipart::from_request(request, &())
-        .await
-        .map_err(|e| ApiError::bad_request(format!("invalid multipart body: {}", e.body_text())))?;
+    let mut form = Form::open(request).await?;
     loop {
-        let field = multipart.next_field().await.map_err(|e| {
-            ApiError::bad_request(format!("invalid multipart body: {}", e.body_text()))
-        })?;
-        let Some(field) = field else {
+        let Some(field) = form.next().await? else {
             return Err(ApiError::bad_request(
                 "the multipart body has no field `file`: send the audio as `file`",
             ));
@@ -164,6 +159,29 @@ async fn receive_guarded(
                 .await
                 .map_err(|e| e.into_api(limit));
         }
+    }
+}
+
+/// A multipart/form-data body read field by field, its mistakes as 400s (every form the API
+/// takes: `/transcribe`, the OpenAI endpoints, `/speakers`).
+pub(super) struct Form(Multipart);
+
+impl Form {
+    pub(super) async fn open(request: Request) -> Result<Form, ApiError> {
+        Multipart::from_request(request, &())
+            .await
+            .map(Form)
+            .map_err(|e| {
+                ApiError::bad_request(format!("send multipart/form-data: {}", e.body_text()))
+            })
+    }
+
+    pub(super) async fn next(
+        &mut self,
+    ) -> Result<Option<axum::extract::multipart::Field<'_>>, ApiError> {
+        self.0.next_field().await.map_err(|e| {
+            ApiError::bad_request(format!("invalid multipart body: {}", e.body_text()))
+        })
     }
 }
 
