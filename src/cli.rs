@@ -36,4 +36,30 @@ impl Remote {
             None => request,
         }
     }
+
+    /// Sends `request` with the token. A refusal is an error that gives the URL, the status and
+    /// the server's message.
+    pub(crate) async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> anyhow::Result<reqwest::Response> {
+        use anyhow::Context;
+        let (client, request) = self.authed(request).build_split();
+        let request = request?;
+        let url = request.url().clone();
+        let response = client
+            .execute(request)
+            .await
+            .with_context(|| format!("cannot reach {url}"))?;
+        let code = response.status();
+        if code.is_success() {
+            return Ok(response);
+        }
+        let body = response.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
+            .unwrap_or(body);
+        anyhow::bail!("{url} answered {code}: {message}")
+    }
 }

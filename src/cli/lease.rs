@@ -49,15 +49,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         "ttl_s": args.ttl, "wait": true, "priority": args.priority,
     });
     let url = base.join("gpu/lease")?;
-    let response = authed(client.post(url.clone()).json(&body))
-        .send()
-        .await
-        .with_context(|| format!("cannot reach {url}"))?;
-    if !response.status().is_success() {
-        let code = response.status();
-        let text = response.text().await.unwrap_or_default();
-        bail!("{url} answered {code}: {text}");
-    }
+    let response = remote.send(client.post(url).json(&body)).await?;
     let lease_id = wait_for_grant(response).await?;
     // Renew at a third of the TTL, so two missed renewals still keep the lease.
     let renew_url = base.join(&format!("gpu/lease/{lease_id}/renew"))?;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde_json::Value;
 
 #[derive(clap::Args)]
@@ -93,19 +93,7 @@ pub(crate) async fn speakers(
             client.post(url.clone()).multipart(form)
         }
     };
-    let response = remote
-        .authed(request)
-        .send()
-        .await
-        .with_context(|| format!("cannot reach {url}"))?;
-    let code = response.status();
-    let body: Value = response.json().await.unwrap_or_default();
-    if !code.is_success() {
-        bail!(
-            "{url} answered {code}: {}",
-            body["message"].as_str().unwrap_or("(no message)")
-        );
-    }
+    let body: Value = remote.send(request).await?.json().await.unwrap_or_default();
     println!("{}", serde_json::to_string_pretty(&body)?);
     Ok(ExitCode::SUCCESS)
 }

@@ -60,7 +60,10 @@ pub(crate) async fn transcribe(
 ) -> anyhow::Result<ExitCode> {
     let mut progress = Progress::new(args.verbose);
     let last = match &args.server {
-        Some(server) => remote(server, &args, &mut progress).await?,
+        Some(server) => {
+            let server = super::Remote::new(&config, Some(server), args.token.as_deref())?;
+            remote(&server, &args, &mut progress).await?
+        }
         None => local(config, &args, &mut progress).await?,
     };
     match last {
@@ -116,13 +119,11 @@ async fn local(
 }
 
 async fn remote(
-    server: &str,
+    server: &super::Remote,
     args: &TranscribeArgs,
     progress: &mut Progress,
 ) -> anyhow::Result<ClientEvent> {
-    let mut url = reqwest::Url::parse(server)
-        .with_context(|| format!("--server {server} is not a URL"))?
-        .join("transcribe")?;
+    let mut url = server.base.join("transcribe")?;
     {
         let mut q = url.query_pairs_mut();
         let o = options(args);
@@ -144,21 +145,15 @@ async fn remote(
         .await
         .with_context(|| format!("opening {}", args.file.display()))?;
     let client = reqwest::Client::new();
-    let authed = |request: reqwest::RequestBuilder| match &args.token {
-        Some(token) => request.bearer_auth(token),
-        None => request,
-    };
     // A refused request is answered before the upload is read, and the connection closes under
     // the upload: ask a small protected endpoint first, so a wrong token reads as a 401, not as
     // a broken pipe.
-    let probe = authed(client.get(url.join("workers")?))
-        .send()
-        .await
-        .with_context(|| format!("reaching {server}"))?;
-    refused(probe).await?;
-    let request = authed(client.post(url).body(reqwest::Body::from(file)));
-    let response = request.send().await.context("sending the request")?;
-    let response = refused(response).await?;
+    server
+        .send(client.get(server.base.join("workers")?))
+        .await?;
+    let response = server
+        .send(client.post(url).body(reqwest::Body::from(file)))
+        .await?;
     let mut stream = response.bytes_stream();
     let mut buf = Vec::new();
     let mut last = None;
@@ -173,18 +168,4 @@ async fn remote(
         }
     }
     last.context("the server closed the stream without a final event")
-}
-
-/// `response` when it succeeded; otherwise the server's status and message as the error.
-async fn refused(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
-    let status = response.status();
-    if status.is_success() {
-        return Ok(response);
-    }
-    let body = response.text().await.unwrap_or_default();
-    let message = serde_json::from_str::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
-        .unwrap_or(body);
-    bail!("server answered {status}: {message}")
 }

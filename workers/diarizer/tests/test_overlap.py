@@ -127,3 +127,62 @@ def test_cuda_without_a_cuda_runtime_is_refused_not_silently_cpu():
         pytest.skip("this venv has CUDA")
     with pytest.raises(RuntimeError, match="onnxruntime-gpu"):
         load("overlap", {"device": "cuda"})
+
+
+def test_the_embedding_in_onnx_format_is_the_same_model():
+    from gpuhost_diarizer.resnet import as_onnx, session
+
+    blob = models.model_bytes("embedding")
+    converted = as_onnx(blob)
+    assert converted[4:8] != b"ORTM" and as_onnx(converted) is converted
+    fbank = np.random.default_rng(0).standard_normal((200, 80)).astype(np.float32)
+    feeds = {"fbank": fbank[None], "weights": np.ones((1, 200), dtype=np.float32)}
+    a = session(blob, 1).run(None, feeds)[0][0]
+    b = session(converted, 1).run(None, feeds)[0][0]
+    assert np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b) > 0.9999
+
+
+def _local(seconds_by_window):
+    """A Local where window w has local speakers with these seconds; the embeddings of the first
+    half and the second half of them are alike (cosine 0.8: one voice to the clustering)."""
+    from gpuhost_diarizer.overlap import FRAMES, Local
+
+    owners, seconds = [], []
+    for w, secs in enumerate(seconds_by_window):
+        for s, sec in enumerate(secs):
+            owners.append((w, s))
+            seconds.append(sec)
+    seg = np.zeros((len(seconds_by_window), FRAMES, 3), dtype=np.float32)
+    for w, s in owners:
+        seg[w, 100 * s : 100 * s + 200, s] = 1
+    a, b = np.zeros(256, dtype=np.float32), np.zeros(256, dtype=np.float32)
+    a[0], b[0], b[1] = 1, 0.8, 0.6
+    half = (len(owners) + 1) // 2
+    return Local(
+        starts=[w * 148 for w in range(len(seconds_by_window))],
+        seg=seg,
+        owners=owners,
+        embeddings=np.array([a] * half + [b] * (len(owners) - half)),
+        seconds=np.array(seconds),
+        frames=len(seconds_by_window) * 148 + FRAMES,
+    )
+
+
+def test_two_long_speakers_of_one_window_are_two_people_even_when_they_sound_alike():
+    from gpuhost_diarizer.overlap import THRESHOLD, cluster
+
+    labels, centroids = cluster(_local([[3.0], [2.5, 2.5], [3.0]]), THRESHOLD)
+    assert len(centroids) == 2 and labels[1] != labels[2], labels
+    # A short second speaker is not enough to split one voice.
+    labels, centroids = cluster(_local([[3.0], [2.5, 0.5], [3.0]]), THRESHOLD)
+    assert len(centroids) == 1, labels
+    # An explicit count still wins.
+    assert len(cluster(_local([[3.0], [2.5, 2.5]]), THRESHOLD, num_speakers=1)[1]) == 1
+
+
+def test_short_pauses_stay_inside_a_turn():
+    from gpuhost_diarizer.overlap import _fill
+
+    row = np.array([0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0], dtype=bool)
+    _fill(row, 2)
+    assert row.astype(int).tolist() == [0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 0]

@@ -14,7 +14,8 @@ VOICEPRINT_MODEL = "wespeaker-resnet34"
 
 class DiarizerWorker(Worker):
     def load(self):
-        self.engine = load(engine("vad-dvector"), options())
+        # `overlap` wins on every real set (docs/benchmarks.md, "Speech on real recordings").
+        self.engine = load(engine("overlap"), options())
         self.model = self.engine.name
         self.device = getattr(self.engine, "device", "cuda")
         own = getattr(self.engine, "embedder", None)
@@ -24,7 +25,8 @@ class DiarizerWorker(Worker):
         return {"voiceprints": VOICEPRINT_MODEL}
 
     def warmup(self):
-        # Two synthetic voices: VAD, embeddings, pitch and clustering all run once.
+        # Two synthetic voices: segmentation (or VAD and pitch), embeddings and clustering all
+        # run once.
         self.engine.diarize(np.asarray(synthetic_voices(16000), dtype=np.float32))
 
     def embedder(self):

@@ -5,10 +5,12 @@
 2. One WeSpeaker ResNet34 embedding per local speaker per window: Kaldi fbank of the window,
    pooled over the frames where that speaker talks alone (all of its frames when it never does).
 3. Clustering across windows (agglomerative, average linkage on unit vectors; speaker count
-   automatic unless given), then every local speaker to a cluster, two speakers of one window
-   never to the same one.
+   automatic unless given, but never fewer than the local speakers with ≥ 2 s of clean speech in
+   one window), then every local speaker to a cluster, two speakers of one window never to the
+   same one.
 4. Reconstruction: per frame, the windows' speaker count says how many speakers talk; the
-   clusters most active there are them. Frames with two or more are overlapped speech.
+   clusters most active there are them; a speaker's pauses up to 0.5 s stay inside the turn.
+   Frames with two or more speakers are overlapped speech.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ MIN_TRAIN_S = 2.0  # a local speaker joins the clustering only with this much sp
 MIN_EMBED_S = 0.25  # below this a local speaker gets no embedding and is dropped
 EMBED_MAX_S = 3.0  # an embedding looks at most at this long a stretch of its window
 MIN_CLUSTER_S = 3.0  # a cluster with less speech joins its nearest larger one
+# Local speakers of one window with this much clean speech each are different people: at least
+# that many clusters unless a count is given (None: no such floor).
+FLOOR_S = 2.0
+FILL_S = 0.5  # a speaker's pauses up to this long are part of the turn
 
 
 @dataclass
@@ -166,13 +172,26 @@ def cluster(local: Local, threshold, num_speakers=None, min_speakers=None, max_s
             # Clusters with little speech join their nearest larger one.
             labels = _absorb_small(x[train], sec[train], labels)
             k = len(set(labels))
-            lo, hi = min_speakers or 1, max_speakers or k
+            lo = min_speakers or _at_once(local, FLOOR_S)
+            hi = max_speakers or max(k, lo)
             if k < lo or k > hi:
                 labels = fcluster(z, t=min(max(k, lo), hi), criterion="maxclust") - 1
     labels = np.unique(labels, return_inverse=True)[1]
     centroids = np.array([x[train][labels == c].mean(axis=0) for c in range(labels.max() + 1)])
     centroids /= np.linalg.norm(centroids, axis=1, keepdims=True) + 1e-12
     return _assign(local, centroids), centroids
+
+
+def _at_once(local: Local, seconds) -> int:
+    """The most local speakers of one window that each have `seconds` of clean speech: the
+    segmentation's own lower bound on the speaker count (1 when `seconds` is None)."""
+    if seconds is None:
+        return 1
+    count: dict = {}
+    for (w, _), sec in zip(local.owners, local.seconds):
+        if sec >= seconds:
+            count[w] = count.get(w, 0) + 1
+    return max(count.values(), default=1)
 
 
 def _absorb_small(x, sec, labels):
@@ -227,7 +246,19 @@ def assemble(local: Local, threshold, num_speakers, min_speakers, max_speakers, 
     for f in np.flatnonzero(speakers_now):
         top = order[: speakers_now[f], f]
         on[top[activity[top, f] > 0], f] = True
+    if FILL_S > 0:
+        for row in on:
+            _fill(row, round(FILL_S * RATE / FRAME_HOP))
     return _turns(on, engine)
+
+
+def _fill(row: np.ndarray, frames: int) -> None:
+    """Gaps of at most `frames` between two active stretches of `row` become active."""
+    edges = np.flatnonzero(np.diff(row.astype(int)))
+    # Gaps start after an edge up→down and end at the next edge down→up.
+    for a, b in zip(edges[:-1], edges[1:]):
+        if row[a] and not row[a + 1] and b - a <= frames:
+            row[a + 1 : b + 1] = True
 
 
 def _turns(on: np.ndarray, engine: str) -> dict:

@@ -3,6 +3,9 @@ overlap engine and the voiceprints share it. No protocol code here."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 
 RATE = 16000
@@ -27,6 +30,24 @@ def session(blob: bytes, threads: int, providers: list | None = None):
     return ort.InferenceSession(blob, options, providers=providers or ["CPUExecutionProvider"])
 
 
+def as_onnx(blob: bytes) -> bytes:
+    """An ORT-format model as the same graph in ONNX format. ONNX Runtime runs an ORT-format
+    model as it was saved, so the carved ResNet34 would cast and scale its int8 weights back to
+    float at every call; from ONNX it folds those constants once, when the session is made.
+    (Only for the embedding: the segmentation model's `If` subgraphs do not survive the trip.)"""
+    import onnxruntime as ort
+
+    if blob[4:8] != b"ORTM":
+        return blob
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "model.onnx"
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.optimized_model_filepath = str(out)
+        ort.InferenceSession(blob, options, providers=["CPUExecutionProvider"])
+        return out.read_bytes()
+
+
 class SpeakerEmbedder:
     """80-bin Kaldi fbank (hamming window, mean-normalized) → 256-d unit vector."""
 
@@ -35,7 +56,7 @@ class SpeakerEmbedder:
 
         from .models import model_bytes
 
-        self.session = session(model_bytes("embedding"), threads, providers)
+        self.session = session(as_onnx(model_bytes("embedding")), threads, providers)
         self.device = "cuda" if "CUDAExecutionProvider" in self.session.get_providers() else "cpu"
         opts = knf.FbankOptions()
         opts.frame_opts.dither = 0.0

@@ -1,0 +1,112 @@
+"""Clustering choices of the overlap diarizer, measured on the real meeting clips and calls.
+
+    workers/diarizer/.venv/bin/python benches/diarizer_tune.py [VARIANT ...]
+
+Steps 1 and 2 of the engine (segmentation, one embedding per local speaker and window) run once
+per recording and are cached under `.bench/tune/`; each variant re-runs only the clustering and
+the reconstruction (overlap.assemble) with other settings, so a grid costs seconds. Only the
+*tune* rows may decide; the *report* rows are printed to show what a choice does on recordings
+it was not chosen on. The host-level numbers (docs/benchmarks.md) come from benches/quality.py;
+these differ slightly because the audio is resampled by sox here, not by the host.
+"""
+
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [
+    str(REPO / "benches"),
+    str(REPO / "tests/speech"),
+    str(REPO / "workers/diarizer/src"),
+]
+
+import metrics  # noqa: E402
+import real_sets  # noqa: E402
+from gpuhost_diarizer import engine, overlap  # noqa: E402
+
+CACHE = REPO / ".bench" / "tune"
+
+# name → constants of overlap.py to change (the engine as it is when empty).
+VARIANTS = {
+    "default": {},
+    "threshold 0.9": {"THRESHOLD": 0.9},
+    "threshold 1.0": {"THRESHOLD": 1.0},
+    "threshold 1.2": {"THRESHOLD": 1.2},
+    "train ≥ 1.5 s": {"MIN_TRAIN_S": 1.5},
+    "train ≥ 3 s": {"MIN_TRAIN_S": 3.0},
+    "no floor": {"FLOOR_S": None},
+    "floor ≥ 1 s": {"FLOOR_S": 1.0},
+    "floor ≥ 3 s": {"FLOOR_S": 3.0},
+    "no fill": {"FILL_S": 0.0},
+    "fill 0.25 s": {"FILL_S": 0.25},
+    "fill 1 s": {"FILL_S": 1.0},
+    "neither": {"FLOOR_S": None, "FILL_S": 0.0},
+}
+
+
+def locals_of(items):
+    """(item, Local) for every item, computed once."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    diarizer = None
+    out = []
+    for item in items:
+        path = CACHE / f"{item['set']}_{item['name']}.pickle"
+        if not path.is_file():
+            if diarizer is None:
+                diarizer = overlap.OverlapDiarizer()
+            with tempfile.TemporaryDirectory() as tmp:
+                wav = Path(tmp) / "16k.wav"
+                subprocess.run(
+                    ["sox", str(item["wav"]), "-r", "16000", "-c", "1", "-b", "16", str(wav)],
+                    check=True,
+                )
+                local = diarizer.local(engine.read_wav(str(wav)))
+            path.write_bytes(pickle.dumps(local))
+        out.append((item, pickle.loads(path.read_bytes())))
+    return out
+
+
+def score(pairs, constants):
+    """{(set, split): (DER, speakers right, items)} of one variant."""
+    saved = {k: getattr(overlap, k) for k in constants}
+    try:
+        for k, v in constants.items():
+            setattr(overlap, k, v)
+        return _score(pairs)
+    finally:
+        for k, v in saved.items():
+            setattr(overlap, k, v)
+
+
+def _score(pairs):
+    rows = {}
+    for item, local in pairs:
+        result = overlap.assemble(local, overlap.THRESHOLD, None, None, None, "tune")
+        d = metrics.der_overlap(item["turns"], result["turns"], item["uem"])
+        speech = sum(t["end"] - t["start"] for t in item["turns"])
+        row = rows.setdefault((item["set"], item["split"]), [0.0, 0.0, 0, 0])
+        row[0] += d * speech
+        row[1] += speech
+        row[2] += len(result["speakers"]) == len({t["speaker"] for t in item["turns"]})
+        row[3] += 1
+    return {k: (e / s, right, n) for k, (e, s, right, n) in rows.items()}
+
+
+def main():
+    wanted = sys.argv[1:] or list(VARIANTS)
+    items = [i for i in real_sets.load() if i["set"] in ("meetings", "calls")]
+    pairs = locals_of(items)
+    keys = sorted({(i["set"], i["split"]) for i in items}, key=lambda k: (k[0], k[1] != "tune"))
+    print("| variant | " + " | ".join(f"{s} {p}" for s, p in keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for name in wanted:
+        rows = score(pairs, VARIANTS[name])
+        cells = [f"{rows[k][0]:.3f} ({rows[k][1]}/{rows[k][2]})" for k in keys]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
