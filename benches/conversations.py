@@ -100,7 +100,7 @@ def _mix(a: bytearray, offset: int, pcm: bytes) -> None:
 def build(items: list, folder: Path, read: list = ()) -> list:
     """The conversations as set items (`calls`), built into `folder` unless already there, from
     the meeting clips `items` and the one-voice recordings `read`."""
-    index = folder / "index.json"
+    index = folder / f"index-{PER_SPLIT}-{len(items)}.json"  # another recipe, another build
     if not index.is_file():
         folder.mkdir(parents=True, exist_ok=True)
         rng = random.Random(11)

@@ -10,6 +10,7 @@ it was not chosen on. The host-level numbers (docs/benchmarks.md) come from benc
 these differ slightly because the audio is resampled by sox here, not by the host.
 """
 
+import hashlib
 import pickle
 import subprocess
 import sys
@@ -53,7 +54,10 @@ def locals_of(items):
     diarizer = None
     out = []
     for item in items:
-        path = CACHE / f"{item['set']}_{item['name']}.pickle"
+        # Keyed by the audio and the settings of steps 1 and 2.
+        key = hashlib.sha256(Path(item["wav"]).read_bytes())
+        key.update(repr((overlap.STEP_S, overlap.MIN_EMBED_S, overlap.EMBED_MAX_S)).encode())
+        path = CACHE / f"{item['set']}_{item['name']}_{key.hexdigest()[:12]}.pickle"
         if not path.is_file():
             if diarizer is None:
                 diarizer = overlap.OverlapDiarizer()

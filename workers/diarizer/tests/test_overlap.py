@@ -118,6 +118,11 @@ def test_the_engine_is_chosen_by_name():
     assert engine.device == "cpu" and engine.threshold == 1.0
     with pytest.raises(ValueError, match="overlap"):
         load("nonsense", {})
+    # The default engine's options, not the old default's: a config written for `vad-dvector`
+    # without an `engine` line is refused with what to do, not run with a meaningless threshold.
+    for old in ({"threshold": 0.42, "change_threshold": 1.1}, {"threshold": 0.42}):
+        with pytest.raises(ValueError, match='engine = "vad-dvector"'):
+            load("overlap", old)
 
 
 def test_cuda_without_a_cuda_runtime_is_refused_not_silently_cpu():
@@ -176,7 +181,8 @@ def test_two_long_speakers_of_one_window_are_two_people_even_when_they_sound_ali
     # A short second speaker is not enough to split one voice.
     labels, centroids = cluster(_local([[3.0], [2.5, 0.5], [3.0]]), THRESHOLD)
     assert len(centroids) == 1, labels
-    # An explicit count still wins.
+    # A smaller `min_speakers` does not lift the floor; an explicit count still wins.
+    assert len(cluster(_local([[3.0], [2.5, 2.5], [3.0]]), THRESHOLD, min_speakers=1)[1]) == 2
     assert len(cluster(_local([[3.0], [2.5, 2.5]]), THRESHOLD, num_speakers=1)[1]) == 1
 
 
@@ -184,5 +190,9 @@ def test_short_pauses_stay_inside_a_turn():
     from gpuhost_diarizer.overlap import _fill
 
     row = np.array([0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 1, 0], dtype=bool)
-    _fill(row, 2)
+    _fill(row, 2, np.zeros(12, dtype=int))
     assert row.astype(int).tolist() == [0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 0]
+    # Someone else answering in the pause keeps it a pause.
+    row = np.array([0, 1, 1, 0, 0, 1, 0], dtype=bool)
+    _fill(row, 2, np.array([0, 0, 0, 0, 1, 0, 0]))
+    assert row.astype(int).tolist() == [0, 1, 1, 0, 0, 1, 0]

@@ -1,13 +1,12 @@
 """Diarization: who spoke when. No protocol code here.
 
-Default engine (CPU, no torch): silero VAD finds speech; the encoder's 0.8 s windows (0.4 s
-stride, one batched ONNX call) and one F0 track find speaker changes inside each region (see
-changes.py); the pieces are cut into segments of at most ~4 s; each segment gets a d-vector (the
-mean of its windows) and its median F0; the segments are clustered (speaker count automatic
-unless given; see cluster.py) and consecutive segments of one speaker become turns. Also:
-`overlap` (overlap.py: pyannote's segmentation + a ResNet34 embedding on ONNX Runtime, CPU or
-CUDA) and pyannote.audio itself on CUDA.
-"""
+Engines: `overlap`, the default (overlap.py: pyannote's segmentation + a ResNet34 embedding on
+ONNX Runtime, CPU or CUDA); `vad-dvector` (CPU, no torch, here): silero VAD finds speech; the
+encoder's 0.8 s windows (0.4 s stride, one batched ONNX call) and one F0 track find speaker
+changes inside each region (see changes.py); the pieces are cut into segments of at most ~4 s;
+each segment gets a d-vector (the mean of its windows) and its median F0; the segments are
+clustered (speaker count automatic unless given; see cluster.py) and consecutive segments of one
+speaker become turns; and pyannote.audio itself on CUDA."""
 
 from __future__ import annotations
 
@@ -196,10 +195,20 @@ def load(engine: str, options: dict):
         from .overlap import STEP_S, OverlapDiarizer
         from .overlap import THRESHOLD as OVERLAP_THRESHOLD
 
+        unknown = sorted(set(options) - {"step_s", "threshold", "device"})
+        threshold = float(options.get("threshold", OVERLAP_THRESHOLD))
+        if unknown or threshold < 0.6:
+            # Most likely `vad-dvector` options from before `overlap` became the default.
+            raise ValueError(
+                f"diarizer options {unknown or ['threshold']} do not fit the `overlap` engine "
+                "(the default since 2026-12-03; its options: step_s, threshold 0.6-2.0, "
+                'default 1.1, device): set engine = "vad-dvector" to keep the engine these '
+                "options were written for, or drop them"
+            )
         device = options.get("device", "cpu")
         return OverlapDiarizer(
             step_s=float(options.get("step_s", STEP_S)),
-            threshold=float(options.get("threshold", OVERLAP_THRESHOLD)),
+            threshold=threshold,
             providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
             if device == "cuda"
             else None,

@@ -5,11 +5,12 @@
 2. One WeSpeaker ResNet34 embedding per local speaker per window: Kaldi fbank of the window,
    pooled over the frames where that speaker talks alone (all of its frames when it never does).
 3. Clustering across windows (agglomerative, average linkage on unit vectors; speaker count
-   automatic unless given, but never fewer than the local speakers with ≥ 2 s of clean speech in
-   one window), then every local speaker to a cluster, two speakers of one window never to the
+   automatic unless given; unless `num_speakers`/`max_speakers` say otherwise, never fewer than
+   the local speakers with ≥ 2 s of speech each in one window), then every local speaker to a cluster, two speakers of one window never to the
    same one.
 4. Reconstruction: per frame, the windows' speaker count says how many speakers talk; the
-   clusters most active there are them; a speaker's pauses up to 0.5 s stay inside the turn.
+   clusters most active there are them; a speaker's pauses up to 0.5 s stay inside the turn
+   unless someone else talks in them.
    Frames with two or more speakers are overlapped speech.
 """
 
@@ -172,8 +173,9 @@ def cluster(local: Local, threshold, num_speakers=None, min_speakers=None, max_s
             # Clusters with little speech join their nearest larger one.
             labels = _absorb_small(x[train], sec[train], labels)
             k = len(set(labels))
-            lo = min_speakers or _at_once(local, FLOOR_S)
+            lo = max(min_speakers or 1, _at_once(local, FLOOR_S))
             hi = max_speakers or max(k, lo)
+            lo = min(lo, hi)
             if k < lo or k > hi:
                 labels = fcluster(z, t=min(max(k, lo), hi), criterion="maxclust") - 1
     labels = np.unique(labels, return_inverse=True)[1]
@@ -247,17 +249,19 @@ def assemble(local: Local, threshold, num_speakers, min_speakers, max_speakers, 
         top = order[: speakers_now[f], f]
         on[top[activity[top, f] > 0], f] = True
     if FILL_S > 0:
+        others = on.sum(axis=0)
         for row in on:
-            _fill(row, round(FILL_S * RATE / FRAME_HOP))
+            _fill(row, round(FILL_S * RATE / FRAME_HOP), others - row)
     return _turns(on, engine)
 
 
-def _fill(row: np.ndarray, frames: int) -> None:
-    """Gaps of at most `frames` between two active stretches of `row` become active."""
+def _fill(row: np.ndarray, frames: int, others: np.ndarray) -> None:
+    """Gaps of at most `frames` between two active stretches of `row` become active, unless
+    someone else talks in them (a reply in a pause is a turn, not an overlap)."""
     edges = np.flatnonzero(np.diff(row.astype(int)))
     # Gaps start after an edge up→down and end at the next edge down→up.
     for a, b in zip(edges[:-1], edges[1:]):
-        if row[a] and not row[a + 1] and b - a <= frames:
+        if row[a] and not row[a + 1] and b - a <= frames and not others[a + 1 : b + 1].any():
             row[a + 1 : b + 1] = True
 
 

@@ -42,6 +42,7 @@ def as_onnx(blob: bytes) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "model.onnx"
         options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         options.optimized_model_filepath = str(out)
         ort.InferenceSession(blob, options, providers=["CPUExecutionProvider"])
