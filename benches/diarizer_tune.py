@@ -2,7 +2,8 @@
 
     workers/diarizer/.venv/bin/python benches/diarizer_tune.py [VARIANT ...]
 
-Steps 1 and 2 of the engine (segmentation, one embedding per local speaker and window) run once
+Cells: DER (recordings with the right speaker count / recordings); for `long` (90 s recordings
+of one voice) only the count. Steps 1 and 2 of the engine (segmentation, one embedding per local speaker and window) run once
 per recording and are cached under `.bench/tune/`; each variant re-runs only the clustering and
 the reconstruction (overlap.assemble) with other settings, so a grid costs seconds. Only the
 *tune* rows may decide; the *report* rows are printed to show what a choice does on recordings
@@ -41,6 +42,8 @@ VARIANTS = {
     "no floor": {"FLOOR_S": None},
     "floor ≥ 1 s": {"FLOOR_S": 1.0},
     "floor ≥ 3 s": {"FLOOR_S": 3.0},
+    "floor in 1 window": {"FLOOR_WINDOWS": 1},
+    "floor in 3 windows": {"FLOOR_WINDOWS": 3},
     "no fill": {"FILL_S": 0.0},
     "fill 0.25 s": {"FILL_S": 0.25},
     "fill 1 s": {"FILL_S": 1.0},
@@ -89,6 +92,11 @@ def _score(pairs):
     rows = {}
     for item, local in pairs:
         result = overlap.assemble(local, overlap.THRESHOLD, None, None, None, "tune")
+        if "turns" not in item:  # one voice: only the speaker count is known
+            row = rows.setdefault((item["set"], item["split"]), [0.0, 1.0, 0, 0])
+            row[2] += len(result["speakers"]) == 1
+            row[3] += 1
+            continue
         d = metrics.der_overlap(item["turns"], result["turns"], item["uem"])
         speech = sum(t["end"] - t["start"] for t in item["turns"])
         row = rows.setdefault((item["set"], item["split"]), [0.0, 0.0, 0, 0])
@@ -101,7 +109,8 @@ def _score(pairs):
 
 def main():
     wanted = sys.argv[1:] or list(VARIANTS)
-    items = [i for i in real_sets.load() if i["set"] in ("meetings", "calls")]
+    # The long recordings are one voice each: a check that one voice stays one speaker.
+    items = [i for i in real_sets.load() if i["set"] in ("meetings", "calls", "long")]
     pairs = locals_of(items)
     keys = sorted({(i["set"], i["split"]) for i in items}, key=lambda k: (k[0], k[1] != "tune"))
     print("| variant | " + " | ".join(f"{s} {p}" for s, p in keys) + " |")

@@ -1,4 +1,5 @@
-//! Worker sections of the config: `[workers.<name>]`, the run mode, and the resolved `WorkerSpec`.
+//! Worker sections of the config: `[workers.<name>]`, the run mode, the resolved `WorkerSpec`, and
+//! `[setup]` (how their venvs are built).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -86,4 +87,26 @@ pub struct WorkerSpec {
     pub unloaded_fallback: super::service::Fallback,
     /// The GPU it runs on.
     pub device: u32,
+}
+
+/// How `gpuhost setup` builds worker venvs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SetupConfig {
+    /// Interpreter that creates the venvs (when `uv` is not on PATH).
+    pub python: String,
+    /// The worker SDK package, installed into every worker venv.
+    pub sdk_dir: PathBuf,
+    /// Longest a single install step may take.
+    pub timeout_s: f64,
+}
+
+impl Default for SetupConfig {
+    fn default() -> Self {
+        SetupConfig {
+            python: "python3".into(),
+            sdk_dir: PathBuf::from("protocol/sdk"),
+            timeout_s: 1800.0,
+        }
+    }
 }

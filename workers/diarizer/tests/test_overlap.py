@@ -176,14 +176,16 @@ def _local(seconds_by_window):
 def test_two_long_speakers_of_one_window_are_two_people_even_when_they_sound_alike():
     from gpuhost_diarizer.overlap import THRESHOLD, cluster
 
-    labels, centroids = cluster(_local([[3.0], [2.5, 2.5], [3.0]]), THRESHOLD)
+    two = [[3.0], [2.5, 2.5], [2.5, 2.5], [3.0]]
+    labels, centroids = cluster(_local(two), THRESHOLD)
     assert len(centroids) == 2 and labels[1] != labels[2], labels
-    # A short second speaker is not enough to split one voice.
-    labels, centroids = cluster(_local([[3.0], [2.5, 0.5], [3.0]]), THRESHOLD)
-    assert len(centroids) == 1, labels
+    # A short second speaker is not enough to split one voice, nor is one window alone.
+    for one in ([[3.0], [2.5, 0.5], [2.5, 0.5], [3.0]], [[3.0], [2.5, 2.5], [3.0], [3.0]]):
+        labels, centroids = cluster(_local(one), THRESHOLD)
+        assert len(centroids) == 1, (one, labels)
     # A smaller `min_speakers` does not lift the floor; an explicit count still wins.
-    assert len(cluster(_local([[3.0], [2.5, 2.5], [3.0]]), THRESHOLD, min_speakers=1)[1]) == 2
-    assert len(cluster(_local([[3.0], [2.5, 2.5]]), THRESHOLD, num_speakers=1)[1]) == 1
+    assert len(cluster(_local(two), THRESHOLD, min_speakers=1)[1]) == 2
+    assert len(cluster(_local(two), THRESHOLD, num_speakers=1)[1]) == 1
 
 
 def test_short_pauses_stay_inside_a_turn():

@@ -6,7 +6,7 @@
    pooled over the frames where that speaker talks alone (all of its frames when it never does).
 3. Clustering across windows (agglomerative, average linkage on unit vectors; speaker count
    automatic unless given; unless `num_speakers`/`max_speakers` say otherwise, never fewer than
-   the local speakers with ≥ 2 s of speech each in one window), then every local speaker to a cluster, two speakers of one window never to the
+   the local speakers with ≥ 2 s of speech each side by side in a window, in two windows), then every local speaker to a cluster, two speakers of one window never to the
    same one.
 4. Reconstruction: per frame, the windows' speaker count says how many speakers talk; the
    clusters most active there are them; a speaker's pauses up to 0.5 s stay inside the turn
@@ -37,6 +37,7 @@ MIN_CLUSTER_S = 3.0  # a cluster with less speech joins its nearest larger one
 # Local speakers of one window with this much clean speech each are different people: at least
 # that many clusters unless a count is given (None: no such floor).
 FLOOR_S = 2.0
+FLOOR_WINDOWS = 2  # ... in at least this many windows
 FILL_S = 0.5  # a speaker's pauses up to this long are part of the turn
 
 
@@ -185,15 +186,17 @@ def cluster(local: Local, threshold, num_speakers=None, min_speakers=None, max_s
 
 
 def _at_once(local: Local, seconds) -> int:
-    """The most local speakers of one window that each have `seconds` of clean speech: the
-    segmentation's own lower bound on the speaker count (1 when `seconds` is None)."""
+    """The most local speakers that each have `seconds` of speech side by side in one window
+    (in FLOOR_WINDOWS windows): the segmentation's own lower bound on the speaker count (1 when
+    `seconds` is None)."""
     if seconds is None:
         return 1
     count: dict = {}
     for (w, _), sec in zip(local.owners, local.seconds):
         if sec >= seconds:
             count[w] = count.get(w, 0) + 1
-    return max(count.values(), default=1)
+    most = sorted(count.values(), reverse=True)
+    return max(1, most[FLOOR_WINDOWS - 1]) if len(most) >= FLOOR_WINDOWS else 1
 
 
 def _absorb_small(x, sec, labels):

@@ -1,0 +1,323 @@
+//! The actor that owns one on-demand service's process: waits for a GPU grant, spawns and
+//! health-polls the service, holds the grant while it is healthy, and tears it down.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::process::{ChildStderr, ChildStdout};
+use tokio::sync::{broadcast, mpsc, watch};
+
+use super::{footprint_key, Control, ServiceState, ServiceStatus, TAIL_LINES};
+use crate::arbiter::queue::{GpuPermit, HolderKind, Ticket};
+use crate::arbiter::teardown::Gone;
+use crate::arbiter::Core;
+use crate::config::ServiceConfig;
+use crate::process::{describe_exit, spawn_service, ProcessGroup};
+use crate::protocol::GrantEvent;
+use crate::worker::lines::{next_line_opt as next_line, LineReader};
+
+pub(super) struct Actor {
+    pub(super) spec: ServiceConfig,
+    pub(super) cwd: std::path::PathBuf,
+    pub(super) core: Arc<Core>,
+    pub(super) rx: mpsc::Receiver<Control>,
+    pub(super) status: watch::Sender<ServiceStatus>,
+    pub(super) events: broadcast::Sender<GrantEvent>,
+    pub(super) tail: VecDeque<String>,
+}
+
+/// A running service process and what was known before it started.
+struct Running {
+    group: ProcessGroup,
+    stdout: Option<LineReader<ChildStdout>>,
+    stderr: Option<LineReader<ChildStderr>>,
+    baseline_used_mib: Option<u64>,
+    permit: GpuPermit,
+}
+
+impl Actor {
+    pub(super) async fn run(mut self) {
+        while let Some(control) = self.rx.recv().await {
+            if let Control::Start = control {
+                self.serve_once().await;
+            }
+        }
+    }
+
+    fn emit(&self, event: GrantEvent) {
+        let _ = self.events.send(event);
+    }
+
+    fn set(&self, state: ServiceState, also: impl FnOnce(&mut ServiceStatus)) {
+        self.status.send_modify(|s| {
+            s.state = state;
+            s.since = Some(Instant::now());
+            also(s);
+        });
+    }
+
+    fn fail(&self, code: &str, message: String) {
+        tracing::warn!(service = %self.spec.name, %message, "service failed");
+        self.emit(GrantEvent::Error {
+            code: code.into(),
+            message: message.clone(),
+        });
+        self.set(ServiceState::Failed, |s| {
+            s.pid = None;
+            s.last_error = Some(message);
+        });
+    }
+
+    /// One life: queued → starting → healthy → stopped (or failed at any step).
+    async fn serve_once(&mut self) {
+        self.set(ServiceState::Queued, |s| s.last_error = None);
+        let Some(permit) = self.wait_for_grant().await else {
+            return;
+        };
+        let events = self.events.clone();
+        let notify = move |e: GrantEvent| {
+            let _ = events.send(e);
+        };
+        if let Err(why) = self
+            .core
+            .make_room(
+                self.core.footprints.need(
+                    &footprint_key(&self.spec.name),
+                    self.spec.vram_mib.unwrap_or(0),
+                ),
+                &notify,
+            )
+            .await
+        {
+            return self.fail("no_room", why);
+        }
+        let started = Instant::now();
+        let baseline_used_mib = self.core.used_mib();
+        let (group, stdout, stderr) =
+            match spawn_service(&self.spec.command, &self.cwd, &self.spec.env) {
+                Ok(spawned) => spawned,
+                Err(e) => {
+                    return self.fail(
+                        "service_unavailable",
+                        format!(
+                            "cannot run {:?} in {}: {e}",
+                            self.spec.command,
+                            self.cwd.display()
+                        ),
+                    );
+                }
+            };
+        let pid = group.pid();
+        tracing::info!(service = %self.spec.name, pid, "service started");
+        self.emit(GrantEvent::Starting { pid });
+        self.set(ServiceState::Starting, |s| {
+            s.pid = Some(pid);
+            s.starts += 1;
+        });
+        let mut running = Running {
+            group,
+            stdout: Some(LineReader::new(stdout)),
+            stderr: Some(LineReader::new(stderr)),
+            baseline_used_mib,
+            permit,
+        };
+        match self.until_healthy(&mut running, started).await {
+            Ok(()) => {
+                let seconds = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+                tracing::info!(service = %self.spec.name, pid, seconds, "service healthy");
+                self.emit(GrantEvent::Healthy {
+                    pid: Some(pid),
+                    seconds,
+                });
+                self.set(ServiceState::Healthy, |s| s.last_use = Some(Instant::now()));
+                let reason = self.while_healthy(&mut running).await;
+                self.stop(running, &reason, None).await;
+            }
+            Err((code, why)) => self.stop(running, &why, Some(code)).await,
+        }
+    }
+
+    /// Waits in the queue, broadcasting the position; `None` when stopped meanwhile.
+    async fn wait_for_grant(&mut self) -> Option<GpuPermit> {
+        let ticket = Ticket {
+            kind: HolderKind::Service,
+            label: format!("service {}", self.spec.name),
+            priority: 0,
+            need_mib: self.core.footprints.need(
+                &footprint_key(&self.spec.name),
+                self.spec.vram_mib.unwrap_or(0),
+            ),
+        };
+        let mut waiter = self.core.queue.try_enqueue(ticket, usize::MAX)?;
+        let mut last = None;
+        loop {
+            let position = waiter.position();
+            if position.is_some() && position != last {
+                last = position;
+                self.emit(GrantEvent::Queued {
+                    position: position.unwrap_or(0),
+                    waiting_for: self.core.queue.waiting_for(),
+                });
+            }
+            tokio::select! {
+                next = waiter.next() => if let Some(permit) = next { return Some(permit) },
+                control = self.rx.recv() => match control {
+                    Some(Control::Stop { reason }) => {
+                        self.emit(GrantEvent::Error { code: "stopped".into(), message: format!("stopped before it started: {reason}") });
+                        self.set(ServiceState::Stopped, |_| {});
+                        return None;
+                    }
+                    None => return None,
+                    Some(_) => {}
+                },
+            }
+        }
+    }
+
+    /// Polls the health URL until it answers 2xx; `Err` on exit, timeout or a stop.
+    async fn until_healthy(
+        &mut self,
+        running: &mut Running,
+        started: Instant,
+    ) -> Result<(), (&'static str, String)> {
+        let deadline = tokio::time::Instant::from_std(started)
+            + Duration::from_secs_f64(self.spec.start_timeout_s);
+        let interval = Duration::from_secs_f64(self.spec.poll_interval_s);
+        let mut next_poll = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next_poll) => {
+                    next_poll += interval;
+                    let healthy = self.core.http.get(&self.spec.health_url).timeout(interval.max(Duration::from_secs(2))).send().await
+                        .is_ok_and(|r| r.status().is_success());
+                    if healthy {
+                        return Ok(());
+                    }
+                }
+                status = running.group.wait() => {
+                    let exit = status.map(|s| describe_exit(&s)).unwrap_or_else(|e| e.to_string());
+                    return Err(("service_failed", format!("exited before it was healthy ({exit}); last lines:\n{}", self.tail_text())));
+                }
+                Some(line) = next_line(&mut running.stdout) => self.log(line, true),
+                Some(line) = next_line(&mut running.stderr) => self.log(line, true),
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(("service_timeout", format!(
+                        "not healthy at {} within start_timeout_s = {:.0} s; stopped. Last lines:\n{}",
+                        self.spec.health_url, self.spec.start_timeout_s, self.tail_text())));
+                }
+                control = self.rx.recv() => match control {
+                    Some(Control::Stop { reason }) => return Err(("stopped", format!("stopped while starting: {reason}"))),
+                    None => return Err(("stopped", "gpuhost is shutting down".into())),
+                    Some(_) => {}
+                },
+            }
+        }
+    }
+
+    /// Serves until a stop or an exit; returns why it ends.
+    async fn while_healthy(&mut self, running: &mut Running) -> String {
+        loop {
+            tokio::select! {
+                status = running.group.wait() => {
+                    let exit = status.map(|s| describe_exit(&s)).unwrap_or_else(|e| e.to_string());
+                    let why = format!("the service exited ({exit})");
+                    self.status.send_modify(|s| s.last_error = Some(format!("{why}; last lines:\n{}", self.tail_text())));
+                    return why;
+                }
+                Some(line) = next_line(&mut running.stdout) => self.log(line, false),
+                Some(line) = next_line(&mut running.stderr) => self.log(line, false),
+                _ = tokio::time::sleep(Duration::from_secs(1)) => self.measure(running.group.pid()),
+                control = self.rx.recv() => match control {
+                    Some(Control::Stop { reason }) => return reason,
+                    Some(Control::Touch) | Some(Control::Start) => self.status.send_modify(|s| s.last_use = Some(Instant::now())),
+                    None => return "gpuhost is shutting down".into(),
+                },
+            }
+        }
+    }
+
+    /// Release call, signal → grace → kill, verified teardown, then the GPU goes on.
+    async fn stop(&mut self, mut running: Running, reason: &str, failure: Option<&str>) {
+        let pid = running.group.pid();
+        tracing::info!(service = %self.spec.name, pid, %reason, "stopping service");
+        self.set(ServiceState::Stopping, |_| {});
+        if let Some(url) = &self.spec.release_url {
+            let method = reqwest::Method::from_bytes(self.spec.release_method.as_bytes())
+                .unwrap_or(reqwest::Method::POST);
+            let body = self.spec.release_body.clone().unwrap_or_default();
+            match self.core.http.request(method, url).body(body).send().await {
+                Ok(r) => {
+                    tracing::info!(service = %self.spec.name, status = r.status().as_u16(), "release call made")
+                }
+                Err(e) => {
+                    tracing::warn!(service = %self.spec.name, error = %e, "release call failed")
+                }
+            }
+        }
+        let stopped_at = Instant::now();
+        running.group.signal(self.spec.signal());
+        if running
+            .group
+            .wait_timeout(Duration::from_secs_f64(self.spec.stop_grace_s))
+            .await
+            .is_none()
+        {
+            tracing::warn!(service = %self.spec.name, pid, "service ignored its stop signal; killing its group");
+            running.group.kill().await;
+        }
+        let gone = Gone {
+            what: format!("service {}", self.spec.name),
+            pids: vec![pid],
+            pgid: Some(pid),
+            baseline_used_mib: running.baseline_used_mib,
+            watch: None,
+            after: stopped_at,
+        };
+        let verified = self.core.verify_teardown(&gone).await;
+        let Running { permit, .. } = running;
+        match verified {
+            Ok(()) => {
+                drop(permit);
+                match failure {
+                    Some(code) => self.fail(code, reason.to_string()),
+                    None => self.set(ServiceState::Stopped, |s| s.pid = None),
+                }
+            }
+            Err(why) => {
+                self.core.block_until_freed(gone, why.clone());
+                drop(permit);
+                self.fail("teardown_failed", why);
+            }
+        }
+    }
+
+    fn log(&mut self, line: String, to_clients: bool) {
+        if self.tail.len() == TAIL_LINES {
+            self.tail.pop_front();
+        }
+        self.tail.push_back(line.clone());
+        tracing::debug!(service = %self.spec.name, "{line}");
+        if to_clients {
+            self.emit(GrantEvent::Log { line });
+        }
+    }
+
+    fn tail_text(&self) -> String {
+        if self.tail.is_empty() {
+            return "(no output)".into();
+        }
+        self.tail.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Records the peak memory seen for the service's processes (kept across restarts).
+    fn measure(&self, pgid: u32) {
+        let key = footprint_key(&self.spec.name);
+        let snap = self.core.snapshot();
+        self.core
+            .footprints
+            .observe(&key, pgid, self.core.device, &snap);
+        let measured = self.core.footprints.measured(&key);
+        self.status.send_modify(|s| s.measured_vram_mib = measured);
+    }
+}

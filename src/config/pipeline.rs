@@ -1,0 +1,119 @@
+//! `[pipeline]`, `[limits]` and `[audio]`: which stages a job runs, how big it may be, and how
+//! its audio is decoded.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Worker names run in order for `POST /transcribe`.
+    pub stages: Vec<String>,
+    /// Groups of consecutive stages that run at the same time when all their workers are
+    /// resident (each sees the results of the stages before its group). Default: diarizer and
+    /// asr together, when the pipeline has both.
+    pub parallel: Option<Vec<Vec<String>>>,
+}
+
+impl PipelineConfig {
+    /// The parallel groups in effect.
+    pub fn parallel_groups(&self) -> Vec<Vec<String>> {
+        match &self.parallel {
+            Some(groups) => groups.clone(),
+            None => {
+                let default = ["diarizer", "asr"];
+                if default.iter().all(|d| self.stages.iter().any(|s| s == d)) {
+                    vec![default.map(String::from).to_vec()]
+                } else {
+                    Vec::new()
+                }
+            }
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<(), String> {
+        let mut seen = std::collections::BTreeSet::new();
+        for group in self.parallel.iter().flatten() {
+            let at: Vec<usize> = group
+                .iter()
+                .map(|name| {
+                    self.stages.iter().position(|s| s == name).ok_or_else(|| {
+                        format!(
+                            "[pipeline] parallel names `{name}`, which is not in [pipeline] stages"
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            if at.windows(2).any(|w| w[1] != w[0] + 1) {
+                return Err(format!(
+                    "[pipeline] parallel group {group:?} must list consecutive stages in pipeline order"
+                ));
+            }
+            if let Some(twice) = group.iter().find(|name| !seen.insert(name.as_str())) {
+                return Err(format!(
+                    "[pipeline] parallel names `{twice}` more than once"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        PipelineConfig {
+            stages: vec!["diarizer".into(), "asr".into(), "aligner".into()],
+            parallel: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest request body, every multipart field included.
+    pub max_upload_bytes: u64,
+    pub max_audio_seconds: f64,
+    /// Longest text field of a form (`prompt`, `language`, …) and `prompt` query value.
+    pub max_field_bytes: usize,
+    /// Jobs waiting for the GPU at most; beyond it `/transcribe` answers 429 with `Retry-After`.
+    pub max_queue: usize,
+    /// Where job folders go (default: the system temp dir). Leftovers of a host that died are
+    /// swept from here at start.
+    pub temp_dir: Option<PathBuf>,
+    /// Where folders of small jobs go: uploads that already are 16 kHz mono PCM16 WAV of at most
+    /// 256 KiB (8 s: voice commands, short clips). Default: `/dev/shm` when it exists, a folder
+    /// in memory, which spares them the disk filesystem's file creation and removal. `""` turns
+    /// it off. A folder that cannot be used there falls back to `temp_dir`.
+    pub small_temp_dir: Option<PathBuf>,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_upload_bytes: 512 * 1024 * 1024,
+            max_audio_seconds: 4.0 * 3600.0,
+            max_field_bytes: 8 * 1024,
+            max_queue: 64,
+            temp_dir: None,
+            small_temp_dir: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AudioConfig {
+    /// `ffmpeg` used for what symphonia cannot decode; looked up on PATH when relative.
+    /// Empty string disables the fallback.
+    pub ffmpeg: String,
+}
+
+impl Default for AudioConfig {
+    fn default() -> Self {
+        AudioConfig {
+            ffmpeg: "ffmpeg".into(),
+        }
+    }
+}

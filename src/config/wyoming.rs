@@ -1,0 +1,45 @@
+//! `[wyoming]`: the Wyoming (Home Assistant) speech-to-text server beside the HTTP one.
+
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+/// `[wyoming]`: a Wyoming protocol (Home Assistant) speech-to-text server beside the HTTP one.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WyomingConfig {
+    /// Where to serve it (e.g. `"0.0.0.0:10300"`); absent: off. The protocol has no
+    /// authentication, so bind it only where every client may transcribe.
+    pub listen: Option<SocketAddr>,
+    /// Stages a Wyoming request runs, in pipeline order. Default: `asr` alone when the pipeline
+    /// has it (a voice command wants its text fast), else the whole pipeline.
+    pub stages: Option<Vec<String>>,
+    /// Languages announced to Home Assistant. Default `["en"]`: the bundled CPU model is
+    /// English-only; list a multilingual model's languages (`["en", "ko", …]`) when you use one.
+    pub languages: Vec<String>,
+}
+
+impl Default for WyomingConfig {
+    fn default() -> Self {
+        WyomingConfig {
+            listen: None,
+            stages: None,
+            languages: vec!["en".to_string()],
+        }
+    }
+}
+
+impl WyomingConfig {
+    /// The stages a Wyoming request runs.
+    pub fn stages(&self, pipeline: &[String]) -> Vec<String> {
+        match &self.stages {
+            Some(stages) => pipeline
+                .iter()
+                .filter(|s| stages.contains(s))
+                .cloned()
+                .collect(),
+            None if pipeline.iter().any(|s| s == "asr") => vec!["asr".to_string()],
+            None => pipeline.to_vec(),
+        }
+    }
+}
