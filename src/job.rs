@@ -14,6 +14,9 @@ use crate::protocol::{ClientEvent, OptionsError};
 use crate::{AppState, Config};
 
 mod fields;
+mod folders;
+
+pub use folders::{job_dir, job_dir_for, redact, sweep_stale, temp_dir_usable};
 
 /// A request that passed every check and waits for the GPU. Dropping it removes its folder.
 pub struct PreparedJob {
@@ -36,101 +39,6 @@ pub enum JobKind {
     /// Make a voiceprint: the `[speakers] stage` alone, from these `[start, end]` spans (all
     /// the speech it finds when `None`).
     Enroll { segments: Option<Vec<[f64; 2]>> },
-}
-
-/// Job folders are `gpuhost-job-<host pid>-<random>`: the pid tells a live host's folders from
-/// the leftovers of one that died.
-const JOB_PREFIX: &str = "gpuhost-job-";
-
-/// A fresh job folder in the configured temp dir.
-pub fn job_dir(config: &Config) -> std::io::Result<tempfile::TempDir> {
-    job_dir_in(config.temp_dir())
-}
-
-/// A fresh job folder for `upload`: in `limits.small_temp_dir` (memory) when it is a small
-/// upload that needs no decoding, so the folder stays as small as the upload; in the temp dir
-/// otherwise, or when the small one cannot take it.
-pub fn job_dir_for(config: &Config, upload: &Source) -> std::io::Result<tempfile::TempDir> {
-    if let Some(small) = config.small_temp_dir() {
-        if audio::is_small_and_normalized(upload) {
-            match job_dir_in(small) {
-                Ok(dir) => return Ok(dir),
-                Err(e) => tracing::debug!(error = %e, "small_temp_dir unusable; using temp_dir"),
-            }
-        }
-    }
-    job_dir(config)
-}
-
-fn job_dir_in(dir: PathBuf) -> std::io::Result<tempfile::TempDir> {
-    let make = || {
-        tempfile::Builder::new()
-            .prefix(&format!("{JOB_PREFIX}{}-", std::process::id()))
-            .tempdir_in(&dir)
-    };
-    match make() {
-        // The temp dir itself is gone (a tmp cleaner, a first start): make it and try again.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(&dir)?;
-            make()
-        }
-        made => made,
-    }
-}
-
-/// Removes job folders left behind by hosts that are no longer running (a crash or SIGKILL
-/// skips the cleanup a finished job does). Returns how many were removed.
-pub fn sweep_stale(temp_dir: &std::path::Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(temp_dir) else {
-        return 0;
-    };
-    let mut removed = 0;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(JOB_PREFIX)) else {
-            continue;
-        };
-        let owner = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
-        let stale = match owner {
-            Some(pid) => {
-                pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-            }
-            // Older hosts named folders without their pid: stale once an hour old.
-            None => entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > std::time::Duration::from_secs(3600)),
-        };
-        if stale
-            && entry.file_type().is_ok_and(|t| t.is_dir())
-            && std::fs::remove_dir_all(entry.path()).is_ok()
-        {
-            removed += 1;
-        }
-    }
-    removed
-}
-
-/// Whether job folders can be made in `temp_dir` now (it exists, is writable, has room for a
-/// small file). `Err` says why not.
-pub fn temp_dir_usable(temp_dir: &std::path::Path) -> Result<(), String> {
-    use std::io::Write;
-    let mut probe = tempfile::Builder::new()
-        .prefix(".gpuhost-probe-")
-        .tempfile_in(temp_dir)
-        .map_err(|e| format!("cannot create files in the temp dir: {e}"))?;
-    probe
-        .write_all(&[0u8; 4096])
-        .and_then(|()| probe.as_file().sync_data())
-        .map_err(|e| format!("cannot write to the temp dir: {e}"))
-}
-
-/// Replaces the job folder's path in a message meant for a client: paths on the server are
-/// none of its business.
-pub fn redact(message: &str, dir: &std::path::Path) -> String {
-    message.replace(&dir.display().to_string(), "<job>")
 }
 
 /// The GPU queue is full: come back later.
