@@ -13,7 +13,7 @@ use super::error::ApiError;
 use super::transcribe::final_result;
 use super::upload;
 use crate::audio::Source;
-use crate::job::{self, start_job, PreparedJob};
+use crate::job::{self, start_job};
 use crate::pipeline::JobOptions;
 use crate::render::{render, Format};
 use crate::transcript::Transcript;
@@ -145,20 +145,15 @@ pub(super) async fn translations(
 
 /// One job from the form; the transcript (or translation) in `response_format`.
 async fn answer(app: AppState, request: Request, translate: bool) -> Result<Response, OpenAiError> {
-    job::QueueFull::check(&app).map_err(|full| ApiError::queue_full(&full))?;
-    let dir = job::job_dir(&app.config)
-        .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
-    let dir_path = dir.path().to_path_buf();
-    let limits = upload::BodyLimits::from_config(&app.config);
-    let (request, tripwire) = upload::guard(request, limits);
+    let (intake, request) = upload::FormIntake::begin(&app, request)?;
     let form = read_form(
         request,
-        dir.path(),
-        limits.max_bytes,
+        intake.dir(),
+        intake.limits.max_bytes,
         app.config.limits.max_field_bytes,
     )
     .await
-    .map_err(|e| tripwire.error(&limits).unwrap_or(e).redact(&dir_path))?;
+    .map_err(|e| intake.failed(e))?;
     let format = form.response_format.as_deref().unwrap_or("json");
     if !["json", "text", "srt", "verbose_json", "vtt"].contains(&format) {
         return Err(ApiError::bad_request(format!(
@@ -177,9 +172,7 @@ async fn answer(app: AppState, request: Request, translate: bool) -> Result<Resp
     };
     let stages = app.config.pipeline.stages.clone();
     let options = job::accept_options(&app, options, &stages).map_err(ApiError::from)?;
-    let prepared = PreparedJob::from_upload(&app.config, dir, file, options, stages)
-        .await
-        .map_err(|e| ApiError::from(e).redact(&dir_path))?;
+    let prepared = intake.into_job(&app.config, file, options, stages).await?;
     let duration = prepared.info.seconds;
     let events = start_job(app, prepared).map_err(|full| ApiError::queue_full(&full))?;
     let result = final_result(events).await?;

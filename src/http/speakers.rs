@@ -11,7 +11,7 @@ use super::error::{ApiError, ErrorBody};
 use super::transcribe::final_result;
 use super::upload;
 use crate::audio::Source;
-use crate::job::{self, start_job, JobKind, PreparedJob};
+use crate::job::{start_job, JobKind};
 use crate::pipeline::JobOptions;
 use crate::speakers::{self, SpeakerError};
 use crate::AppState;
@@ -93,15 +93,10 @@ pub(super) async fn enroll(
     request: Request,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let stage = voiceprint_stage(&app)?;
-    job::QueueFull::check(&app).map_err(|full| ApiError::queue_full(&full))?;
-    let dir = job::job_dir(&app.config)
-        .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
-    let dir_path = dir.path().to_path_buf();
-    let limits = upload::BodyLimits::from_config(&app.config);
-    let (request, tripwire) = upload::guard(request, limits);
-    let form = read_form(request, &dir_path, limits.max_bytes, &app)
+    let (intake, request) = upload::FormIntake::begin(&app, request)?;
+    let form = read_form(request, intake.dir(), intake.limits.max_bytes, &app)
         .await
-        .map_err(|e| tripwire.error(&limits).unwrap_or(e).redact(&dir_path))?;
+        .map_err(|e| intake.failed(e))?;
     let name = speakers::check_name(form.name.as_deref().unwrap_or(""))?;
     let cfg = &app.config.speakers;
     app.speakers.check_room(&name, cfg.max_voices)?;
@@ -114,15 +109,14 @@ pub(super) async fn enroll(
     let file = form
         .file
         .ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing"))?;
-    let mut prepared = PreparedJob::from_upload(
-        &app.config,
-        dir,
-        file,
-        JobOptions::default(),
-        vec![stage.clone()],
-    )
-    .await
-    .map_err(|e| ApiError::from(e).redact(&dir_path))?;
+    let mut prepared = intake
+        .into_job(
+            &app.config,
+            file,
+            JobOptions::default(),
+            vec![stage.clone()],
+        )
+        .await?;
     let duration = prepared.info.seconds;
     if let Some([start, _]) = segments
         .iter()

@@ -103,6 +103,63 @@ pub(super) fn guard(request: Request, limits: BodyLimits) -> (Request, Tripwire)
     )
 }
 
+/// The start of a multipart request that becomes a job (the OpenAI endpoints, `POST /speakers`):
+/// refused while the GPU queue is full, a job folder for its file, the body guarded.
+pub(super) struct FormIntake {
+    dir: tempfile::TempDir,
+    pub limits: BodyLimits,
+    tripwire: Tripwire,
+}
+
+impl FormIntake {
+    pub(super) fn begin(
+        app: &crate::AppState,
+        request: Request,
+    ) -> Result<(FormIntake, Request), ApiError> {
+        crate::job::QueueFull::check(app).map_err(|full| ApiError::queue_full(&full))?;
+        let dir = crate::job::job_dir(&app.config)
+            .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
+        let limits = BodyLimits::from_config(&app.config);
+        let (request, tripwire) = guard(request, limits);
+        Ok((
+            FormIntake {
+                dir,
+                limits,
+                tripwire,
+            },
+            request,
+        ))
+    }
+
+    /// Where the form's file goes.
+    pub(super) fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// An error while reading the form, as the client sees it: the guard's own when it cut the
+    /// body off, and no server paths.
+    pub(super) fn failed(&self, e: ApiError) -> ApiError {
+        self.tripwire
+            .error(&self.limits)
+            .unwrap_or(e)
+            .redact(self.dir.path())
+    }
+
+    /// The job of the form's `file`, its folder with it.
+    pub(super) async fn into_job(
+        self,
+        config: &crate::Config,
+        file: Source,
+        options: crate::pipeline::JobOptions,
+        stages: Vec<String>,
+    ) -> Result<crate::job::PreparedJob, ApiError> {
+        let dir_path = self.dir.path().to_path_buf();
+        crate::job::PreparedJob::from_upload(config, self.dir, file, options, stages)
+            .await
+            .map_err(|e| ApiError::from(e).redact(&dir_path))
+    }
+}
+
 /// Uploads larger than this are streamed to a file instead of kept in memory.
 pub(super) const SPILL_BYTES: usize = 8 * 1024 * 1024;
 

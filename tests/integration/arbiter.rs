@@ -530,15 +530,10 @@ async fn an_unused_service_stops_by_itself() {
 }
 
 async fn leases(host: &TestHost) -> Vec<Value> {
-    let v: Value = host
-        .get("/gpu/leases")
-        .send()
-        .await
+    host.get_json("/gpu/leases").await["leases"]
+        .as_array()
         .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["leases"].as_array().unwrap().clone()
+        .clone()
 }
 
 fn lease_command(host: &TestHost, extra: &[&str], command: &[&str]) -> std::process::Command {

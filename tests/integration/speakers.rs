@@ -32,24 +32,24 @@ async fn enroll(host: &TestHost, form: Form) -> (u16, Value) {
     (status, response.json().await.unwrap())
 }
 
+/// A ready host whose fake diarizer makes voiceprints.
+async fn embedding_host() -> TestHost {
+    TestHost::start(&config(r#"{"voiceprints":"fake-embed"}"#))
+        .await
+        .ready()
+        .await
+}
+
 async fn listed(host: &TestHost) -> Vec<Value> {
-    let body: Value = host
-        .get("/speakers")
-        .send()
-        .await
+    host.get_json("/speakers").await["speakers"]
+        .as_array()
         .unwrap()
-        .json()
-        .await
-        .unwrap();
-    body["speakers"].as_array().unwrap().clone()
+        .clone()
 }
 
 #[tokio::test]
 async fn a_voice_is_enrolled_kept_used_and_deleted_for_good() {
-    let host = TestHost::start(&config(r#"{"voiceprints":"fake-embed"}"#))
-        .await
-        .ready()
-        .await;
+    let host = embedding_host().await;
     // The token guards voiceprints like every other personal thing.
     let anonymous = host.client().get(format!("{}/speakers", host.url));
     assert_eq!(anonymous.send().await.unwrap().status(), 401);
@@ -136,10 +136,7 @@ async fn voices_survive_a_restart() {
 
 #[tokio::test]
 async fn a_speaker_of_a_finished_transcript_is_enrolled_from_its_turns() {
-    let host = TestHost::start(&config(r#"{"voiceprints":"fake-embed"}"#))
-        .await
-        .ready()
-        .await;
+    let host = embedding_host().await;
     let transcript = json!({
         "segments": [],
         "turns": [
@@ -173,10 +170,7 @@ async fn a_speaker_of_a_finished_transcript_is_enrolled_from_its_turns() {
 
 #[tokio::test]
 async fn every_mistake_gets_a_status_and_what_to_do() {
-    let host = TestHost::start(&config(r#"{"voiceprints":"fake-embed"}"#))
-        .await
-        .ready()
-        .await;
+    let host = embedding_host().await;
     let cases: Vec<(Form, u16, &str)> = vec![
         (form("SPEAKER_00", 3.0), 400, "SPEAKER_"),
         (form("  ", 3.0), 400, "`name`"),
@@ -232,10 +226,7 @@ async fn a_diarizer_that_makes_no_voiceprints_is_refused_before_the_upload() {
 
 #[tokio::test]
 async fn the_command_line_enrols_lists_and_deletes() {
-    let host = TestHost::start(&config(r#"{"voiceprints":"fake-embed"}"#))
-        .await
-        .ready()
-        .await;
+    let host = embedding_host().await;
     let dir = tempfile::tempdir().unwrap();
     let audio = dir.path().join("voice.wav");
     std::fs::write(&audio, wav(3.0, 16000, 1)).unwrap();

@@ -194,16 +194,13 @@ impl TestHost {
         read_events(response).await
     }
 
+    /// GETs `path` (with the token) and returns its JSON body.
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
+        self.get(path).send().await.unwrap().json().await.unwrap()
+    }
+
     pub async fn worker(&self, name: &str) -> serde_json::Value {
-        let workers: serde_json::Value = self
-            .get("/workers")
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        workers["workers"]
+        self.get_json("/workers").await["workers"]
             .as_array()
             .unwrap()
             .iter()

@@ -118,6 +118,8 @@ def test_the_engine_is_chosen_by_name():
     assert engine.device == "cpu" and engine.threshold == 1.0
     with pytest.raises(ValueError, match="overlap"):
         load("nonsense", {})
+    with pytest.raises(ValueError, match="change_threshold"):
+        load("vad-dvector", {"thresold": 0.4})
     # The default engine's options, not the old default's: a config written for `vad-dvector`
     # without an `engine` line is refused with what to do, not run with a meaningless threshold.
     for old in ({"threshold": 0.42, "change_threshold": 1.1}, {"threshold": 0.42}):

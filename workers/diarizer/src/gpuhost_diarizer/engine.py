@@ -185,17 +185,30 @@ class PyannoteDiarizer:
         }
 
 
+# Each engine's options; any other key is refused, so a typo or an option written for another
+# engine never passes silently.
+OPTIONS = {
+    "vad-dvector": {"threshold", "change_threshold"},
+    "overlap": {"step_s", "threshold", "device"},
+    "pyannote": {"model", "token", "device"},
+}
+ALIASES = {"cpu": "vad-dvector", "overlap-onnx": "overlap", "cuda": "pyannote"}
+
+
 def load(engine: str, options: dict):
-    if engine in ("vad-dvector", "cpu"):
+    engine = ALIASES.get(engine, engine)
+    if engine not in OPTIONS:
+        raise ValueError(f"unknown diarizer engine {engine!r} (vad-dvector, overlap, pyannote)")
+    unknown = sorted(set(options) - OPTIONS[engine])
+    if engine == "vad-dvector" and not unknown:
         return VadDvectorDiarizer(
             threshold=float(options.get("threshold", THRESHOLD)),
             change_threshold=float(options.get("change_threshold", CHANGE_THRESHOLD)),
         )
-    if engine in ("overlap", "overlap-onnx"):
+    if engine == "overlap":
         from .overlap import STEP_S, OverlapDiarizer
         from .overlap import THRESHOLD as OVERLAP_THRESHOLD
 
-        unknown = sorted(set(options) - {"step_s", "threshold", "device"})
         threshold = float(options.get("threshold", OVERLAP_THRESHOLD))
         if unknown or threshold < 0.6:
             # Most likely `vad-dvector` options from before `overlap` became the default.
@@ -213,10 +226,13 @@ def load(engine: str, options: dict):
             if device == "cuda"
             else None,
         )
-    if engine in ("pyannote", "cuda"):
+    if engine == "pyannote" and not unknown:
         return PyannoteDiarizer(
             model=options.get("model", "pyannote/speaker-diarization-3.1"),
             token=options.get("token"),
             device=options.get("device", "cuda"),
         )
-    raise ValueError(f"unknown diarizer engine {engine!r} (vad-dvector, overlap, pyannote)")
+    raise ValueError(
+        f"diarizer options {unknown} are not options of the `{engine}` engine "
+        f"(it takes {', '.join(sorted(OPTIONS[engine]))})"
+    )
