@@ -95,7 +95,11 @@ impl App {
             gpu,
             queue,
             arbiter,
-            pipeline: Pipeline::new(Arc::clone(&supervisor), config.pipeline.parallel_groups()),
+            pipeline: Pipeline::new(
+                Arc::clone(&supervisor),
+                config.pipeline.parallel_groups(),
+                config.pipeline.needs_map(),
+            ),
             supervisor,
             config: Arc::new(config),
             stats: JobStats::default(),

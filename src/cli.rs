@@ -22,9 +22,18 @@ impl Remote {
         token: Option<&str>,
     ) -> anyhow::Result<Remote> {
         use anyhow::Context;
-        let base = server.map_or_else(|| format!("http://{}", config.listen), String::from);
+        let text = server.map_or_else(|| format!("http://{}", config.listen), String::from);
+        let mut base =
+            reqwest::Url::parse(&text).with_context(|| format!("{text} is not a URL"))?;
+        if base.cannot_be_a_base() {
+            anyhow::bail!("{text} cannot be a base URL (give http://host:port[/prefix])");
+        }
+        // Paths are joined onto it: behind a proxy at `/gpu`, `status` is `/gpu/status`.
+        if !base.path().ends_with('/') {
+            base.set_path(&format!("{}/", base.path()));
+        }
         Ok(Remote {
-            base: reqwest::Url::parse(&base).with_context(|| format!("{base} is not a URL"))?,
+            base,
             token: token.map(String::from).or_else(|| config.token.clone()),
         })
     }
@@ -61,5 +70,31 @@ impl Remote {
             .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
             .unwrap_or(body);
         anyhow::bail!("{url} answered {code}: {message}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Remote;
+
+    #[test]
+    fn paths_join_onto_the_server_url_and_its_prefix() {
+        let config = gpuhost::Config::default();
+        let join = |server: Option<&str>, path: &str| {
+            let remote = Remote::new(&config, server, None).unwrap();
+            remote.base.join(path).unwrap().to_string()
+        };
+        let listen = format!("http://{}/status", config.listen);
+        assert_eq!(join(None, "status"), listen);
+        assert_eq!(join(Some("http://h:1"), "speakers"), "http://h:1/speakers");
+        assert_eq!(
+            join(Some("http://h:1/gpu"), "status"),
+            "http://h:1/gpu/status"
+        );
+        assert_eq!(
+            join(Some("http://h:1/gpu/"), "workers/asr/load"),
+            "http://h:1/gpu/workers/asr/load"
+        );
+        assert!(Remote::new(&config, Some("mailto:x@y"), None).is_err());
     }
 }

@@ -465,6 +465,21 @@ mod tests {
     }
 
     #[test]
+    fn needs_default_and_checks() {
+        assert!(Config::default().pipeline.needs_map().is_empty());
+        let on = Config::from_toml("[pipeline]\nneeds = { aligner = [\"asr\"] }\n", ".".into());
+        assert_eq!(on.unwrap().pipeline.needs_map()["aligner"], ["asr"]);
+        for (toml, says) in [
+            ("needs = { ocr = [\"asr\"] }", "`ocr`"),
+            ("needs = { asr = [\"aligner\"] }", "not `aligner`"),
+            ("needs = { asr = [\"asr\"] }", "not `asr`"),
+        ] {
+            let err = Config::from_toml(&format!("[pipeline]\n{toml}\n"), ".".into()).unwrap_err();
+            assert!(err.to_string().contains(says), "{toml}: {err}");
+        }
+    }
+
+    #[test]
     fn token_edge_cases() {
         let t = |c: Option<&str>, e: Option<&str>| {
             effective_token(c.map(String::from), e.map(String::from))

@@ -1,12 +1,14 @@
-//! Runs a job through the configured stages, turning worker events into client events. Stages
-//! run one after another, except that a `parallel` group of resident workers runs together; each
-//! stage sees the audio path and the result of every stage before its group.
+//! Runs a job through the configured stages, turning worker events into client events. A stage
+//! starts once the stages it needs are done (every earlier one, but the others of its `parallel`
+//! group, unless `needs` names fewer), beside the others running when all are resident; each
+//! stage sees the audio path and the results of the stages done by then.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -72,45 +74,64 @@ pub struct Pipeline {
     supervisor: Arc<Supervisor>,
     /// Groups of consecutive stages that may run at the same time (config `[pipeline] parallel`).
     parallel: Vec<Vec<String>>,
+    /// The earlier stages a stage waits for, where not all of them (config `[pipeline] needs`).
+    needs: BTreeMap<String, Vec<String>>,
+}
+
+/// Where a stage of a running job is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StageState {
+    Waiting,
+    Running,
+    Done,
+    /// Failed or called off: what needs it never starts.
+    Ended,
 }
 
 impl Pipeline {
-    pub fn new(supervisor: Arc<Supervisor>, parallel: Vec<Vec<String>>) -> Pipeline {
+    pub fn new(
+        supervisor: Arc<Supervisor>,
+        parallel: Vec<Vec<String>>,
+        needs: BTreeMap<String, Vec<String>>,
+    ) -> Pipeline {
         Pipeline {
             supervisor,
             parallel,
+            needs,
         }
     }
 
-    /// `stages` cut into steps: consecutive stages of one parallel group run together when all
-    /// their workers are resident (oneshot workers exist to hold one model at a time).
-    pub fn plan(&self, stages: &[String]) -> Vec<Vec<String>> {
-        let resident = |stage: &str| {
-            self.supervisor
-                .get(stage)
-                .is_some_and(|w| w.status().mode == Mode::Resident)
-        };
+    /// For each of `stages`, the earlier ones it waits for (indices): those `needs` names, or
+    /// else every earlier stage but the others of its parallel group.
+    pub fn needs(&self, stages: &[String]) -> Vec<Vec<usize>> {
         let grouped = |a: &str, b: &str| {
             self.parallel
                 .iter()
                 .any(|g| g.iter().any(|s| s == a) && g.iter().any(|s| s == b))
         };
-        let mut steps: Vec<Vec<String>> = Vec::new();
-        for stage in stages {
-            match steps.last_mut() {
-                Some(step)
-                    if resident(stage) && step.iter().all(|s| grouped(s, stage) && resident(s)) =>
-                {
-                    step.push(stage.clone())
+        stages
+            .iter()
+            .enumerate()
+            .map(|(i, stage)| {
+                let earlier = 0..i;
+                match self.needs.get(stage) {
+                    Some(named) => earlier.filter(|&j| named.contains(&stages[j])).collect(),
+                    None => earlier.filter(|&j| !grouped(&stages[j], stage)).collect(),
                 }
-                _ => steps.push(vec![stage.clone()]),
-            }
-        }
-        steps
+            })
+            .collect()
     }
 
-    /// Runs the job's stages on its normalized audio, step by step (see `plan`). A stage that
-    /// fails calls off the others of its step.
+    fn resident(&self, stage: &str) -> bool {
+        self.supervisor
+            .get(stage)
+            .is_some_and(|w| w.status().mode == Mode::Resident)
+    }
+
+    /// Runs the job's stages on its normalized audio. A stage starts once the stages it needs
+    /// (see `needs`) are done, beside the others running if it and they are all resident
+    /// (oneshot workers exist to hold one model at a time), and sees the results of every stage
+    /// done by then. A stage that fails calls off the others running and ends the job.
     pub async fn run(
         &self,
         job: JobInput<'_>,
@@ -124,77 +145,88 @@ impl Pipeline {
             stages,
             extra,
         } = job;
+        let needs = self.needs(stages);
+        let resident: Vec<bool> = stages.iter().map(|s| self.resident(s)).collect();
+        let mut progress = vec![StageState::Waiting; stages.len()];
         let mut results = Map::new();
         let mut timings = Map::new();
         let started = Instant::now();
-        for step in self.plan(stages) {
+        let cancel = CancellationToken::new();
+        let mut running = FuturesUnordered::new();
+        // The failure that started it all, not the stages it called off.
+        let mut failure: Option<PipelineError> = None;
+        let mut called_off = Vec::new();
+        loop {
             if events.is_closed() {
-                return Err(PipelineError::Cancelled);
+                cancel.cancel();
             }
-            let task = Task {
-                audio_path: audio.to_path_buf(),
-                wav_path: audio.to_path_buf(),
-                duration,
-                options: options.clone(),
-                results: results.clone(),
-                stage: String::new(),
-            };
-
-            let cancel = CancellationToken::new();
-            let runs = step.iter().map(|stage| {
-                let (task, cancel) = (task.clone(), cancel.clone());
-                let extra = extra.get(stage);
-                async move {
+            for i in 0..stages.len() {
+                let ready = progress[i] == StageState::Waiting
+                    && needs[i].iter().all(|&j| progress[j] == StageState::Done);
+                let running_now = (0..stages.len()).filter(|&j| progress[j] == StageState::Running);
+                let beside = running_now.clone().all(|j| resident[j] && resident[i]);
+                if !ready || !beside || failure.is_some() || cancel.is_cancelled() {
+                    continue;
+                }
+                progress[i] = StageState::Running;
+                let task = Task {
+                    audio_path: audio.to_path_buf(),
+                    wav_path: audio.to_path_buf(),
+                    duration,
+                    options: options.clone(),
+                    results: results.clone(),
+                    stage: String::new(),
+                };
+                let (stage, extra, cancel) = (&stages[i], extra.get(&stages[i]), cancel.clone());
+                running.push(async move {
                     let outcome = self.stage(dir, stage, task, extra, events, &cancel).await;
                     if outcome.is_err() {
-                        cancel.cancel(); // the step has failed: free the GPU from the others
+                        cancel.cancel(); // the job has failed: free the GPU from the others
                     }
-                    outcome
-                }
-            });
-            let outcomes = futures_util::future::join_all(runs).await;
-            if events.is_closed() {
-                return Err(PipelineError::Cancelled);
+                    (i, outcome)
+                });
             }
-            // Report the failure that started it all, not the stages it called off.
-            let mut failure: Option<PipelineError> = None;
-            let mut called_off = Vec::new();
-            for (stage, outcome) in step.iter().zip(outcomes) {
-                match outcome {
-                    Ok((result, seconds)) => {
-                        timings.insert(stage.clone(), json!(round3(seconds)));
-                        results.insert(stage.clone(), result);
-                    }
-                    Err(e) if e.cancelled() => called_off.push(stage.clone()),
-                    Err(e) => {
-                        if failure.is_none() {
-                            failure = Some(e);
-                        }
-                    }
+            let Some((i, outcome)) = running.next().await else {
+                break;
+            };
+            let stage = &stages[i];
+            progress[i] = StageState::Ended;
+            match outcome {
+                Ok((result, seconds)) => {
+                    progress[i] = StageState::Done;
+                    timings.insert(stage.clone(), json!(round3(seconds)));
+                    results.insert(stage.clone(), result);
+                }
+                Err(e) if e.cancelled() => called_off.push(stage.clone()),
+                Err(e) => {
+                    failure.get_or_insert(e);
                 }
             }
-            if let Some(PipelineError::Stage { stage: by, .. }) = &failure {
-                for stage in &called_off {
-                    let e = PipelineError::CalledOff {
+        }
+        if events.is_closed() {
+            return Err(PipelineError::Cancelled);
+        }
+        if let Some(PipelineError::Stage { stage: by, .. }) = &failure {
+            for stage in &called_off {
+                let e = PipelineError::CalledOff {
+                    stage: stage.clone(),
+                    by: by.clone(),
+                };
+                tracing::info!(code = %e.code(), "{e}");
+                let _ = events
+                    .send(ClientEvent::Stage {
                         stage: stage.clone(),
-                        by: by.clone(),
-                    };
-                    tracing::info!(code = %e.code(), "{e}");
-                    let _ = events
-                        .send(ClientEvent::Stage {
-                            stage: stage.clone(),
-                            status: StageStatus::CalledOff,
-                            seconds: None,
-                        })
-                        .await;
-                }
+                        status: StageStatus::CalledOff,
+                        seconds: None,
+                    })
+                    .await;
             }
-            if failure.is_none() && !called_off.is_empty() {
-                failure = Some(PipelineError::Cancelled);
-            }
-            if let Some(e) = failure {
-                return Err(e);
-            }
+        }
+        if failure.is_none() && !called_off.is_empty() {
+            failure = Some(PipelineError::Cancelled);
+        }
+        if let Some(e) = failure {
+            return Err(e);
         }
         Ok(json!({
             "duration": round3(duration),

@@ -48,18 +48,14 @@ pub(crate) async fn speakers(
     args: SpeakersArgs,
 ) -> anyhow::Result<ExitCode> {
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
-    let mut url = remote.base.clone();
+    let mut url = remote.base.join("speakers")?;
     let client = reqwest::Client::new();
     let request = match args.action {
-        SpeakersAction::List => {
-            url.set_path("/speakers");
-            client.get(url.clone())
-        }
+        SpeakersAction::List => client.get(url.clone()),
         SpeakersAction::Delete { name } => {
             url.path_segments_mut()
                 .map_err(|()| anyhow::anyhow!("{} cannot be a base URL", remote.base))?
-                .clear()
-                .extend(["speakers", name.as_str()]);
+                .push(&name);
             client.delete(url.clone())
         }
         SpeakersAction::Add {
@@ -69,7 +65,6 @@ pub(crate) async fn speakers(
             transcript,
             speaker,
         } => {
-            url.set_path("/speakers");
             let audio = tokio::fs::read(&file)
                 .await
                 .with_context(|| format!("cannot read {}", file.display()))?;

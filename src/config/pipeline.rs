@@ -1,6 +1,7 @@
 //! `[pipeline]`, `[limits]` and `[audio]`: which stages a job runs, how big it may be, and how
 //! its audio is decoded.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -14,6 +15,11 @@ pub struct PipelineConfig {
     /// resident (each sees the results of the stages before its group). Default: diarizer and
     /// asr together, when the pipeline has both.
     pub parallel: Option<Vec<Vec<String>>>,
+    /// The earlier stages a stage waits for, when not all of them: it starts once these are
+    /// done, beside whatever else runs (resident workers only). Default: none named, so every
+    /// stage waits for all before it (on 2 CPU cores, the aligner beside the diarizer gained
+    /// nothing: docs/benchmarks.md).
+    pub needs: Option<BTreeMap<String, Vec<String>>>,
 }
 
 impl PipelineConfig {
@@ -32,7 +38,25 @@ impl PipelineConfig {
         }
     }
 
+    /// The `needs` in effect.
+    pub fn needs_map(&self) -> BTreeMap<String, Vec<String>> {
+        self.needs.clone().unwrap_or_default()
+    }
+
     pub(super) fn validate(&self) -> Result<(), String> {
+        for (stage, needs) in self.needs.iter().flatten() {
+            let at = self.stages.iter().position(|s| s == stage).ok_or_else(|| {
+                format!("[pipeline] needs names `{stage}`, which is not in [pipeline] stages")
+            })?;
+            if let Some(later) = needs
+                .iter()
+                .find(|n| !self.stages[..at].iter().any(|s| s == *n))
+            {
+                return Err(format!(
+                    "[pipeline] needs: `{stage}` can only need stages before it in [pipeline] stages, not `{later}`"
+                ));
+            }
+        }
         let mut seen = std::collections::BTreeSet::new();
         for group in self.parallel.iter().flatten() {
             let at: Vec<usize> = group
@@ -65,6 +89,7 @@ impl Default for PipelineConfig {
         PipelineConfig {
             stages: vec!["diarizer".into(), "asr".into(), "aligner".into()],
             parallel: None,
+            needs: None,
         }
     }
 }

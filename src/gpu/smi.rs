@@ -8,8 +8,9 @@ use super::error::{ProbeError, SampleError};
 use super::{GpuInfo, RawProcess, RawSample};
 use crate::process::{find_program, run_captured};
 
-const GPU_QUERY: &str =
-    "--query-gpu=index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw";
+/// `memory.free` comes last and is the driver's own figure: on an H200 it was 616 MiB under
+/// total − used (memory the driver reserves), and NVML reports the same.
+const GPU_QUERY: &str = "--query-gpu=index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw,memory.free";
 const APPS_QUERY: &str = "--query-compute-apps=pid,process_name,used_memory,gpu_uuid";
 const FORMAT: &str = "--format=csv,noheader,nounits";
 
@@ -119,7 +120,10 @@ pub fn parse_gpus(csv: &str) -> Result<Vec<GpuInfo>, SampleError> {
             utilization: number(f[3]).unwrap_or(0),
             memory_used_mib: used,
             memory_total_mib: total,
-            memory_free_mib: total.saturating_sub(used),
+            memory_free_mib: f
+                .get(8)
+                .and_then(|free| number(free))
+                .unwrap_or_else(|| total.saturating_sub(used)),
             temperature: number(f[6]).unwrap_or(0),
             power_draw: number(f[7]).unwrap_or(0.0),
         });
@@ -157,11 +161,14 @@ mod tests {
     #[test]
     fn parses_gpus_and_apps_with_missing_values() {
         let gpus = parse_gpus(
-            "0, GPU-aaa, NVIDIA GeForce RTX 5090, 37, 20480, 32607, 61, 312.40\n1, GPU-bbb, NVIDIA H200, [N/A], 1, 143771, 30, [Not Supported]\n",
+            "0, GPU-aaa, NVIDIA GeForce RTX 5090, 37, 20480, 32607, 61, 312.40\n1, GPU-bbb, NVIDIA H200, [N/A], 0, 143771, 30, [Not Supported], 143155\n",
         )
         .unwrap();
         assert_eq!(gpus.len(), 2);
+        // Without `memory.free` (older drivers, other tools): total − used.
         assert_eq!(gpus[0].memory_free_mib, 32607 - 20480);
+        // With it: the driver's figure, reserved memory taken out (as seen on an H200).
+        assert_eq!(gpus[1].memory_free_mib, 143155);
         assert_eq!(gpus[1].utilization, 0);
         assert_eq!(gpus[1].power_draw, 0.0);
         let apps = parse_apps(

@@ -104,3 +104,47 @@ async fn oneshot_workers_never_run_together() {
     );
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_stage_starts_once_what_it_needs_is_done() {
+    // c needs only b: it runs beside a, which is still at work.
+    let config = format!(
+        "[pipeline]\nstages = [\"a\", \"b\", \"c\"]\nparallel = [[\"a\", \"b\"]]\nneeds = {{ c = [\"b\"] }}\n{}{}{}",
+        fake_worker("a", "env = { FAKE_EXTRA = \"sleep=1500\" }"),
+        fake_worker("b", ""),
+        fake_worker("c", "")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    assert!(
+        position(&events, "c", StageStatus::Done) < position(&events, "a", StageStatus::Done),
+        "c did not wait for a: {events:#?}"
+    );
+    let result = result_of(&events);
+    assert_eq!(result["stages"]["c"]["earlier"], serde_json::json!(["b"]));
+    assert_eq!(result["timings"].as_object().unwrap().len(), 3);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_failure_starts_nothing_that_needs_it() {
+    let config = format!(
+        "[pipeline]\nstages = [\"a\", \"b\", \"c\"]\nparallel = [[\"a\", \"b\"]]\nneeds = {{ c = [\"b\"] }}\n{}{}{}",
+        fake_worker("a", "env = { FAKE_EXTRA = \"sleep=1500\" }"),
+        fake_worker("b", "env = { FAKE_EXTRA = \"error\" }"),
+        fake_worker("c", "")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    let (code, message) = error_of(&events);
+    assert_eq!(code, "job_failed");
+    assert!(message.contains("stage `b`"), "{message}");
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ClientEvent::Stage { stage, .. } if stage == "c")),
+        "c never started: {events:#?}"
+    );
+    assert_eq!(host.worker("c").await["tasks_done"], 0);
+    host.stop().await;
+}

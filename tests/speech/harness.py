@@ -41,7 +41,10 @@ def free_port():
 
 
 class Server:
-    def __init__(self, mode="resident", token="e2e-token", engines=None, options=None):
+    def __init__(
+        self, mode="resident", token="e2e-token", engines=None, options=None, extra_config=""
+    ):
+        """`extra_config`: TOML appended to the generated config (e.g. a `[pipeline]` table)."""
         self.port, self.wyoming_port = free_port(), free_port()
         self.url, self.token = f"http://127.0.0.1:{self.port}", token
         self.dir = tempfile.TemporaryDirectory()
@@ -56,7 +59,7 @@ class Server:
         config.write_text(
             f'listen = "127.0.0.1:{self.port}"\ntoken = "{token}"\nworkers_dir = "{REPO / "workers"}"\n'
             f'[setup]\nsdk_dir = "{REPO / "protocol/sdk"}"\n{workers}'
-            f'[wyoming]\nlisten = "127.0.0.1:{self.wyoming_port}"\n'
+            f'[wyoming]\nlisten = "127.0.0.1:{self.wyoming_port}"\n{extra_config}'
         )
         self.log = open(Path(self.dir.name) / "log", "w+")
         self.proc = subprocess.Popen(

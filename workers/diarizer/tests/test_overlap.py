@@ -3,7 +3,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from gpuhost_diarizer import models
+from gpuhost_diarizer import models, overlap
 from gpuhost_diarizer.engine import load, read_wav
 from gpuhost_diarizer.overlap import OverlapDiarizer
 
@@ -200,3 +200,26 @@ def test_short_pauses_stay_inside_a_turn():
     row = np.array([0, 1, 1, 0, 0, 1, 0], dtype=bool)
     _fill(row, 2, np.array([0, 0, 0, 0, 1, 0, 0]))
     assert row.astype(int).tolist() == [0, 1, 1, 0, 0, 1, 0]
+
+
+def test_a_stretch_several_windows_see_is_embedded_once(engine, crosstalk, monkeypatch):
+    audio = np.tile(read_wav(crosstalk[0]), 2)  # ~30 s: windows overlap by three quarters
+    calls = []
+    real = engine.embedder.embed
+
+    def counting(fbank, weights):
+        calls.append(1)
+        return real(fbank, weights)
+
+    monkeypatch.setattr(engine.embedder, "embed", counting)
+    reused = engine.local(audio)
+    with_reuse = len(calls)
+    monkeypatch.setattr(overlap, "REUSE_DIFFER", -1.0)  # nothing is ever close enough
+    calls.clear()
+    fresh = engine.local(audio)
+    assert reused.owners == fresh.owners
+    assert with_reuse < len(calls) == len(fresh.owners), (with_reuse, len(calls))
+    # What a window got from an earlier one is the same voice as what it would have computed
+    # itself (here one voice's views score 0.7-1.0 against each other, the other voice 0.1-0.2).
+    cosines = np.sum(reused.embeddings * fresh.embeddings, axis=1)
+    assert cosines.min() >= 0.8, cosines

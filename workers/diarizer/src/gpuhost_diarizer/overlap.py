@@ -3,7 +3,8 @@
 1. Local segmentation: 10 s windows every `step` seconds through pyannote community-1's
    segmentation model (589 frames × up to 3 local speakers per window, overlap included).
 2. One WeSpeaker ResNet34 embedding per local speaker per window: Kaldi fbank of the window,
-   pooled over the frames where that speaker talks alone (all of its frames when it never does).
+   pooled over the frames where that speaker talks alone (all of its frames when it never does),
+   at most 3 s of them; a stretch an earlier window already embedded is not embedded again.
 3. Clustering across windows (agglomerative, average linkage on unit vectors; speaker count
    automatic unless given; unless `num_speakers`/`max_speakers` say otherwise, never fewer than
    the local speakers with ≥ 2 s of speech each side by side in a window, in two windows), then every local speaker to a cluster, two speakers of one window never to the
@@ -28,6 +29,8 @@ CHUNK = 10 * RATE  # samples the segmentation model takes
 FRAMES = 589  # its output frames per window
 FRAME_HOP = 270  # samples between output frames
 FRAME_LEN = 991  # samples each output frame sees
+FBANK_HOP = 160  # samples between fbank frames (25 ms every 10 ms)
+WINDOW_FBANK = 1 + (CHUNK - 400) // FBANK_HOP  # fbank frames of one window
 STEP_S = 2.5  # window hop
 THRESHOLD = 1.1  # average distance between unit embeddings below which clusters merge
 MIN_TRAIN_S = 2.0  # a local speaker joins the clustering only with this much speech
@@ -39,6 +42,7 @@ MIN_CLUSTER_S = 3.0  # a cluster with less speech joins its nearest larger one
 FLOOR_S = 2.0
 FLOOR_WINDOWS = 2  # ... in at least this many windows
 FILL_S = 0.5  # a speaker's pauses up to this long are part of the turn
+REUSE_DIFFER = 0.05  # an embedding is reused for the same stretch when ≤ 5 % of its frames differ
 
 
 @dataclass
@@ -84,8 +88,9 @@ class OverlapDiarizer:
         audio = np.asarray(audio, dtype=np.float32)
         n = len(audio)
         starts = list(range(0, max(1, n - CHUNK + 1), self.hop))
-        if n > CHUNK and starts[-1] + CHUNK < n:
-            starts.append(n - CHUNK)  # the last window ends with the audio
+        last = n - CHUNK  # the last window ends with the audio
+        if n > CHUNK and last > starts[-1]:
+            starts.append(last)
 
         def window(s: int) -> np.ndarray:
             """The 10 s from sample `s`, zero-padded (made when needed: an hour of audio
@@ -104,6 +109,10 @@ class OverlapDiarizer:
             ]
         )
         seg = (seg > 0.5).astype(np.float32)
+        # One fbank for the whole recording, each window's mean taken out: a window's rows are
+        # what its own fbank would be, shifted by at most 5 ms (its start on the 10 ms grid).
+        whole = self.embedder.fbank(audio, normalize=False) if n >= CHUNK else None
+        done: dict = {}  # global fbank span → (weights, embedding) already computed
         owners, embeddings, seconds = [], [], []
         for w in range(len(starts)):
             fbank = None
@@ -116,9 +125,12 @@ class OverlapDiarizer:
                 clean = mask & alone
                 if clean.sum() * FRAME_HOP / RATE >= MIN_EMBED_S:
                     mask = clean
+                first = round(starts[w] / FBANK_HOP)  # the window's first row in `whole`
                 if fbank is None:
-                    fbank = self.embedder.fbank(window(starts[w]))
-                embeddings.append(self.embed(fbank, mask))
+                    fbank = self._window_fbank(whole, first, window(starts[w]))
+                    for span in [k for k in done if k[0] < first]:
+                        del done[span]  # behind this window: no later one can reuse it
+                embeddings.append(self.embed(fbank, mask, first, done))
                 owners.append((w, s))
                 seconds.append(mask.sum() * FRAME_HOP / RATE)
             if progress and w % 4 == 3:
@@ -133,19 +145,46 @@ class OverlapDiarizer:
             frames=frames,
         )
 
-    def embed(self, fbank: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _window_fbank(self, whole, first: int, window: np.ndarray) -> np.ndarray:
+        if whole is None:  # shorter than one window: its own, zero-padded
+            return self.embedder.fbank(window)
+        rows = whole[first : first + WINDOW_FBANK]
+        return rows - rows.mean(axis=0)
+
+    def embed(self, fbank: np.ndarray, mask: np.ndarray, offset: int = 0, done=None):
         """The embedding pooled over `mask` (segmentation frames), computed only over the span of
-        fbank frames the mask touches."""
+        fbank frames the mask touches. `done` ({span: (weights, embedding)}, spans on the
+        recording's fbank grid, `offset` = this window's first row there) lets a window reuse
+        the embedding of an earlier window's stretch that is as good as its own best and pooled
+        (nearly) the same frames: windows overlap by three quarters, and a speaker talking on
+        is seen in several of them."""
         weights = mask[_segmentation_frame(len(fbank))].astype(np.float32)
         on = np.flatnonzero(weights)
         a, b = on[0], on[-1] + 1
         limit = int(EMBED_MAX_S * 100)
+        counts = None
         if b - a > limit:
             # The stretch of at most EMBED_MAX_S with the most of this speaker's frames.
             counts = np.convolve(weights, np.ones(limit, dtype=np.float32), mode="valid")
             a = int(counts.argmax())
             b = a + limit
-        return self.embedder.embed(fbank[a:b], weights[a:b])
+        if done is None:
+            return self.embedder.embed(fbank[a:b], weights[a:b])
+        # An earlier window's stretch that is as good as this one's best and pooled nearly
+        # the same frames gives its embedding again.
+        for (ga, gb), (other, embedding) in done.items():
+            x, y = ga - offset, gb - offset
+            if x < 0 or y > len(weights):
+                continue
+            if counts is None or y - x != limit:
+                good = (x, y) == (a, b)
+            else:
+                good = counts[x] >= counts[a] - REUSE_DIFFER * limit
+            if good and np.mean(other != weights[x:y]) <= REUSE_DIFFER:
+                return embedding
+        embedding = self.embedder.embed(fbank[a:b], weights[a:b])
+        done[(offset + a, offset + b)] = (weights[a:b], embedding)
+        return embedding
 
 
 @functools.lru_cache(maxsize=4)

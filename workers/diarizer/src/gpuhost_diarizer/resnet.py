@@ -27,6 +27,7 @@ def session(blob: bytes, threads: int, providers: list | None = None):
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(blob, options, providers=providers or ["CPUExecutionProvider"])
 
 
@@ -66,15 +67,18 @@ class SpeakerEmbedder:
         opts.mel_opts.num_bins = 80
         self.fbank_options, self.knf = opts, knf
 
-    def fbank(self, audio: np.ndarray) -> np.ndarray:
-        """(frames, 80): 25 ms frames every 10 ms, the mean over `audio` taken out."""
+    def fbank(self, audio: np.ndarray, normalize: bool = True) -> np.ndarray:
+        """(frames, 80): 25 ms frames every 10 ms, the mean over `audio` taken out (unless not
+        `normalize`)."""
         online = self.knf.OnlineFbank(self.fbank_options)
-        online.accept_waveform(RATE, (np.asarray(audio, dtype=np.float32) * 32768.0).tolist())
+        audio = np.asarray(audio, dtype=np.float32)
+        for i in range(0, len(audio), 30 * RATE):  # a piece at a time: no copy of an hour
+            online.accept_waveform(RATE, audio[i : i + 30 * RATE] * 32768.0)
         online.input_finished()
         feats = np.array(
             [online.get_frame(i) for i in range(online.num_frames_ready)], dtype=np.float32
         ).reshape(-1, 80)
-        return feats - feats.mean(axis=0) if len(feats) else feats
+        return feats - feats.mean(axis=0) if normalize and len(feats) else feats
 
     def embed(self, fbank: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         """The unit embedding of `fbank`, pooled over the frames `weights` keeps (all of them
