@@ -136,6 +136,18 @@ def test_cuda_without_a_cuda_runtime_is_refused_not_silently_cpu():
         load("overlap", {"device": "cuda"})
 
 
+def test_cuda_sessions_choose_convolutions_by_heuristic():
+    # Measured on an H200: cuDNN's exhaustive search per new input length made the diarizer
+    # 3-4x slower than the CPU it was meant to beat, on the meeting clips.
+    from gpuhost_diarizer.resnet import with_options
+
+    assert with_options(["CUDAExecutionProvider", "CPUExecutionProvider"]) == [
+        ("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"}),
+        "CPUExecutionProvider",
+    ]
+    assert with_options(None) == ["CPUExecutionProvider"]
+
+
 def test_the_embedding_in_onnx_format_is_the_same_model():
     from gpuhost_diarizer.resnet import as_onnx, session
 

@@ -10,6 +10,11 @@ import numpy as np
 
 RATE = 16000
 DIM = 256
+# The embedding sees a new input length at nearly every call (speech stretches of up to 3 s), and
+# ONNX Runtime's default, cuDNN's exhaustive search, times every convolution again for each new
+# length: 4-5x slower on an H200 than the heuristic choice, with the same output
+# (docs/benchmarks.md, "On a real GPU").
+CUDA_OPTIONS = {"cudnn_conv_algo_search": "HEURISTIC"}
 
 
 def session(blob: bytes, threads: int, providers: list | None = None):
@@ -28,7 +33,15 @@ def session(blob: bytes, threads: int, providers: list | None = None):
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(blob, options, providers=providers or ["CPUExecutionProvider"])
+    return ort.InferenceSession(blob, options, providers=with_options(providers))
+
+
+def with_options(providers: list | None) -> list:
+    """The providers as ONNX Runtime takes them, CUDA with `CUDA_OPTIONS`."""
+    return [
+        ("CUDAExecutionProvider", dict(CUDA_OPTIONS)) if p == "CUDAExecutionProvider" else p
+        for p in providers or ["CPUExecutionProvider"]
+    ]
 
 
 def as_onnx(blob: bytes) -> bytes:
