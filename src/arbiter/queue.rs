@@ -13,12 +13,15 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 
+mod dispatch;
+mod view;
 mod waiter;
 
+pub use view::{HolderView, WaiterView};
 pub use waiter::{GpuPermit, Waiter};
 
 use super::history::History;
-use super::sharing::{fits, RoomSource, ShareMode, Sharing};
+use super::sharing::{RoomSource, ShareMode, Sharing};
 
 /// Who asks for the GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -100,23 +103,6 @@ struct QueueState {
     next_id: u64,
     /// While set, nothing is granted (a teardown that never completed): the reason.
     blocked: Option<String>,
-}
-
-/// A holder of the GPU, as `/status` and `/gpu/leases` show it.
-#[derive(Debug, Clone, Serialize)]
-pub struct HolderView {
-    pub kind: HolderKind,
-    pub label: String,
-    pub held_s: f64,
-}
-
-/// A waiter, as `/gpu/leases` shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct WaiterView {
-    pub position: usize,
-    pub kind: HolderKind,
-    pub label: String,
-    pub priority: i32,
 }
 
 impl GpuQueue {
@@ -228,32 +214,6 @@ impl GpuQueue {
         self.lock().waiting.len()
     }
 
-    pub fn holders(&self) -> Vec<HolderView> {
-        self.lock()
-            .holding
-            .iter()
-            .map(|h| HolderView {
-                kind: h.ticket.kind,
-                label: h.ticket.label.clone(),
-                held_s: (h.since.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
-            })
-            .collect()
-    }
-
-    pub fn waiters(&self) -> Vec<WaiterView> {
-        self.lock()
-            .waiting
-            .iter()
-            .enumerate()
-            .map(|(i, w)| WaiterView {
-                position: i + 1,
-                kind: w.ticket.kind,
-                label: w.ticket.label.clone(),
-                priority: w.ticket.priority,
-            })
-            .collect()
-    }
-
     /// The first waiter's ticket, if one waits.
     pub fn head(&self) -> Option<Ticket> {
         self.lock().waiting.first().map(|w| w.ticket.clone())
@@ -288,108 +248,9 @@ impl GpuQueue {
         self.version.subscribe()
     }
 
-    /// What the first waiter waits for, in words (holders, or the block).
-    pub fn waiting_for(&self) -> Option<String> {
-        let state = self.lock();
-        if let Some(why) = &state.blocked {
-            return Some(why.clone());
-        }
-        let labels: Vec<&str> = state
-            .holding
-            .iter()
-            .map(|h| h.ticket.label.as_str())
-            .collect();
-        (!labels.is_empty()).then(|| labels.join(", "))
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
         // A panic while holding this lock cannot leave the lists half-updated.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn grantable(&self, state: &QueueState, ticket: &Ticket) -> bool {
-        if state.blocked.is_some() {
-            return false;
-        }
-        let exclusive_held = state.holding.iter().any(|h| h.ticket.exclusive());
-        let alone = if ticket.exclusive() {
-            state.holding.is_empty()
-        } else {
-            state.holding.len() < self.max_running && !exclusive_held
-        };
-        if alone {
-            return true;
-        }
-        let jobs = state
-            .holding
-            .iter()
-            .filter(|h| h.ticket.kind == HolderKind::Job)
-            .count();
-        if !ticket.exclusive() && jobs >= self.max_running {
-            return false;
-        }
-        let room = self.room.get().and_then(|r| (r.0)());
-        let holders_mib = state
-            .holding
-            .iter()
-            .map(|h| h.ticket.need_mib)
-            .sum::<Option<u64>>();
-        let need = match ticket.kind {
-            HolderKind::Job => ticket
-                .need_mib
-                .zip(room)
-                .map(|(n, r)| n + r.unloaded_residents_mib),
-            _ => ticket.need_mib,
-        };
-        fits(&self.sharing, room, holders_mib, need)
-    }
-
-    /// Grants the GPU to the heads of the queue while they fit; never past a head that does not
-    /// (unless `allow_backfill` with `share = "vram"`).
-    fn dispatch(&self, state: &mut QueueState) {
-        let backfill = self.sharing.allow_backfill && self.shares_vram();
-        let mut i = 0;
-        while i < state.waiting.len() {
-            if !self.grantable(state, &state.waiting[i].ticket) {
-                if backfill {
-                    i += 1;
-                    continue;
-                }
-                break;
-            }
-            let Waiting {
-                id,
-                ticket,
-                tx,
-                since,
-            } = state.waiting.remove(i);
-            if tx.send(()).is_ok() {
-                self.history
-                    .granted(id, self.device, ticket.kind, &ticket.label, since.elapsed());
-                state.holding.push(Holding {
-                    id,
-                    ticket,
-                    since: Instant::now(),
-                });
-            }
-        }
-    }
-
-    fn release(&self, id: u64) {
-        {
-            let mut state = self.lock();
-            let before = state.holding.len();
-            state.holding.retain(|h| h.id != id);
-            if state.holding.len() != before {
-                self.history.released(self.device, id);
-            }
-            self.dispatch(&mut state);
-        }
-        self.bump();
-    }
-
-    fn bump(&self) {
-        self.version.send_modify(|v| *v += 1);
     }
 }
 

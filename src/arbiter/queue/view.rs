@@ -1,0 +1,65 @@
+//! The queue as `/status` and `/gpu/leases` show it: holders, waiters with their positions, and
+//! what the first waiter waits for.
+
+use serde::Serialize;
+
+use super::{GpuQueue, HolderKind};
+
+/// A holder of the GPU, as `/status` and `/gpu/leases` show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HolderView {
+    pub kind: HolderKind,
+    pub label: String,
+    pub held_s: f64,
+}
+
+/// A waiter, as `/gpu/leases` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct WaiterView {
+    pub position: usize,
+    pub kind: HolderKind,
+    pub label: String,
+    pub priority: i32,
+}
+
+impl GpuQueue {
+    pub fn holders(&self) -> Vec<HolderView> {
+        self.lock()
+            .holding
+            .iter()
+            .map(|h| HolderView {
+                kind: h.ticket.kind,
+                label: h.ticket.label.clone(),
+                held_s: (h.since.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
+            })
+            .collect()
+    }
+
+    pub fn waiters(&self) -> Vec<WaiterView> {
+        self.lock()
+            .waiting
+            .iter()
+            .enumerate()
+            .map(|(i, w)| WaiterView {
+                position: i + 1,
+                kind: w.ticket.kind,
+                label: w.ticket.label.clone(),
+                priority: w.ticket.priority,
+            })
+            .collect()
+    }
+
+    /// What the first waiter waits for, in words (holders, or the block).
+    pub fn waiting_for(&self) -> Option<String> {
+        let state = self.lock();
+        if let Some(why) = &state.blocked {
+            return Some(why.clone());
+        }
+        let labels: Vec<&str> = state
+            .holding
+            .iter()
+            .map(|h| h.ticket.label.as_str())
+            .collect();
+        (!labels.is_empty()).then(|| labels.join(", "))
+    }
+}

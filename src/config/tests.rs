@@ -1,0 +1,122 @@
+//! The config's unit tests: parsing, defaults, the example file, validation.
+
+use super::*;
+
+#[test]
+fn unknown_key_is_named() {
+    let err = Config::from_toml("listen = \"127.0.0.1:1\"\nlisen = 3\n", ".".into())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("lisen"), "{err}");
+    let err = Config::from_toml(
+        "[workers.a]\ncommand=[\"x\"]\nmdoe = \"oneshot\"\n",
+        ".".into(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("mdoe"), "{err}");
+}
+
+#[test]
+fn defaults_serve_the_speech_pipeline() {
+    let c = Config::default().finish(".".into()).unwrap();
+    assert_eq!(c.listen.port(), 9090);
+    assert_eq!(c.pipeline.stages, ["diarizer", "asr", "aligner"]);
+    let spec = c.worker_spec("asr").unwrap();
+    assert!(
+        spec.argv[0].ends_with("workers/asr/.venv/bin/python"),
+        "{:?}",
+        spec.argv
+    );
+    assert_eq!(
+        spec.argv[1..],
+        ["-m".to_string(), "gpuhost_asr".to_string()]
+    );
+}
+
+#[test]
+fn example_config_is_valid_and_matches_defaults() {
+    let text = include_str!("../../gpuhost.example.toml");
+    let c = Config::from_toml(text, ".".into()).unwrap();
+    let d = Config::default();
+    assert_eq!(c.listen, d.listen);
+    assert_eq!(c.pipeline.stages, d.pipeline.stages);
+    assert_eq!(c.gpu.status.quiet_period_s, d.gpu.status.quiet_period_s);
+    assert_eq!(c.limits.max_upload_bytes, d.limits.max_upload_bytes);
+    assert_eq!(
+        c.workers["asr"].load_timeout_s,
+        d.workers["asr"].load_timeout_s
+    );
+}
+
+#[test]
+fn non_loopback_needs_token() {
+    let err = Config::from_toml("listen = \"0.0.0.0:9090\"\n", ".".into()).unwrap_err();
+    assert!(err.to_string().contains("without a token"));
+    let ok = Config::from_toml(
+        "listen = \"0.0.0.0:9090\"\ntoken = \"s3cret\"\n",
+        ".".into(),
+    );
+    assert!(ok.is_ok());
+}
+
+#[test]
+fn stage_must_name_a_worker() {
+    let err = Config::from_toml("[pipeline]\nstages = [\"nope\"]\n", ".".into()).unwrap_err();
+    assert!(err.to_string().contains("`nope`"), "{err}");
+}
+
+#[test]
+fn parallel_groups_default_and_checks() {
+    let d = Config::default();
+    assert_eq!(d.pipeline.parallel_groups(), [["diarizer", "asr"]]);
+    let only_asr = Config::from_toml("[pipeline]\nstages = [\"asr\"]\n", ".".into()).unwrap();
+    assert!(only_asr.pipeline.parallel_groups().is_empty());
+    let off = Config::from_toml("[pipeline]\nparallel = []\n", ".".into()).unwrap();
+    assert!(off.pipeline.parallel_groups().is_empty());
+    for (toml, says) in [
+        ("parallel = [[\"asr\", \"ocr\"]]", "`ocr`"),
+        ("parallel = [[\"diarizer\", \"aligner\"]]", "consecutive"),
+        (
+            "parallel = [[\"diarizer\", \"asr\"], [\"asr\", \"aligner\"]]",
+            "more than once",
+        ),
+    ] {
+        let err = Config::from_toml(&format!("[pipeline]\n{toml}\n"), ".".into()).unwrap_err();
+        assert!(err.to_string().contains(says), "{toml}: {err}");
+    }
+}
+
+#[test]
+fn needs_default_and_checks() {
+    assert!(Config::default().pipeline.needs_map().is_empty());
+    let on = Config::from_toml("[pipeline]\nneeds = { aligner = [\"asr\"] }\n", ".".into());
+    assert_eq!(on.unwrap().pipeline.needs_map()["aligner"], ["asr"]);
+    for (toml, says) in [
+        ("needs = { ocr = [\"asr\"] }", "`ocr`"),
+        ("needs = { asr = [\"aligner\"] }", "not `aligner`"),
+        ("needs = { asr = [\"asr\"] }", "not `asr`"),
+    ] {
+        let err = Config::from_toml(&format!("[pipeline]\n{toml}\n"), ".".into()).unwrap_err();
+        assert!(err.to_string().contains(says), "{toml}: {err}");
+    }
+}
+
+#[test]
+fn token_edge_cases() {
+    let t = |c: Option<&str>, e: Option<&str>| {
+        effective_token(c.map(String::from), e.map(String::from))
+    };
+    assert_eq!(t(Some("abc"), Some("")).unwrap().as_deref(), Some("abc"));
+    assert_eq!(
+        t(Some("abc"), Some("  \n")).unwrap().as_deref(),
+        Some("abc")
+    );
+    assert_eq!(
+        t(Some("abc"), Some(" xyz\n")).unwrap().as_deref(),
+        Some("xyz")
+    );
+    assert_eq!(t(Some(" abc \n"), None).unwrap().as_deref(), Some("abc"));
+    assert_eq!(t(None, None).unwrap(), None);
+    assert!(t(Some("   "), None).is_err());
+}

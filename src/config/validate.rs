@@ -1,0 +1,91 @@
+//! `Config::validate`: the checks across sections, run once after parsing (stages name workers,
+//! services are unique, timings are positive, a non-loopback listener has a token).
+
+use super::{Config, ConfigError};
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        for stage in &self.pipeline.stages {
+            if !self.workers.contains_key(stage) {
+                return Err(ConfigError::Invalid(format!(
+                    "pipeline stage `{stage}` names no worker; define [workers.{stage}] or remove it from [pipeline] stages"
+                )));
+            }
+        }
+        self.pipeline.validate().map_err(ConfigError::Invalid)?;
+        for stage in self.wyoming.stages.iter().flatten() {
+            if !self.pipeline.stages.contains(stage) {
+                return Err(ConfigError::Invalid(format!(
+                    "[wyoming] stages names `{stage}`, which is not a [pipeline] stage"
+                )));
+            }
+        }
+        self.http.validate().map_err(ConfigError::Invalid)?;
+        self.arbiter.validate().map_err(ConfigError::Invalid)?;
+        self.speakers.validate().map_err(ConfigError::Invalid)?;
+        let mut names = std::collections::BTreeSet::new();
+        for service in &self.services {
+            service.validate().map_err(ConfigError::Invalid)?;
+            if !names.insert(service.name.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "[[services]] `{}` is defined twice",
+                    service.name
+                )));
+            }
+        }
+        if self.limits.max_queue == 0 {
+            return Err(ConfigError::Invalid(
+                "[limits] max_queue must be at least 1".into(),
+            ));
+        }
+        if self.gpu.max_concurrent_jobs == 0 {
+            return Err(ConfigError::Invalid(
+                "[gpu] max_concurrent_jobs must be at least 1".into(),
+            ));
+        }
+        let st = &self.gpu.status;
+        for (key, value) in [
+            ("interval_s", st.interval_s),
+            ("stale_after_s", st.stale_after_s),
+            ("timeout_s", st.timeout_s),
+        ] {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(ConfigError::Invalid(format!(
+                    "[gpu.status] {key} must be a positive number of seconds, got {value}"
+                )));
+            }
+        }
+        if !(st.quiet_period_s.is_finite() && st.quiet_period_s >= 0.0) {
+            return Err(ConfigError::Invalid(
+                "[gpu.status] quiet_period_s must be 0 or more".into(),
+            ));
+        }
+        if let Some(w) = self.gpu.watch.iter().find(|w| w.pattern.is_empty()) {
+            return Err(ConfigError::Invalid(format!(
+                "[[gpu.watch]] `{}` has an empty pattern",
+                w.name
+            )));
+        }
+        for (name, w) in &self.workers {
+            for (key, value) in [
+                ("load_timeout_s", w.load_timeout_s),
+                ("task_timeout_s", w.task_timeout_s),
+                ("stop_grace_s", w.stop_grace_s),
+                ("cancel_grace_s", w.cancel_grace_s),
+            ] {
+                if !(value.is_finite() && value > 0.0) {
+                    return Err(ConfigError::Invalid(format!(
+                        "[workers.{name}] {key} must be a positive number of seconds, got {value}"
+                    )));
+                }
+            }
+        }
+        if !self.listen.ip().is_loopback() && self.token.is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to listen on non-loopback address {} without a token: set `token` in the config or GPUHOST_TOKEN",
+                self.listen
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,134 @@
+//! One task through the actor: load first when needed (or serve an unloaded resident one-shot),
+//! run it on the session, and turn the outcome into the worker's next state.
+
+use super::{defer, Actor, Interrupted, Life, Reply};
+use crate::config::{Fallback, Mode};
+use crate::worker::session::TaskLimits;
+use crate::worker::{TaskError, TaskRequest, WorkerState};
+
+impl Actor {
+    /// Runs one task, loading the worker first when needed. `Err` means a `Stop` came meanwhile.
+    pub(super) async fn handle_task(
+        &mut self,
+        request: TaskRequest,
+        reply: Reply,
+    ) -> Result<(), Interrupted> {
+        // An unloaded resident with `fallback = "oneshot"` serves this task and unloads again.
+        let oneshot_fallback = self.spec.mode == Mode::Resident
+            && self.spec.unloaded_fallback == Fallback::Oneshot
+            && self.status.borrow().state == WorkerState::Unloaded;
+        if matches!(self.life, Life::Down { .. }) {
+            // Someone is waiting: load now rather than at the backoff deadline.
+            if let Err(stop) = self.load().await {
+                let _ = reply.send(Err(TaskError::ShuttingDown {
+                    worker: self.spec.name.clone(),
+                }));
+                return Err(stop);
+            }
+            if let Life::Down { .. } = self.life {
+                let error = self
+                    .load_error
+                    .clone()
+                    .unwrap_or_else(|| TaskError::Unavailable {
+                        worker: self.spec.name.clone(),
+                        reason: "it is not running".into(),
+                    });
+                let _ = reply.send(Err(error));
+                return Ok(());
+            }
+        }
+        self.status.send_modify(|s| {
+            s.state = WorkerState::Busy;
+            s.state_since = std::time::Instant::now();
+        });
+        let (outcome, stop) = {
+            let Actor {
+                life,
+                rx,
+                pending,
+                spec,
+                unload_after,
+                ..
+            } = self;
+            let Life::Up(session) = life else {
+                unreachable!("loaded above")
+            };
+            // Configured options first; the task's own fields win.
+            let mut task = spec.options.clone();
+            task.extend(request.task.clone());
+            let limits = TaskLimits {
+                timeout: spec.task_timeout,
+                cancel: &request.cancel,
+                cancel_grace: spec.cancel_grace,
+            };
+            let run = session.run(&task, &request.output_path, &request.events, limits);
+            tokio::pin!(run);
+            // Keep answering control messages while the task runs: a Stop must not wait for it.
+            let mut stop = None;
+            let outcome = loop {
+                tokio::select! {
+                    outcome = &mut run => break outcome,
+                    control = rx.recv(), if stop.is_none() => {
+                        stop = defer(control, pending, unload_after);
+                    }
+                }
+                if stop.is_some() {
+                    break Err(TaskError::ShuttingDown {
+                        worker: spec.name.clone(),
+                    });
+                }
+            };
+            (outcome, stop)
+        };
+        if let Some(stop) = stop {
+            let _ = reply.send(outcome);
+            return Err(Interrupted::Stop(stop));
+        }
+        let broken = matches!(
+            outcome,
+            Err(TaskError::Crashed { .. }
+                | TaskError::Timeout { .. }
+                | TaskError::Cancelled { killed: true, .. })
+        );
+        self.status.send_modify(|s| match &outcome {
+            Ok(_) => s.tasks_done += 1,
+            Err(TaskError::Cancelled { .. }) => s.tasks_cancelled += 1,
+            Err(e) => {
+                s.tasks_failed += 1;
+                s.last_error = Some(e.to_string());
+            }
+        });
+        if broken {
+            let error = outcome
+                .as_ref()
+                .err()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            self.went_down(error);
+        } else if oneshot_fallback {
+            if let Life::Up(session) =
+                std::mem::replace(&mut self.life, Life::Down { retry_at: None })
+            {
+                session.finish(self.spec.stop_grace).await;
+            }
+            self.set_state(WorkerState::Unloaded, |s| {
+                s.pid = None;
+                s.process_started = None;
+            });
+        } else if self.spec.mode == Mode::Oneshot {
+            if let Life::Up(session) =
+                std::mem::replace(&mut self.life, Life::Down { retry_at: None })
+            {
+                session.finish(self.spec.stop_grace).await;
+            }
+            self.set_state(WorkerState::Idle, |s| {
+                s.pid = None;
+                s.process_started = None;
+            });
+        } else {
+            self.set_state(WorkerState::Ready, |_| {});
+        }
+        let _ = reply.send(outcome);
+        Ok(())
+    }
+}
