@@ -1,23 +1,16 @@
 //! Audio intake: decode any upload (symphonia, then `ffmpeg` for what it cannot read), downmix
 //! and resample to the 16 kHz mono PCM16 WAV every worker receives.
 
+mod decode;
 mod limits;
 mod resample;
 mod wav;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use symphonia::core::audio::SampleBuffer;
-use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
-use symphonia::core::errors::Error as SymError;
-use symphonia::core::formats::FormatOptions;
-use symphonia::core::io::MediaSourceStream;
-use symphonia::core::meta::MetadataOptions;
-use symphonia::core::probe::Hint;
-
-use crate::process::{find_program, run_captured};
+use crate::process::find_program;
+use decode::{decode_with_ffmpeg, decode_with_symphonia};
 pub(crate) use limits::check_format;
 pub use resample::Resampler;
 pub use wav::WavWriter;
@@ -189,182 +182,6 @@ fn check_length(info: AudioInfo, max_seconds: f64) -> Result<AudioInfo, AudioErr
         });
     }
     Ok(info)
-}
-
-fn decode_with_symphonia(
-    input: &Source,
-    output: &Path,
-    max_seconds: f64,
-) -> Result<AudioInfo, AudioError> {
-    let undecodable = |what: &str, e: SymError| AudioError::Undecodable(format!("{what}: {e}"));
-    let source = MediaSourceStream::new(input.open()?, Default::default());
-    let probed = symphonia::default::get_probe()
-        .format(
-            &Hint::new(),
-            source,
-            &FormatOptions::default(),
-            &MetadataOptions::default(),
-        )
-        .map_err(|e| undecodable("unrecognized container format", e))?;
-    let mut format = probed.format;
-    let track = format
-        .tracks()
-        .iter()
-        .find(|t| t.codec_params.codec != CODEC_TYPE_NULL && t.codec_params.sample_rate.is_some())
-        .ok_or_else(|| AudioError::Undecodable("the file has no audio track".into()))?;
-    let track_id = track.id;
-    let params = &track.codec_params;
-    limits::check_format(
-        params.sample_rate.unwrap_or(TARGET_RATE),
-        params.channels.map_or(1, |c| c.count()),
-        params.bits_per_sample.or(params.bits_per_coded_sample),
-    )?;
-    if let (Some(frames), Some(rate)) =
-        (track.codec_params.n_frames, track.codec_params.sample_rate)
-    {
-        let seconds = frames as f64 / f64::from(rate);
-        if seconds > max_seconds {
-            return Err(AudioError::TooLong {
-                seconds,
-                max: max_seconds,
-            });
-        }
-    }
-    let mut decoder = symphonia::default::get_codecs()
-        .make(&track.codec_params, &DecoderOptions::default())
-        .map_err(|e| undecodable("unsupported codec", e))?;
-
-    let mut writer = WavWriter::create(output, TARGET_RATE)?;
-    let mut resampler: Option<(Resampler, u32, usize)> = None;
-    let (mut mono, mut out) = (Vec::new(), Vec::new());
-    let mut source_frames = 0u64;
-    let mut decode_errors = 0usize;
-    loop {
-        let packet = match format.next_packet() {
-            Ok(packet) => packet,
-            Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-            Err(SymError::ResetRequired) => break,
-            Err(e) if source_frames == 0 => return Err(undecodable("cannot read audio data", e)),
-            Err(_) => break, // a truncated tail: keep what was decoded
-        };
-        if packet.track_id() != track_id {
-            continue;
-        }
-        let decoded = match decoder.decode(&packet) {
-            Ok(decoded) => decoded,
-            Err(SymError::DecodeError(_)) => {
-                decode_errors += 1;
-                continue;
-            }
-            Err(e) => return Err(undecodable("decoding failed", e)),
-        };
-        let spec = *decoded.spec();
-        let channels = spec.channels.count();
-        limits::check_format(spec.rate, channels, None)?;
-        let (resampler, _, _) = resampler
-            .get_or_insert_with(|| (Resampler::new(spec.rate, TARGET_RATE), spec.rate, channels));
-        let mut buf = SampleBuffer::<f32>::new(decoded.capacity() as u64, spec);
-        buf.copy_interleaved_ref(decoded);
-        mono.clear();
-        mono.extend(
-            buf.samples()
-                .chunks(channels)
-                .map(|f| f.iter().sum::<f32>() / channels as f32),
-        );
-        source_frames += mono.len() as u64;
-        let seconds = source_frames as f64 / f64::from(spec.rate);
-        if seconds > max_seconds {
-            return Err(AudioError::TooLong {
-                seconds,
-                max: max_seconds,
-            });
-        }
-        out.clear();
-        resampler.push(&mono, &mut out);
-        writer.write(&out)?;
-    }
-    let Some((mut resampler, rate, channels)) = resampler else {
-        return Err(AudioError::Undecodable(format!(
-            "no audio could be decoded ({decode_errors} corrupt packets)"
-        )));
-    };
-    out.clear();
-    resampler.finish(&mut out);
-    writer.write(&out)?;
-    writer.finish()?;
-    if source_frames == 0 {
-        return Err(AudioError::Undecodable("the audio track is empty".into()));
-    }
-    Ok(AudioInfo {
-        seconds: source_frames as f64 / f64::from(rate),
-        source_rate: rate,
-        source_channels: channels,
-        decoder: "symphonia",
-    })
-}
-
-async fn decode_with_ffmpeg(
-    ffmpeg: &Path,
-    input: &Path,
-    output: &Path,
-    max_seconds: f64,
-    symphonia_said: &str,
-) -> Result<AudioInfo, AudioError> {
-    let args: Vec<String> = ["-nostdin", "-hide_banner", "-v", "error", "-y", "-i"]
-        .iter()
-        .map(|s| s.to_string())
-        .chain([input.display().to_string()])
-        .chain(
-            [
-                "-vn",
-                "-ac",
-                "1",
-                "-ar",
-                "16000",
-                "-c:a",
-                "pcm_s16le",
-                "-f",
-                "wav",
-                "-t",
-            ]
-            .iter()
-            .map(|s| s.to_string()),
-        )
-        .chain([
-            format!("{}", max_seconds + 1.0),
-            output.display().to_string(),
-        ])
-        .collect();
-    let timeout = Duration::from_secs_f64((max_seconds / 10.0).clamp(60.0, 3600.0));
-    let captured = run_captured(ffmpeg, &args, timeout)
-        .await
-        .map_err(|e| AudioError::Undecodable(format!("{symphonia_said}; ffmpeg: {e}")))?;
-    if !captured.status.success() {
-        let stderr = String::from_utf8_lossy(&captured.stderr);
-        let last = stderr.lines().last().unwrap_or("no message");
-        return Err(AudioError::Undecodable(format!(
-            "{symphonia_said}; ffmpeg: {last}"
-        )));
-    }
-    let samples = wav_samples(output)?;
-    if samples == 0 {
-        return Err(AudioError::Undecodable(format!(
-            "{symphonia_said}; ffmpeg found no audio"
-        )));
-    }
-    let seconds = samples as f64 / f64::from(TARGET_RATE);
-    if seconds > max_seconds {
-        return Err(AudioError::TooLong {
-            seconds,
-            max: max_seconds,
-        });
-    }
-    Ok(AudioInfo {
-        seconds,
-        source_rate: TARGET_RATE,
-        source_channels: 1,
-        decoder: "ffmpeg",
-    })
 }
 
 /// Number of 16-bit mono samples in a WAV written by us or ffmpeg.
