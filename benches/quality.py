@@ -33,6 +33,8 @@ TARGETS["wideband"] = ("WER", 0.05)  # the issue's read-speech target, for wideb
 TARGETS["meetings"] = ("DER", 0.15)
 TARGETS["calls"] = ("DER", 0.05)
 TARGETS["long"] = ("WER", 0.10)  # telephone speech, as the asterisk prompts it is made of
+for _lang in real_sets.LANGUAGES:  # no target in the issue: transcribed, not English
+    TARGETS[f"asterisk-{_lang}"] = ("WER", None)
 
 
 def real_report(sets=None, engines=None, options=None):
@@ -42,13 +44,28 @@ def real_report(sets=None, engines=None, options=None):
     server = harness.Server(mode="resident", engines=engines, options=options)
     rows = {}
     try:
+        with server.request("/workers") as r:
+            asr = next(w for w in json.load(r)["workers"] if w["name"] == "asr")
+        known = set((asr.get("loaded") or {}).get("languages") or ["en"])
+        skipped = sorted({i["set"] for i in items if i.get("language", "en") not in known})
+        if skipped:
+            print(f"# skipped {', '.join(skipped)}: the ASR model is English-only (--asr=base)\n")
         for item in items:
+            if item.get("language", "en") not in known:
+                continue
             key = (item["set"], item["split"])
             row = rows.setdefault(
                 key, {"n": 0, "err": 0.0, "ref": 0, "audio": 0.0, "wall": 0.0, "failed": 0}
             )
             stages = "diarizer" if "turns" in item else "asr"
-            events, wall = server.transcribe(item["wav"], f"?stages={stages}")
+            query = f"?stages={stages}"
+            if "language" in item:
+                # Detected first (the language left out), then transcribed as that language.
+                events, _ = server.transcribe(item["wav"], query)
+                detected = events[-1].get("result", {}).get("language")
+                row["detected"] = row.get("detected", 0) + (detected == item["language"])
+                query += f"&language={item['language']}"
+            events, wall = server.transcribe(item["wav"], query)
             last = events[-1]
             row["n"] += 1
             row["wall"] += wall
@@ -67,8 +84,12 @@ def real_report(sets=None, engines=None, options=None):
                 true = len({t["speaker"] for t in item["turns"]})
                 row.setdefault("speakers", []).append(f"{found}/{true}")
             else:
-                ref = metrics.tokens(item["text"])
-                hyp = [w[0] for w in metrics.hyp_words(result)]
+                if "language" in item:
+                    ref = metrics.tokens_any(item["text"])
+                    hyp = metrics.tokens_any(result.get("text", ""))
+                else:
+                    ref = metrics.tokens(item["text"])
+                    hyp = [w[0] for w in metrics.hyp_words(result)]
                 errors, _ = metrics.align_words(ref, hyp)
                 row["err"] += errors
                 row["ref"] += len(ref)
@@ -84,13 +105,15 @@ def real_report(sets=None, engines=None, options=None):
     for (set_name, split), r in sorted(rows.items()):
         metric, target = TARGETS[set_name]
         value = r["err"] / max(1e-9, r["ref"])
-        mark = "✓" if value <= target else "✗"
+        mark = "—" if target is None else ("✓" if value <= target else "✗") + f" ≤ {target:.2f}"
         note = f"speakers found/true: {' '.join(r['speakers'])}" if "speakers" in r else ""
+        if "detected" in r:
+            note += f"language detected right: {r['detected']}/{r['n']}"
         if r["failed"]:
             note += f" {r['failed']} failed"
         print(
             f"| {set_name} | {split} | {r['n']} | {r['audio'] / 60:.1f} | {metric} | {value:.3f} "
-            f"| {mark} ≤ {target:.2f} | {r['wall'] / max(1e-9, r['audio']):.3f} | {note} |"
+            f"| {mark} | {r['wall'] / max(1e-9, r['audio']):.3f} | {note} |"
         )
     print()
 

@@ -19,6 +19,12 @@ diarization):
   hallucinations in silence and run-on repetition (`conversations.long_recordings`).
 - `calls`: two-party conversations spliced from single-speaker stretches of those clips, with
   exact references, wideband and as telephone calls (`conversations.py`).
+- `asterisk-es`, `asterisk-fr`, `asterisk-it`, `asterisk-ru`: the same prompts read in Mexican
+  Spanish, Canadian French, Italian and Russian by one real voice each (Debian
+  `asterisk-core-sounds-{es,fr,it,ru}-wav` 1.6.1, CC-BY-SA-3.0, texts from
+  `asterisk-core-sounds-{lang}`), 8 kHz; `MULTILINGUAL_PER_SPLIT` prompts per split and language.
+  Prompts with digits are left out (the WER's number spelling is English-only) and so are
+  bracketed notes and parenthesized English glosses. Each item carries its `language`.
 
 Splits: a set marked `tune` may be used to choose parameters; `report` items never are. The
 asterisk prompts alternate (even index: tune, odd: report); pyannote's train clips are `tune`,
@@ -41,7 +47,16 @@ import wideband_set
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".bench" / "real"
 
-DEBS = ["asterisk-core-sounds-en-wav", "asterisk-core-sounds-en", "pocketsphinx-testdata"]
+LANGUAGES = {
+    "es": "es_MX_f_Allison",
+    "fr": "fr_CA_f_June",
+    "it": "it_IT_m_Carlo",
+    "ru": "ru_RU_f_IvrvoiceRU",
+}
+MULTILINGUAL_PER_SPLIT = 15
+DEBS = ["asterisk-core-sounds-en-wav", "asterisk-core-sounds-en", "pocketsphinx-testdata"] + [
+    f"asterisk-core-sounds-{lang}{kind}" for lang in LANGUAGES for kind in ("-wav", "")
+]
 PYANNOTE_SDIST = (
     "https://files.pythonhosted.org/packages/6d/d7/03b1d00d431c7be1d98635fefb99c2da64d9b84b4b8a06d5"
     "302666a96c88/pyannote_audio-4.0.7.tar.gz"
@@ -52,12 +67,14 @@ PYANNOTE_SHA256 = "3a903dfb5ca711d134cc2522561c9158b186836f5d62e8a57c46c6648e8a8
 def fetch():
     """Downloads and unpacks every set once; returns the cache folder."""
     root = CACHE / "root"
-    if not (root / "usr/share/pocketsphinx").is_dir():
-        debs = CACHE / "debs"
+    debs = CACHE / "debs"
+    missing = [d for d in DEBS if not any(debs.glob(f"{d}_*.deb"))]
+    if missing:  # a cache from before a set was added fetches only what it lacks
         debs.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["apt-get", "download", *DEBS], cwd=debs, check=True)
-        for deb in sorted(debs.glob("*.deb")):
-            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+        subprocess.run(["apt-get", "download", *missing], cwd=debs, check=True)
+        for deb in missing:
+            for path in debs.glob(f"{deb}_*.deb"):
+                subprocess.run(["dpkg-deb", "-x", str(path), str(root)], check=True)
     meetings = CACHE / "pyannote"
     if not (meetings / "debug.test.rttm").is_file():
         archive = CACHE / "pyannote_audio-4.0.7.tar.gz"
@@ -92,6 +109,31 @@ def asterisk(cache):
         items.append({"name": name.strip(), "wav": wav, "text": text})
     for i, item in enumerate(items):
         item.update(set="asterisk", split="tune" if i % 2 == 0 else "report")
+    return items
+
+
+def multilingual(cache):
+    """The asterisk prompts in other languages (see the module docstring)."""
+    items = []
+    for lang, voice in LANGUAGES.items():
+        sounds = cache / f"root/usr/share/asterisk/sounds/{voice}"
+        texts = cache / f"root/usr/share/doc/asterisk-core-sounds-{lang}/core-sounds-{lang}.txt.gz"
+        with gzip.open(texts, "rt", encoding="utf-8-sig", errors="replace") as f:
+            lines = [line.strip() for line in f if ":" in line and not line.startswith(";")]
+        mine = []
+        for line in lines:
+            name, _, text = line.partition(":")
+            wav = sounds / f"{name.strip()}.wav"
+            text = re.sub(r"\([^)]*\)", " ", text).strip().strip('"')
+            if not wav.is_file() or not text or "[" in text or re.search(r"\d", text):
+                continue
+            if len(text.split()) < 3:  # single words say little about a language
+                continue
+            mine.append({"name": f"{lang}-{name.strip()}", "wav": wav, "text": text})
+        for i, item in enumerate(mine[: 2 * MULTILINGUAL_PER_SPLIT]):
+            item.update(set=f"asterisk-{lang}", split="tune" if i % 2 == 0 else "report")
+            item["language"] = lang
+            items.append(item)
     return items
 
 
@@ -168,7 +210,8 @@ def load():
     voices = prompts[:40] + readings  # prompts alternate between the splits
     calls = conversations.build(clips, cache / "calls", voices)
     long = conversations.long_recordings(prompts, cache / "long")
-    return prompts + readings + wideband_set.load(cache) + clips + calls + long
+    spoken = prompts + readings + wideband_set.load(cache) + multilingual(cache)
+    return spoken + clips + calls + long
 
 
 if __name__ == "__main__":

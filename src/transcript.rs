@@ -17,6 +17,10 @@ pub struct Word {
     pub score: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speaker: Option<String>,
+    /// Written without a space before it (the ASR's mark: "-disposed" after "ill", "'êtes"
+    /// after "n", every word of Chinese or Japanese): the segment's text joins it on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub joined: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -179,6 +183,7 @@ fn words_of(result: &Value) -> Vec<Word> {
                 end: end.max(start),
                 score,
                 speaker: None,
+                joined: w.get("joined").and_then(Value::as_bool).unwrap_or(false),
             });
         }
     }
@@ -214,6 +219,9 @@ fn group(words: Vec<Word>) -> Vec<Segment> {
     for word in words {
         let start_new = match segments.last() {
             None => true,
+            // A word written onto the one before stays in its segment, unless the speaker
+            // changes.
+            Some(seg) if word.joined => seg.speaker != word.speaker,
             Some(seg) => {
                 seg.speaker != word.speaker
                     || word.start - seg.end > MAX_PAUSE_S
@@ -232,7 +240,9 @@ fn group(words: Vec<Word>) -> Vec<Segment> {
             });
         } else if let Some(seg) = segments.last_mut() {
             seg.end = seg.end.max(word.end);
-            seg.text.push(' ');
+            if !word.joined {
+                seg.text.push(' ');
+            }
             seg.text.push_str(&word.word);
             seg.words.push(word);
         }
@@ -325,6 +335,23 @@ mod tests {
         assert_eq!(segs[0].words[0].start, 0.05);
         assert_eq!(segs[1].words[0].score, 0.7);
         assert!(segs[0].speaker.is_none());
+    }
+
+    #[test]
+    fn words_written_on_to_the_one_before_are_joined_without_a_space() {
+        let joined = |word: &str, start: f64| json!({"word": word, "start": start, "end": start + 0.2, "probability": 0.9, "joined": true});
+        let stages = json!({"asr": {"language": "fr", "segments": [{"words": [
+            w("Vous", 0.0, 0.2), w("n", 0.3, 0.4), joined("'êtes", 0.4),
+            w("pas", 0.7, 0.9), w("ill", 1.0, 1.2), joined("-disposed.", 1.2),
+            // Across a long pause it still stays with its word.
+            w("Hello", 1.5, 1.7), joined("-there", 3.5)
+        ]}]}});
+        let out = build(stages.as_object().unwrap()).unwrap();
+        assert_eq!(out.segments.len(), 1, "{:?}", out.segments);
+        assert_eq!(out.text, "Vous n'êtes pas ill-disposed. Hello-there");
+        let json = serde_json::to_value(&out).unwrap();
+        assert_eq!(json["segments"][0]["words"][2]["joined"], true);
+        assert!(json["segments"][0]["words"][0].get("joined").is_none());
     }
 
     #[test]

@@ -14,6 +14,7 @@
 import itertools
 import re
 import statistics
+import unicodedata
 
 FRAME = 0.01
 
@@ -48,6 +49,14 @@ def tokens(text):
         else:
             out.append(SPELLING.get(t, t))
     return out
+
+
+def tokens_any(text):
+    """Words of any language for WER: lowercase, accents taken off (the Spanish references are
+    written without them), letters of any script and apostrophes kept, no number spelling."""
+    text = unicodedata.normalize("NFKD", text.lower().replace("-", " "))
+    text = "".join(c for c in text if not unicodedata.combining(c))
+    return [t for t in re.sub(r"[^\w' ]+|_", " ", text).split() if t.strip("'")]
 
 
 def align_words(ref, hyp):

@@ -1,4 +1,4 @@
-"""The scoring itself: numbers read as words, and overlap-aware DER."""
+"""The scoring itself: numbers read as words, words of other languages, and overlap-aware DER."""
 
 import metrics
 
@@ -7,6 +7,37 @@ def test_numbers_are_scored_as_the_words_a_reference_reads():
     assert metrics.tokens("Press 1, then 25") == ["press", "one", "then", "twenty", "five"]
     assert metrics.tokens("2024") == ["two", "thousand", "twenty", "four"]
     assert metrics.tokens("call 5551234") == ["call", "5551234"]  # not a spoken number
+
+
+def test_words_of_any_language_lose_accents_and_punctuation_only():
+    # The Spanish references are written without accents; Whisper writes them.
+    assert metrics.tokens_any("Número de agente, por favor.") == [
+        "numero",
+        "de",
+        "agente",
+        "por",
+        "favor",
+    ]
+    assert metrics.tokens_any("numero de agente por favor") == [
+        "numero",
+        "de",
+        "agente",
+        "por",
+        "favor",
+    ]
+    assert metrics.tokens_any("Vous êtes l'unique participant…") == [
+        "vous",
+        "etes",
+        "l'unique",
+        "participant",
+    ]
+    assert metrics.tokens_any("Вы – единственный участник конференции.") == [
+        "вы",
+        "единственныи",
+        "участник",
+        "конференции",
+    ]
+    assert metrics.tokens_any("Ещё") == metrics.tokens_any("еще")
 
 
 def test_der_scores_overlapped_speech():

@@ -109,6 +109,7 @@ def test_a_language_without_a_model_keeps_the_asr_word_times(tmp_path, speech_wa
                 "words": [
                     {"word": "안녕하세요", "start": 0.1, "end": 0.9, "probability": 0.9},
                     {"word": "여러분", "start": 1.0, "end": 1.9, "probability": 0.8},
+                    {"word": "!", "start": 1.9, "end": 1.9, "probability": 0.8, "joined": True},
                 ],
             }
         ],
@@ -123,6 +124,9 @@ def test_a_language_without_a_model_keeps_the_asr_word_times(tmp_path, speech_wa
     assert [(w["word"], w["start"], w["end"], w["aligned"]) for w in words] == [
         ("안녕하세요", 0.1, 0.9, False),
         ("여러분", 1.0, 1.9, False),
+        ("!", 1.9, 1.9, False),
     ]
-    assert result["aligned_words"] == 0 and result["total_words"] == 2
+    # The ASR's mark for a word written on to the one before it goes through.
+    assert [w.get("joined", False) for w in words] == [False, False, True]
+    assert result["aligned_words"] == 0 and result["total_words"] == 3
     assert "'ko'" in result["skipped"]

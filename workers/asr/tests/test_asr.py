@@ -83,3 +83,22 @@ def test_sigint_abandons_a_long_transcription_and_the_model_stays(tmp_path, spee
     assert "hello" in json.loads(out.read_text())["segments"][0]["text"].lower()
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0
+
+
+def test_words_written_without_a_space_are_marked_joined():
+    from types import SimpleNamespace
+
+    from gpuhost_asr.engine import words_of
+
+    raw = [(" ill", 0.0, 0.2), ("-disposed", 0.2, 0.5), (" ", 0.5, 0.5), (" n", 0.6, 0.7)]
+    raw += [("'êtes", 0.7, 0.9), ("我", 1.0, 1.1)]
+    words = words_of([SimpleNamespace(word=w, start=s, end=e, probability=0.9) for w, s, e in raw])
+    assert [(w["word"], w.get("joined", False)) for w in words] == [
+        ("ill", False),
+        ("-disposed", True),
+        ("n", False),
+        ("'êtes", True),
+        ("我", True),
+    ]
+    # The first word of a segment is never joined, whatever Whisper wrote before it.
+    assert "joined" not in words_of([SimpleNamespace(word="我", start=0, end=1, probability=1)])[0]

@@ -41,6 +41,11 @@ def read_wav(path: str) -> np.ndarray:
         return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
 
 
+def joined(word: dict) -> dict:
+    """The ASR's `joined` mark (no space before this word), kept when there is one."""
+    return {"joined": True} if word.get("joined") else {}
+
+
 def passthrough(engine: str, segments: list, language: str) -> dict:
     """The ASR's segments with its own word times, for a language the aligner has no model for."""
     out = [
@@ -51,6 +56,7 @@ def passthrough(engine: str, segments: list, language: str) -> dict:
             "words": [
                 {
                     "word": w["word"],
+                    **joined(w),
                     "start": w["start"],
                     "end": w["end"],
                     "score": w.get("probability", 0.0),
@@ -150,6 +156,7 @@ class SphinxAligner:
                     words.append(
                         {
                             "word": w["word"],
+                            **joined(w),
                             "start": round(start + max(first[0], 0.0), 3),
                             "end": round(start + max(last[1], first[0] + FRAME_S), 3),
                             "score": round(float(np.exp(max(min(first[2], 0), -700) / 10000)), 4),
@@ -161,6 +168,7 @@ class SphinxAligner:
                     words.append(
                         {
                             "word": w["word"],
+                            **joined(w),
                             "start": w["start"],
                             "end": w["end"],
                             "score": 0.0,
@@ -224,6 +232,7 @@ class MmsAligner:
                     words.append(
                         {
                             "word": w["word"],
+                            **joined(w),
                             "start": round(start + span[0].start * ratio, 3),
                             "end": round(start + span[-1].end * ratio, 3),
                             "score": round(float(sum(s.score for s in span) / len(span)), 4),
@@ -235,6 +244,7 @@ class MmsAligner:
                     words.append(
                         {
                             "word": w["word"],
+                            **joined(w),
                             "start": w["start"],
                             "end": w["end"],
                             "score": 0.0,

@@ -80,6 +80,26 @@ class AsrSettings:
         return base
 
 
+def words_of(words) -> list:
+    """faster-whisper's words, stripped; `joined` marks one Whisper wrote without a space before
+    it (the rest of a hyphenated word, a French elision's "'êtes", every word of Chinese or
+    Japanese), so the host can put the text back together as it was written."""
+    out = []
+    for w in words:
+        if not w.word.strip():
+            continue
+        item = {
+            "word": w.word.strip(),
+            "start": round(w.start, 3),
+            "end": round(w.end, 3),
+            "probability": round(w.probability, 4),
+        }
+        if out and not w.word[:1].isspace():
+            item["joined"] = True
+        out.append(item)
+    return out
+
+
 class Transcriber:
     def __init__(self, settings: AsrSettings):
         from faster_whisper import WhisperModel
@@ -160,16 +180,7 @@ class Transcriber:
                 "text": seg.text.strip(),
                 "avg_logprob": round(seg.avg_logprob, 4),
                 "no_speech_prob": round(seg.no_speech_prob, 4),
-                "words": [
-                    {
-                        "word": w.word.strip(),
-                        "start": round(w.start, 3),
-                        "end": round(w.end, 3),
-                        "probability": round(w.probability, 4),
-                    }
-                    for w in (seg.words or [])
-                    if w.word.strip()
-                ],
+                "words": words_of(seg.words or []),
             }
             out.append(item)
             if on_segment is not None:
