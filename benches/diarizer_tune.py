@@ -59,7 +59,7 @@ def locals_of(items):
     for item in items:
         # Keyed by the audio and the settings of steps 1 and 2.
         key = hashlib.sha256(Path(item["wav"]).read_bytes())
-        settings = ("whole-fbank", overlap.STEP_S, overlap.MIN_EMBED_S, overlap.EMBED_MAX_S)
+        settings = ("reuse-by-speech", overlap.STEP_S, overlap.MIN_EMBED_S, overlap.EMBED_MAX_S)
         key.update(repr(settings + (overlap.REUSE_DIFFER,)).encode())
         path = CACHE / f"{item['set']}_{item['name']}_{key.hexdigest()[:12]}.pickle"
         if not path.is_file():

@@ -127,6 +127,8 @@ def multilingual(cache):
             text = re.sub(r"\([^)]*\)", " ", text).strip().strip('"')
             if not wav.is_file() or not text or "[" in text or re.search(r"\d", text):
                 continue
+            if re.search(r"\?(?!\s*$)", text):  # "sar?", "La conferenza ? piena": a lost accent
+                continue
             if len(text.split()) < 3:  # single words say little about a language
                 continue
             mine.append({"name": f"{lang}-{name.strip()}", "wav": wav, "text": text})

@@ -129,11 +129,7 @@ pub fn build(stages: &Map<String, Value>) -> Option<Transcript> {
             speakers.push(s);
         }
     }
-    let text = segments
-        .iter()
-        .map(|s| s.text.as_str())
-        .collect::<Vec<_>>()
-        .join(" ");
+    let text = join_segments(&segments);
     Some(Transcript {
         segments,
         speakers,
@@ -214,14 +210,43 @@ fn speaker_for(word: &Word, turns: &[Turn]) -> Option<String> {
         .map(|t| t.speaker.clone())
 }
 
+/// Whether `word` is the rest of the word before it ("-disposed", "'êtes"), not a word of a
+/// language written without spaces (Chinese, Japanese), whose words segment like any other.
+fn continues(word: &Word) -> bool {
+    word.joined && !word.word.chars().next().is_some_and(unspaced_script)
+}
+
+/// Han, kana, Hangul and their punctuation and full-width forms.
+fn unspaced_script(c: char) -> bool {
+    matches!(c as u32,
+        0x1100..=0x11FF | 0x2E80..=0x30FF | 0x3130..=0x318F | 0x3400..=0x4DBF
+        | 0x4E00..=0x9FFF | 0xAC00..=0xD7AF | 0xF900..=0xFAFF | 0xFF00..=0xFFEF)
+}
+
+/// The transcript text: segments joined by a space, or without one where the next begins with
+/// a word written on to the one before.
+fn join_segments<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> String {
+    let mut out = String::new();
+    for seg in segments {
+        let glued = seg.words.first().is_some_and(|w| w.joined);
+        if !out.is_empty() && !glued {
+            out.push(' ');
+        }
+        out.push_str(&seg.text);
+    }
+    out
+}
+
 fn group(words: Vec<Word>) -> Vec<Segment> {
     let mut segments: Vec<Segment> = Vec::new();
-    for word in words {
+    for mut word in words {
         let start_new = match segments.last() {
             None => true,
-            // A word written onto the one before stays in its segment, unless the speaker
-            // changes.
-            Some(seg) if word.joined => seg.speaker != word.speaker,
+            // The rest of a word stays with it, speaker included.
+            Some(seg) if continues(&word) => {
+                word.speaker = seg.speaker.clone();
+                false
+            }
             Some(seg) => {
                 seg.speaker != word.speaker
                     || word.start - seg.end > MAX_PAUSE_S
@@ -349,6 +374,16 @@ mod tests {
         let out = build(stages.as_object().unwrap()).unwrap();
         assert_eq!(out.segments.len(), 1, "{:?}", out.segments);
         assert_eq!(out.text, "Vous n'êtes pas ill-disposed. Hello-there");
+        // Chinese: every word joined, yet segments still end at pauses, and the text has no
+        // space where they do.
+        let stages = json!({"asr": {"language": "zh", "segments": [{"words": [
+            w("我们", 0.0, 0.4), joined("今天", 0.4), joined("去", 0.8),
+            joined("公园。", 3.0), joined("好", 3.3)
+        ]}]}});
+        let out = build(stages.as_object().unwrap()).unwrap();
+        assert_eq!(out.segments.len(), 2, "{:?}", out.segments);
+        assert_eq!(out.segments[0].text, "我们今天去");
+        assert_eq!(out.text, "我们今天去公园。好");
         let json = serde_json::to_value(&out).unwrap();
         assert_eq!(json["segments"][0]["words"][2]["joined"], true);
         assert!(json["segments"][0]["words"][0].get("joined").is_none());

@@ -279,8 +279,12 @@ fn reconcile(gpus: &mut [GpuInfo], processes: &[GpuProcess]) {
             .map(|p| p.used_memory_mib)
             .sum();
         if listed > g.memory_used_mib {
-            g.memory_used_mib = listed.min(g.memory_total_mib);
-            g.memory_free_mib = g.memory_total_mib.saturating_sub(g.memory_used_mib);
+            let used = listed.min(g.memory_total_mib);
+            // What the listing adds comes off the driver's free figure, which already leaves
+            // out the memory it reserves (616 MiB on an H200).
+            let more = used - g.memory_used_mib;
+            g.memory_used_mib = used;
+            g.memory_free_mib = g.memory_free_mib.saturating_sub(more);
         }
     }
 }
@@ -314,6 +318,12 @@ mod tests {
             (gpus[0].memory_used_mib, gpus[0].memory_free_mib),
             (20_000, 12_607)
         );
+        // The driver's reserve stays out of the free figure (an H200 keeps 616 MiB back).
+        let mut reserved = gpu(0);
+        reserved.memory_free_mib -= 616;
+        let mut gpus = vec![reserved];
+        reconcile(&mut gpus, std::slice::from_ref(&ollama));
+        assert_eq!(gpus[0].memory_free_mib, 32_607 - 616 - 20_000);
         // A device total that already counts it (and more) is left alone.
         let mut gpus = vec![gpu(21_000)];
         reconcile(&mut gpus, std::slice::from_ref(&ollama));

@@ -42,7 +42,7 @@ MIN_CLUSTER_S = 3.0  # a cluster with less speech joins its nearest larger one
 FLOOR_S = 2.0
 FLOOR_WINDOWS = 2  # ... in at least this many windows
 FILL_S = 0.5  # a speaker's pauses up to this long are part of the turn
-REUSE_DIFFER = 0.05  # an embedding is reused for the same stretch when ≤ 5 % of its frames differ
+REUSE_DIFFER = 0.05  # reused for the same stretch when frames differing ≤ 5 % of its speech
 
 
 @dataclass
@@ -180,7 +180,8 @@ class OverlapDiarizer:
                 good = (x, y) == (a, b)
             else:
                 good = counts[x] >= counts[a] - REUSE_DIFFER * limit
-            if good and np.mean(other != weights[x:y]) <= REUSE_DIFFER:
+            mine = weights[x:y]
+            if good and np.sum(other != mine) <= REUSE_DIFFER * max(other.sum(), mine.sum()):
                 return embedding
         embedding = self.embedder.embed(fbank[a:b], weights[a:b])
         done[(offset + a, offset + b)] = (weights[a:b], embedding)

@@ -85,12 +85,20 @@ class SpeakerEmbedder:
         `normalize`)."""
         online = self.knf.OnlineFbank(self.fbank_options)
         audio = np.asarray(audio, dtype=np.float32)
-        for i in range(0, len(audio), 30 * RATE):  # a piece at a time: no copy of an hour
+        # A piece at a time, each frame copied out and dropped from knf as soon as it is ready:
+        # an hour of audio is 360 000 frames, which as knf's own vectors plus a list of arrays
+        # took several times the 115 MB the result needs.
+        feats = np.zeros((max(0, 1 + (len(audio) - 400) // 160), 80), dtype=np.float32)
+        done = 0
+        for i in range(0, max(1, len(audio)), 30 * RATE):
             online.accept_waveform(RATE, audio[i : i + 30 * RATE] * 32768.0)
-        online.input_finished()
-        feats = np.array(
-            [online.get_frame(i) for i in range(online.num_frames_ready)], dtype=np.float32
-        ).reshape(-1, 80)
+            if i + 30 * RATE >= len(audio):
+                online.input_finished()
+            ready = min(online.num_frames_ready, len(feats))
+            for k in range(done, ready):
+                feats[k] = online.get_frame(k)  # a view into knf's buffer: copied before pop
+            online.pop(ready - done)
+            done = ready
         return feats - feats.mean(axis=0) if normalize and len(feats) else feats
 
     def embed(self, fbank: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
