@@ -19,6 +19,9 @@ use crate::config::{Mode, WorkerSpec};
 use crate::process::{describe_exit, spawn_worker, ProcessGroup};
 use crate::protocol::{ReadyInfo, Signal, TaskLine, WorkerEvent};
 
+mod output;
+use output::recv_opt;
+
 /// Stderr lines kept to explain a crash.
 const TAIL_LINES: usize = 20;
 /// How long a worker whose stdout closed gets to exit before it is killed.
@@ -255,16 +258,6 @@ impl Session {
         Err(self.crashed(exit))
     }
 
-    /// Logs the stderr lines still in the pipe after the process ended.
-    async fn drain_tail(&mut self) {
-        if let Some(mut rx) = self.stderr.take() {
-            let until = Instant::now() + Duration::from_millis(500);
-            while let Ok(Some(line)) = tokio::time::timeout_at(until, rx.next_line()).await {
-                self.log_line(&line, None);
-            }
-        }
-    }
-
     /// Oneshot end: close stdin (EOF ends an original-protocol worker), then stop.
     pub(super) async fn finish(mut self, grace: Duration) {
         self.stdin = None;
@@ -280,89 +273,9 @@ impl Session {
         tracing::info!(worker = %self.name, exit = %status.as_ref().map(describe_exit).unwrap_or_default(), "worker stopped");
     }
 
-    pub(super) fn tail_text(&self) -> String {
-        if self.tail.is_empty() {
-            return "(no stderr output)".into();
-        }
-        self.tail.iter().cloned().collect::<Vec<_>>().join("\n")
-    }
-
     async fn send_line(&mut self, line: &str) -> std::io::Result<()> {
         let stdin = self.stdin.as_mut().ok_or(std::io::ErrorKind::BrokenPipe)?;
         stdin.write_all(line.as_bytes()).await?;
         stdin.flush().await
-    }
-
-    fn crashed(&self, exit: String) -> TaskError {
-        TaskError::Crashed {
-            worker: self.name.clone(),
-            exit,
-            tail: self.tail_text(),
-        }
-    }
-
-    fn read_output(&self, output: &Path) -> Result<Value, TaskError> {
-        let bad = |reason: String| TaskError::BadOutput {
-            worker: self.name.clone(),
-            reason,
-        };
-        let text = std::fs::read(output)
-            .map_err(|e| bad(format!("cannot read {}: {e}", output.display())))?;
-        serde_json::from_slice(&text)
-            .map_err(|e| bad(format!("{} is not valid JSON: {e}", output.display())))
-    }
-
-    /// After stdout closed: the exit status (killing a process that lingers), with the last
-    /// stderr lines collected for the error message.
-    async fn collect_exit(&mut self) -> String {
-        let status: Option<ExitStatus> = match self.group.wait_timeout(EXIT_GRACE).await {
-            Some(status) => Some(status),
-            None => self.group.kill().await,
-        };
-        self.drain_tail().await;
-        status
-            .as_ref()
-            .map(describe_exit)
-            .unwrap_or_else(|| "unknown exit".into())
-    }
-
-    fn drain_stderr(&mut self, events: &mpsc::Sender<WorkerEvent>) {
-        // The worker flushed these before its signal: they are in the pipe already.
-        let Some(mut rx) = self.stderr.take() else {
-            return;
-        };
-        while let Some(line) = rx.ready_line() {
-            self.log_line(&line, Some(events));
-        }
-        self.stderr = Some(rx);
-    }
-
-    fn log_line(&mut self, line: &str, events: Option<&mpsc::Sender<WorkerEvent>>) {
-        let event = WorkerEvent::parse(line);
-        if let WorkerEvent::Log { message, .. } = &event {
-            if self.tail.len() == TAIL_LINES {
-                self.tail.pop_front();
-            }
-            self.tail.push_back(message.clone());
-            tracing::debug!(worker = %self.name, "{message}");
-        }
-        if let Some(events) = events {
-            // A slow or vanished client must never stall the worker: drop instead of waiting.
-            let _ = events.try_send(event);
-        }
-    }
-}
-
-/// Reads from an optional pipe; once it closes it is set to `None` and never polled again.
-async fn recv_opt(rx: &mut Option<LineReader<ChildStderr>>) -> Option<String> {
-    match rx {
-        Some(inner) => match inner.next_line().await {
-            Some(line) => Some(line),
-            None => {
-                *rx = None;
-                None
-            }
-        },
-        None => std::future::pending().await,
     }
 }

@@ -1,0 +1,109 @@
+//! What a worker says besides its signals: stderr lines logged (and kept for a crash's message)
+//! or turned into events, the result file read back, and the exit explained.
+
+use std::path::Path;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::process::ChildStderr;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::super::lines::LineReader;
+use super::super::TaskError;
+use super::{Session, EXIT_GRACE, TAIL_LINES};
+use crate::process::describe_exit;
+use crate::protocol::WorkerEvent;
+
+impl Session {
+    /// Logs the stderr lines still in the pipe after the process ended.
+    pub(super) async fn drain_tail(&mut self) {
+        if let Some(mut rx) = self.stderr.take() {
+            let until = Instant::now() + Duration::from_millis(500);
+            while let Ok(Some(line)) = tokio::time::timeout_at(until, rx.next_line()).await {
+                self.log_line(&line, None);
+            }
+        }
+    }
+
+    pub(in crate::worker) fn tail_text(&self) -> String {
+        if self.tail.is_empty() {
+            return "(no stderr output)".into();
+        }
+        self.tail.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    pub(super) fn crashed(&self, exit: String) -> TaskError {
+        TaskError::Crashed {
+            worker: self.name.clone(),
+            exit,
+            tail: self.tail_text(),
+        }
+    }
+
+    pub(super) fn read_output(&self, output: &Path) -> Result<Value, TaskError> {
+        let bad = |reason: String| TaskError::BadOutput {
+            worker: self.name.clone(),
+            reason,
+        };
+        let text = std::fs::read(output)
+            .map_err(|e| bad(format!("cannot read {}: {e}", output.display())))?;
+        serde_json::from_slice(&text)
+            .map_err(|e| bad(format!("{} is not valid JSON: {e}", output.display())))
+    }
+
+    /// After stdout closed: the exit status (killing a process that lingers), with the last
+    /// stderr lines collected for the error message.
+    pub(super) async fn collect_exit(&mut self) -> String {
+        let status: Option<ExitStatus> = match self.group.wait_timeout(EXIT_GRACE).await {
+            Some(status) => Some(status),
+            None => self.group.kill().await,
+        };
+        self.drain_tail().await;
+        status
+            .as_ref()
+            .map(describe_exit)
+            .unwrap_or_else(|| "unknown exit".into())
+    }
+
+    pub(super) fn drain_stderr(&mut self, events: &mpsc::Sender<WorkerEvent>) {
+        // The worker flushed these before its signal: they are in the pipe already.
+        let Some(mut rx) = self.stderr.take() else {
+            return;
+        };
+        while let Some(line) = rx.ready_line() {
+            self.log_line(&line, Some(events));
+        }
+        self.stderr = Some(rx);
+    }
+
+    pub(super) fn log_line(&mut self, line: &str, events: Option<&mpsc::Sender<WorkerEvent>>) {
+        let event = WorkerEvent::parse(line);
+        if let WorkerEvent::Log { message, .. } = &event {
+            if self.tail.len() == TAIL_LINES {
+                self.tail.pop_front();
+            }
+            self.tail.push_back(message.clone());
+            tracing::debug!(worker = %self.name, "{message}");
+        }
+        if let Some(events) = events {
+            // A slow or vanished client must never stall the worker: drop instead of waiting.
+            let _ = events.try_send(event);
+        }
+    }
+}
+
+/// Reads from an optional pipe; once it closes it is set to `None` and never polled again.
+pub(super) async fn recv_opt(rx: &mut Option<LineReader<ChildStderr>>) -> Option<String> {
+    match rx {
+        Some(inner) => match inner.next_line().await {
+            Some(line) => Some(line),
+            None => {
+                *rx = None;
+                None
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
