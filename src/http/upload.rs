@@ -8,12 +8,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{FromRequest, Multipart, Request};
+use axum::extract::Request;
 use futures_util::{Stream, StreamExt};
 use tokio::io::AsyncWriteExt;
 
 use super::error::ApiError;
 use crate::audio::Source;
+
+mod form;
+pub(super) use form::{collect_field, text_field, Form};
 
 /// How much of a request body is read, and how long a pause in it may be.
 #[derive(Debug, Clone, Copy)]
@@ -217,64 +220,6 @@ async fn receive_guarded(
                 .map_err(|e| e.into_api(limit));
         }
     }
-}
-
-/// A multipart/form-data body read field by field, its mistakes as 400s (every form the API
-/// takes: `/transcribe`, the OpenAI endpoints, `/speakers`).
-pub(super) struct Form(Multipart);
-
-impl Form {
-    pub(super) async fn open(request: Request) -> Result<Form, ApiError> {
-        Multipart::from_request(request, &())
-            .await
-            .map(Form)
-            .map_err(|e| {
-                ApiError::bad_request(format!("send multipart/form-data: {}", e.body_text()))
-            })
-    }
-
-    pub(super) async fn next(
-        &mut self,
-    ) -> Result<Option<axum::extract::multipart::Field<'_>>, ApiError> {
-        self.0.next_field().await.map_err(|e| {
-            ApiError::bad_request(format!("invalid multipart body: {}", e.body_text()))
-        })
-    }
-}
-
-/// Receives one multipart field (the `file` of a form) with the same limits as `receive`.
-pub(super) async fn collect_field(
-    field: axum::extract::multipart::Field<'_>,
-    spill: &Path,
-    limit: u64,
-) -> Result<Source, ApiError> {
-    collect(field, Some(spill), limit)
-        .await
-        .map_err(|e| e.into_api(limit))
-}
-
-/// A text field of the form, refused once it grows past `max` bytes (never buffered whole).
-pub(super) async fn text_field(
-    mut field: axum::extract::multipart::Field<'_>,
-    name: &str,
-    max: usize,
-) -> Result<String, ApiError> {
-    let mut value = Vec::new();
-    while let Some(chunk) = field.chunk().await.map_err(|e| {
-        ApiError::bad_request(format!(
-            "invalid multipart field `{name}`: {}",
-            e.body_text()
-        ))
-    })? {
-        if value.len() + chunk.len() > max {
-            return Err(ApiError::too_large(format!(
-                "the form field `{name}` is longer than {max} bytes (limits.max_field_bytes)"
-            )));
-        }
-        value.extend_from_slice(&chunk);
-    }
-    String::from_utf8(value)
-        .map_err(|_| ApiError::bad_request(format!("the form field `{name}` is not UTF-8 text")))
 }
 
 fn too_large(what: &str, limit: u64) -> ApiError {

@@ -1,0 +1,70 @@
+//! `ErrorCode`: why a job failed, as its `error` event names it, and the one HTTP status each
+//! code answers with.
+
+use serde::{Deserialize, Serialize};
+
+/// Why a job failed: the `code` of its `error` event, and (for `?format=` and the OpenAI
+/// endpoint, which answer with one HTTP response) its status code, decided here and nowhere else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// A worker could not be started or is restarting after a failure.
+    WorkerUnavailable,
+    /// A worker died during the job.
+    WorkerCrashed,
+    /// A worker took longer than its `task_timeout_s`.
+    WorkerTimeout,
+    /// A worker reported that this job failed (bad input for the model, say).
+    JobFailed,
+    /// A worker said `done` but its result file is missing or not JSON.
+    BadOutput,
+    /// gpuhost is stopping.
+    ShuttingDown,
+    /// The client went away; the job was abandoned.
+    Cancelled,
+    /// This stage was called off because a stage running beside it failed.
+    CalledOff,
+    /// The job named a stage the pipeline does not have.
+    UnknownStage,
+    /// A bug in gpuhost (see its log).
+    Internal,
+}
+
+impl ErrorCode {
+    /// The HTTP status of a request that ends with this error.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::WorkerUnavailable | ErrorCode::ShuttingDown => 503,
+            ErrorCode::WorkerTimeout => 504,
+            ErrorCode::JobFailed => 422,
+            ErrorCode::WorkerCrashed | ErrorCode::BadOutput => 502,
+            // Nobody reads the answer of a cancelled job; 499 is nginx's "client closed request".
+            ErrorCode::Cancelled => 499,
+            ErrorCode::CalledOff => 502,
+            ErrorCode::UnknownStage => 400,
+            ErrorCode::Internal => 500,
+        }
+    }
+
+    /// The wire name (`worker_crashed`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::WorkerUnavailable => "worker_unavailable",
+            ErrorCode::WorkerCrashed => "worker_crashed",
+            ErrorCode::WorkerTimeout => "worker_timeout",
+            ErrorCode::JobFailed => "job_failed",
+            ErrorCode::BadOutput => "bad_output",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Cancelled => "cancelled",
+            ErrorCode::CalledOff => "called_off",
+            ErrorCode::UnknownStage => "unknown_stage",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
