@@ -1,0 +1,114 @@
+//! The transcript's unit tests: speakers by overlap, segmenting, aligner words, joined words.
+
+use super::*;
+use serde_json::json;
+
+fn w(word: &str, start: f64, end: f64) -> Value {
+    json!({"word": word, "start": start, "end": end, "probability": 0.9})
+}
+
+#[test]
+fn overlapped_speech_is_carried_into_the_transcript() {
+    let stages = json!({
+        "diarizer": {
+            "turns": [
+                {"start": 0.0, "end": 2.5, "speaker": "SPEAKER_00"},
+                {"start": 2.0, "end": 4.0, "speaker": "SPEAKER_01"}
+            ],
+            "overlaps": [[2.0, 2.5]]
+        },
+        "asr": {"segments": [{"start": 0.0, "end": 4.0, "text": "a b",
+            "words": [w("a", 0.5, 1.0), w("b", 3.0, 3.5)]}]}
+    });
+    let out = build(stages.as_object().unwrap()).unwrap();
+    assert_eq!(out.overlaps, vec![[2.0, 2.5]]);
+    assert_eq!(out.turns.len(), 2);
+    let json = serde_json::to_value(&out).unwrap();
+    assert_eq!(json["overlaps"], json!([[2.0, 2.5]]));
+    // Without overlap information the field stays out of the result.
+    let plain = json!({"asr": {"segments": []}});
+    let out = serde_json::to_value(build(plain.as_object().unwrap()).unwrap()).unwrap();
+    assert!(out.get("overlaps").is_none(), "{out}");
+}
+
+#[test]
+fn words_get_speakers_by_overlap_and_split_at_changes() {
+    let stages = json!({
+        "diarizer": {"turns": [
+            {"start": 0.0, "end": 2.1, "speaker": "SPEAKER_00"},
+            {"start": 2.3, "end": 4.0, "speaker": "SPEAKER_01"}
+        ]},
+        "asr": {"language": "en", "segments": [
+            {"start": 0.0, "end": 4.0, "text": "hello there general kenobi",
+             "words": [w("Hello", 0.1, 0.5), w("there.", 0.6, 2.2), w("General", 2.4, 3.0), w("Kenobi", 3.1, 4.5)]}
+        ]}
+    });
+    let out = build(stages.as_object().unwrap()).unwrap();
+    let segs = &out.segments;
+    assert_eq!(segs.len(), 2);
+    assert_eq!(segs[0].text, "Hello there.");
+    assert_eq!(segs[0].speaker.as_deref(), Some("SPEAKER_00"));
+    assert_eq!(segs[1].text, "General Kenobi");
+    assert_eq!(
+        segs[1].words[1].speaker.as_deref(),
+        Some("SPEAKER_01"),
+        "past the last turn: nearest"
+    );
+    assert_eq!(out.speakers, ["SPEAKER_00", "SPEAKER_01"]);
+    assert_eq!(out.language.as_deref(), Some("en"));
+    assert_eq!(out.text, "Hello there. General Kenobi");
+    let round = Transcript::from_result(&serde_json::to_value(&out).unwrap()).unwrap();
+    assert_eq!(
+        round, out,
+        "the result's JSON reads back as the same transcript"
+    );
+}
+
+#[test]
+fn aligner_words_win_and_long_pauses_split() {
+    let stages = json!({
+        "asr": {"segments": [{"words": [w("a", 0.0, 0.2), w("b", 0.3, 0.5)]}]},
+        "aligner": {"segments": [{"words": [
+            {"word": "a", "start": 0.05, "end": 0.15, "score": 0.8},
+            {"word": "b", "start": 1.5, "end": 1.7, "score": 0.7}
+        ]}]}
+    });
+    let out = build(stages.as_object().unwrap()).unwrap();
+    let segs = &out.segments;
+    assert_eq!(segs.len(), 2);
+    assert_eq!(segs[0].words[0].start, 0.05);
+    assert_eq!(segs[1].words[0].score, 0.7);
+    assert!(segs[0].speaker.is_none());
+}
+
+#[test]
+fn words_written_on_to_the_one_before_are_joined_without_a_space() {
+    let joined = |word: &str, start: f64| json!({"word": word, "start": start, "end": start + 0.2, "probability": 0.9, "joined": true});
+    let stages = json!({"asr": {"language": "fr", "segments": [{"words": [
+        w("Vous", 0.0, 0.2), w("n", 0.3, 0.4), joined("'êtes", 0.4),
+        w("pas", 0.7, 0.9), w("ill", 1.0, 1.2), joined("-disposed.", 1.2),
+        // Across a long pause it still stays with its word.
+        w("Hello", 1.5, 1.7), joined("-there", 3.5)
+    ]}]}});
+    let out = build(stages.as_object().unwrap()).unwrap();
+    assert_eq!(out.segments.len(), 1, "{:?}", out.segments);
+    assert_eq!(out.text, "Vous n'êtes pas ill-disposed. Hello-there");
+    // Chinese: every word joined, yet segments still end at pauses, and the text has no
+    // space where they do.
+    let stages = json!({"asr": {"language": "zh", "segments": [{"words": [
+        w("我们", 0.0, 0.4), joined("今天", 0.4), joined("去", 0.8),
+        joined("公园。", 3.0), joined("好", 3.3)
+    ]}]}});
+    let out = build(stages.as_object().unwrap()).unwrap();
+    assert_eq!(out.segments.len(), 2, "{:?}", out.segments);
+    assert_eq!(out.segments[0].text, "我们今天去");
+    assert_eq!(out.text, "我们今天去公园。好");
+    let json = serde_json::to_value(&out).unwrap();
+    assert_eq!(json["segments"][0]["words"][2]["joined"], true);
+    assert!(json["segments"][0]["words"][0].get("joined").is_none());
+}
+
+#[test]
+fn no_asr_no_transcript() {
+    assert!(build(json!({"w": {}}).as_object().unwrap()).is_none());
+}
