@@ -142,9 +142,17 @@ pub(super) async fn prepare(
     query: TranscribeQuery,
     request: Request,
 ) -> Result<PreparedJob, ApiError> {
-    let stages = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref())
-        .map_err(ApiError::bad_request)?;
-    let options = job::accept_options(app, query.options(), &stages)?;
+    let limits = upload::BodyLimits::from_config(&app.config);
+    let checked = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref())
+        .map_err(ApiError::bad_request)
+        .and_then(|stages| Ok((job::accept_options(app, query.options(), &stages)?, stages)));
+    let (options, stages) = match checked {
+        Ok(checked) => checked,
+        Err(e) => {
+            upload::drain(request, limits).await; // so the client can read why
+            return Err(e);
+        }
+    };
     let folder_error = |e| ApiError::internal(format!("cannot create a job folder: {e}"));
     // A body that may spill to disk needs its folder first; one declared small stays in memory,
     // and its folder is chosen once it is known (see `job::job_dir_for`).
@@ -153,7 +161,6 @@ pub(super) async fn prepare(
         _ => Some(job::job_dir(&app.config).map_err(folder_error)?),
     };
     let spill = early.as_ref().map(|dir| dir.path().join("upload"));
-    let limits = upload::BodyLimits::from_config(&app.config);
     let source = upload::receive(request, spill.as_deref(), limits)
         .await
         .map_err(|e| match &early {

@@ -166,6 +166,32 @@ impl FormIntake {
 /// Uploads larger than this are streamed to a file instead of kept in memory.
 pub(super) const SPILL_BYTES: usize = 8 * 1024 * 1024;
 
+/// How much of a refused request's body is read and dropped before the error goes out.
+const DRAIN_BYTES: u64 = 32 * 1024 * 1024;
+
+/// Reads what is left of the body of a request refused before its upload was read (a bad
+/// option, a language no model knows), at most [`DRAIN_BYTES`] and never past a pause longer
+/// than the idle timeout, and drops it. A client still sending its upload then reads the error
+/// instead of a broken pipe. A client that asked `Expect: 100-continue` has sent nothing yet and
+/// is answered at once.
+pub(super) async fn drain(request: Request, limits: BodyLimits) {
+    let expects = request
+        .headers()
+        .get(axum::http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects || declared_length(&request).is_some_and(|n| n > DRAIN_BYTES) {
+        return; // too big to be worth reading: the connection is closed on it
+    }
+    let mut data = request.into_body().into_data_stream();
+    let mut seen = 0u64;
+    while seen < DRAIN_BYTES {
+        match tokio::time::timeout(limits.idle, data.next()).await {
+            Ok(Some(Ok(chunk))) => seen += chunk.len() as u64,
+            _ => break,
+        }
+    }
+}
+
 /// The body length the request declares (`Content-Length`), if it does.
 pub(super) fn declared_length(request: &Request) -> Option<u64> {
     request
