@@ -92,50 +92,52 @@ def fetch():
     return CACHE
 
 
-def asterisk(cache):
-    sounds = cache / "root/usr/share/asterisk/sounds/en_US_f_Allison"
-    texts = cache / "root/usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz"
-    items = []
-    with gzip.open(texts, "rt", encoding="utf-8", errors="replace") as f:
+def _prompts(cache, lang, voice):
+    """(name, wav, text) of every prompt of one asterisk language whose recording is there."""
+    sounds = cache / f"root/usr/share/asterisk/sounds/{voice}"
+    texts = cache / f"root/usr/share/doc/asterisk-core-sounds-{lang}/core-sounds-{lang}.txt.gz"
+    with gzip.open(texts, "rt", encoding="utf-8-sig", errors="replace") as f:
         lines = [line.strip() for line in f if ":" in line and not line.startswith(";")]
     for line in lines:
         name, _, text = line.partition(":")
         wav = sounds / f"{name.strip()}.wav"
-        text = text.strip()
+        if wav.is_file():
+            yield name.strip(), wav, text.strip()
+
+
+def _alternate(items, set_name):
+    """Even items to the tune split, odd ones to the report split."""
+    for i, item in enumerate(items):
+        item.update(set=set_name, split="tune" if i % 2 == 0 else "report")
+    return items
+
+
+def asterisk(cache):
+    items = []
+    for name, wav, text in _prompts(cache, "en", "en_US_f_Allison"):
         # Tones and silences are described in brackets; they are not speech.
-        if not wav.is_file() or not text or text.startswith("["):
+        if not text or text.startswith("["):
             continue
         text = re.sub(r"\[[^\]]*\]", " ", text)
-        items.append({"name": name.strip(), "wav": wav, "text": text})
-    for i, item in enumerate(items):
-        item.update(set="asterisk", split="tune" if i % 2 == 0 else "report")
-    return items
+        items.append({"name": name, "wav": wav, "text": text})
+    return _alternate(items, "asterisk")
 
 
 def multilingual(cache):
     """The asterisk prompts in other languages (see the module docstring)."""
     items = []
     for lang, voice in LANGUAGES.items():
-        sounds = cache / f"root/usr/share/asterisk/sounds/{voice}"
-        texts = cache / f"root/usr/share/doc/asterisk-core-sounds-{lang}/core-sounds-{lang}.txt.gz"
-        with gzip.open(texts, "rt", encoding="utf-8-sig", errors="replace") as f:
-            lines = [line.strip() for line in f if ":" in line and not line.startswith(";")]
         mine = []
-        for line in lines:
-            name, _, text = line.partition(":")
-            wav = sounds / f"{name.strip()}.wav"
+        for name, wav, text in _prompts(cache, lang, voice):
             text = re.sub(r"\([^)]*\)", " ", text).strip().strip('"')
-            if not wav.is_file() or not text or "[" in text or re.search(r"\d", text):
+            if not text or "[" in text or re.search(r"\d", text):
                 continue
             if re.search(r"\?(?!\s*$)", text):  # "sar?", "La conferenza ? piena": a lost accent
                 continue
             if len(text.split()) < 3:  # single words say little about a language
                 continue
-            mine.append({"name": f"{lang}-{name.strip()}", "wav": wav, "text": text})
-        for i, item in enumerate(mine[: 2 * MULTILINGUAL_PER_SPLIT]):
-            item.update(set=f"asterisk-{lang}", split="tune" if i % 2 == 0 else "report")
-            item["language"] = lang
-            items.append(item)
+            mine.append({"name": f"{lang}-{name}", "wav": wav, "text": text, "language": lang})
+        items += _alternate(mine[: 2 * MULTILINGUAL_PER_SPLIT], f"asterisk-{lang}")
     return items
 
 

@@ -190,10 +190,12 @@ impl Pipeline {
                 break;
             };
             let stage = &stages[i];
-            progress[i] = StageState::Ended;
+            progress[i] = match outcome {
+                Ok(_) => StageState::Done,
+                Err(_) => StageState::Ended,
+            };
             match outcome {
                 Ok((result, seconds)) => {
-                    progress[i] = StageState::Done;
                     timings.insert(stage.clone(), json!(round3(seconds)));
                     results.insert(stage.clone(), result);
                 }

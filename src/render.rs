@@ -61,8 +61,8 @@ fn text(transcript: &Transcript) -> String {
                 out.push('\n');
             }
             let _ = write!(out, "{}: ", speaker.unwrap_or_default());
-        } else if !out.is_empty() && !seg.words.first().is_some_and(|w| w.joined) {
-            out.push(' '); // none before a word written on to the one before (Chinese, …)
+        } else if !out.is_empty() && !seg.joins_previous() {
+            out.push(' ');
         }
         out.push_str(seg.text.trim());
         last_speaker = speaker;

@@ -223,13 +223,19 @@ fn unspaced_script(c: char) -> bool {
         | 0x4E00..=0x9FFF | 0xAC00..=0xD7AF | 0xF900..=0xFAFF | 0xFF00..=0xFFEF)
 }
 
-/// The transcript text: segments joined by a space, or without one where the next begins with
-/// a word written on to the one before.
+impl Segment {
+    /// Whether its text goes on from the segment before without a space (it begins with a
+    /// word written on to the one before: Chinese, Japanese).
+    pub fn joins_previous(&self) -> bool {
+        self.words.first().is_some_and(|w| w.joined)
+    }
+}
+
+/// The transcript text: segments joined by a space, or without one where the next goes on.
 fn join_segments<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> String {
     let mut out = String::new();
     for seg in segments {
-        let glued = seg.words.first().is_some_and(|w| w.joined);
-        if !out.is_empty() && !glued {
+        if !out.is_empty() && !seg.joins_previous() {
             out.push(' ');
         }
         out.push_str(&seg.text);

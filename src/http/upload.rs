@@ -182,14 +182,12 @@ pub(super) async fn drain(request: Request, limits: BodyLimits) {
     if expects || declared_length(&request).is_some_and(|n| n > DRAIN_BYTES) {
         return; // too big to be worth reading: the connection is closed on it
     }
-    let mut data = request.into_body().into_data_stream();
-    let mut seen = 0u64;
-    while seen < DRAIN_BYTES {
-        match tokio::time::timeout(limits.idle, data.next()).await {
-            Ok(Some(Ok(chunk))) => seen += chunk.len() as u64,
-            _ => break,
-        }
-    }
+    let limits = BodyLimits {
+        max_bytes: DRAIN_BYTES,
+        ..limits
+    };
+    let mut data = guard(request, limits).0.into_body().into_data_stream();
+    while let Some(Ok(_)) = data.next().await {}
 }
 
 /// The body length the request declares (`Content-Length`), if it does.

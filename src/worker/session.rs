@@ -13,14 +13,13 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::lines::LineReader;
+use super::lines::{next_line_opt as recv_opt, LineReader};
 use super::TaskError;
 use crate::config::{Mode, WorkerSpec};
 use crate::process::{describe_exit, spawn_worker, ProcessGroup};
 use crate::protocol::{ReadyInfo, Signal, TaskLine, WorkerEvent};
 
 mod output;
-use output::recv_opt;
 
 /// Stderr lines kept to explain a crash.
 const TAIL_LINES: usize = 20;

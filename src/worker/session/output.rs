@@ -6,11 +6,9 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::process::ChildStderr;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::super::lines::LineReader;
 use super::super::TaskError;
 use super::{Session, EXIT_GRACE, TAIL_LINES};
 use crate::process::describe_exit;
@@ -91,19 +89,5 @@ impl Session {
             // A slow or vanished client must never stall the worker: drop instead of waiting.
             let _ = events.try_send(event);
         }
-    }
-}
-
-/// Reads from an optional pipe; once it closes it is set to `None` and never polled again.
-pub(super) async fn recv_opt(rx: &mut Option<LineReader<ChildStderr>>) -> Option<String> {
-    match rx {
-        Some(inner) => match inner.next_line().await {
-            Some(line) => Some(line),
-            None => {
-                *rx = None;
-                None
-            }
-        },
-        None => std::future::pending().await,
     }
 }

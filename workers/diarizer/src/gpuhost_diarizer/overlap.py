@@ -116,6 +116,7 @@ class OverlapDiarizer:
         owners, embeddings, seconds = [], [], []
         for w in range(len(starts)):
             fbank = None
+            first = round(starts[w] / FBANK_HOP)  # the window's first row in `whole`
             alone = seg[w].sum(axis=1) == 1
             for s in range(seg.shape[2]):
                 mask = seg[w, :, s] > 0
@@ -125,7 +126,6 @@ class OverlapDiarizer:
                 clean = mask & alone
                 if clean.sum() * FRAME_HOP / RATE >= MIN_EMBED_S:
                     mask = clean
-                first = round(starts[w] / FBANK_HOP)  # the window's first row in `whole`
                 if fbank is None:
                     fbank = self._window_fbank(whole, first, window(starts[w]))
                     for span in [k for k in done if k[0] < first]:
