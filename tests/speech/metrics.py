@@ -1,8 +1,8 @@
 """Quality metrics against the ground truth of make_eval_set.py. Stdlib only.
 
 - WER: word edit distance / reference words, on lowercase letters-and-digits tokens, with British
-  spellings mapped to American ones (as Whisper's English normalizer does: "grey" = "gray") and
-  numbers below 10 000 spelled out ("1" = "one").
+  spellings mapped to American ones and titles spelled out (as Whisper's English normalizer does:
+  "grey" = "gray", "Mr" = "mister") and numbers below 10 000 spelled out ("1" = "one").
 - DER: (missed + false alarm + speaker confusion) / reference speech time, 10 ms frames, with a
   0.25 s collar around every reference turn boundary excluded, best speaker mapping.
 - Word boundary error: |start - true start| and |end - true end| of every correctly recognized word
@@ -21,6 +21,8 @@ FRAME = 0.01
 
 # The British/American pairs that occur in the evaluation set's vocabulary.
 SPELLING = {"grey": "gray", "centre": "center", "colour": "color", "favourite": "favorite"}
+# Titles as Whisper's English normalizer spells them out ("st" left alone: saint or street).
+SPELLING.update(mr="mister", mrs="missus", dr="doctor", prof="professor", jr="junior", sr="senior")
 
 
 ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()

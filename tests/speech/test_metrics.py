@@ -7,6 +7,7 @@ def test_numbers_are_scored_as_the_words_a_reference_reads():
     assert metrics.tokens("Press 1, then 25") == ["press", "one", "then", "twenty", "five"]
     assert metrics.tokens("2024") == ["two", "thousand", "twenty", "four"]
     assert metrics.tokens("call 5551234") == ["call", "5551234"]  # not a spoken number
+    assert metrics.tokens("Mr. Dashwood") == metrics.tokens("mister dashwood")
 
 
 def test_words_of_any_language_lose_accents_and_punctuation_only():
