@@ -2,6 +2,7 @@
 
 mod auth;
 mod dashboard;
+mod drain;
 pub mod error;
 mod gpu;
 mod health;
@@ -68,6 +69,11 @@ pub fn router(state: AppState) -> Router {
         .merge(browsed)
         // Uploads are limited while streaming (limits.max_upload_bytes), not by axum's buffer cap.
         .layer(axum::extract::DefaultBodyLimit::disable())
+        // Outermost: every refusal, the token check's and the browser defences' included.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            drain::refused,
+        ))
         .with_state(state)
 }
 

@@ -143,20 +143,15 @@ pub(super) async fn prepare(
     request: Request,
 ) -> Result<PreparedJob, ApiError> {
     let limits = upload::BodyLimits::from_config(&app.config);
-    let checked = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref())
-        .map_err(ApiError::bad_request)
-        .and_then(|stages| Ok((job::accept_options(app, query.options(), &stages)?, stages)));
-    let (options, stages) = match checked {
-        Ok(checked) => checked,
-        Err(e) => {
-            upload::drain(request, limits).await; // so the client can read why
-            return Err(e);
-        }
-    };
+    // Refused here, the upload is still unread: the `drain` layer reads it before the error
+    // goes out, so a client sending it can read why.
+    let stages = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref())
+        .map_err(ApiError::bad_request)?;
+    let options = job::accept_options(app, query.options(), &stages)?;
     let folder_error = |e| ApiError::internal(format!("cannot create a job folder: {e}"));
     // A body that may spill to disk needs its folder first; one declared small stays in memory,
     // and its folder is chosen once it is known (see `job::job_dir_for`).
-    let early = match upload::declared_length(&request) {
+    let early = match upload::declared_length(request.headers()) {
         Some(n) if n <= upload::SPILL_BYTES as u64 => None,
         _ => Some(job::job_dir(&app.config).map_err(folder_error)?),
     };

@@ -166,34 +166,9 @@ impl FormIntake {
 /// Uploads larger than this are streamed to a file instead of kept in memory.
 pub(super) const SPILL_BYTES: usize = 8 * 1024 * 1024;
 
-/// How much of a refused request's body is read and dropped before the error goes out.
-const DRAIN_BYTES: u64 = 32 * 1024 * 1024;
-
-/// Reads what is left of the body of a request refused before its upload was read (a bad
-/// option, a language no model knows), at most [`DRAIN_BYTES`] and never past a pause longer
-/// than the idle timeout, and drops it. A client still sending its upload then reads the error
-/// instead of a broken pipe. A client that asked `Expect: 100-continue` has sent nothing yet and
-/// is answered at once.
-pub(super) async fn drain(request: Request, limits: BodyLimits) {
-    let expects = request
-        .headers()
-        .get(axum::http::header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    if expects || declared_length(&request).is_some_and(|n| n > DRAIN_BYTES) {
-        return; // too big to be worth reading: the connection is closed on it
-    }
-    let limits = BodyLimits {
-        max_bytes: DRAIN_BYTES,
-        ..limits
-    };
-    let mut data = guard(request, limits).0.into_body().into_data_stream();
-    while let Some(Ok(_)) = data.next().await {}
-}
-
 /// The body length the request declares (`Content-Length`), if it does.
-pub(super) fn declared_length(request: &Request) -> Option<u64> {
-    request
-        .headers()
+pub(super) fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
@@ -217,7 +192,7 @@ async fn receive_guarded(
     spill: Option<&Path>,
     limit: u64,
 ) -> Result<Source, ApiError> {
-    if declared_length(&request).is_some_and(|n| n > limit) {
+    if declared_length(request.headers()).is_some_and(|n| n > limit) {
         return Err(too_large("the request body", limit));
     }
     let is_multipart = request

@@ -513,32 +513,68 @@ async fn small_normalized_uploads_get_their_folder_in_memory() {
 #[tokio::test]
 async fn a_request_refused_before_its_upload_is_read_still_gets_its_error() {
     // A client that sends its whole body before reading (Python's urllib, most scripts) must read
-    // the 400, not a broken pipe, when the query alone was enough to refuse it.
-    let host = TestHost::start(&one_stage("", "")).await.ready().await;
+    // the refusal, not a broken pipe, whoever refused it: a handler on the query alone, the token
+    // check, the router.
+    let host = TestHost::start(&one_stage("token = \"s3cret\"", ""))
+        .await
+        .ready()
+        .await;
     let addr = host.url.trim_start_matches("http://").to_string();
-    let body = wav_with(16_000, 1, 4 * 1024 * 1024);
-    let answer = tokio::task::spawn_blocking(move || {
+    let cases = [
+        (
+            "/transcribe?num_speakers=0",
+            "s3cret",
+            "400",
+            "speaker counts must be at least 1",
+        ),
+        ("/transcribe", "wrong", "401", "\"unauthorized\""),
+        (
+            "/v1/audio/transcriptions",
+            "wrong",
+            "401",
+            "\"unauthorized\"",
+        ),
+        (
+            "/no-such-route",
+            "s3cret",
+            "404",
+            "no route for /no-such-route",
+        ),
+    ];
+    // A host that answers without reading closes the connection with the body unread: the
+    // kernel resets it, and the rest of these 4 MiB meets a broken pipe.
+    for (path, token, status, says) in cases {
+        let answer = send_all_then_read(&addr, path, token, wav_with(16_000, 1, 4 << 20)).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{path}: {answer}"
+        );
+        assert!(answer.contains(says), "{path}: {answer}");
+    }
+    host.stop().await;
+}
+
+/// Writes a POST with all of `body` before reading anything, then reads the whole answer.
+async fn send_all_then_read(addr: &str, path: &str, token: &str, body: Vec<u8>) -> String {
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+         Authorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let addr = addr.to_string();
+    tokio::task::spawn_blocking(move || {
         let mut tcp = TcpStream::connect(&addr).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let head = format!(
-            "POST /transcribe?num_speakers=0 HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
         tcp.write_all(head.as_bytes()).unwrap();
         // Written in pieces, as a client does, while the host has already decided.
         for piece in body.chunks(64 * 1024) {
-            tcp.write_all(piece).expect("the host hung up while the body was being sent");
+            tcp.write_all(piece)
+                .expect("the host hung up while the body was being sent");
         }
         let mut answer = String::new();
         let _ = tcp.read_to_string(&mut answer);
         answer
     })
     .await
-    .unwrap();
-    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
-    assert!(
-        answer.contains("speaker counts must be at least 1"),
-        "{answer}"
-    );
-    host.stop().await;
+    .unwrap()
 }
