@@ -14,47 +14,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Mode;
-use crate::protocol::ErrorCode;
 pub use crate::protocol::JobOptions;
 use crate::protocol::Task;
 use crate::protocol::{ClientEvent, StageStatus, WorkerEvent};
 use crate::supervisor::Supervisor;
-use crate::worker::{TaskError, TaskRequest};
+use crate::worker::TaskRequest;
 
-#[derive(Debug, thiserror::Error)]
-pub enum PipelineError {
-    #[error("stage `{stage}`: {source}")]
-    Stage { stage: String, source: TaskError },
-    #[error("unknown stage `{0}`")]
-    UnknownStage(String),
-    #[error("the client went away; the job was abandoned")]
-    Cancelled,
-    /// Given up because the stage `by`, running beside it, failed (not the client's doing).
-    #[error("stage `{stage}` was called off because stage `{by}` failed")]
-    CalledOff { stage: String, by: String },
-}
-
-impl PipelineError {
-    /// A stage given up because the job's cancel token fired (a sibling failed, or the client).
-    fn cancelled(&self) -> bool {
-        matches!(
-            self,
-            PipelineError::Stage {
-                source: TaskError::Cancelled { .. },
-                ..
-            } | PipelineError::CalledOff { .. }
-        )
-    }
-
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            PipelineError::Stage { source, .. } => source.code(),
-            PipelineError::UnknownStage(_) => ErrorCode::UnknownStage,
-            PipelineError::Cancelled => ErrorCode::Cancelled,
-            PipelineError::CalledOff { .. } => ErrorCode::CalledOff,
-        }
-    }
-}
+mod error;
+pub use error::PipelineError;
 
 /// What a job gives the pipeline.
 pub struct JobInput<'a> {

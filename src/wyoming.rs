@@ -5,6 +5,7 @@
 //! `audio-chunk`s of 16-bit PCM, `audio-stop` → `transcript` (or `error`).
 
 mod event;
+mod transcribe;
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -13,14 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
-use crate::audio::Source;
-use crate::job::{self, PreparedJob};
-use crate::protocol::{ClientEvent, JobOptions};
-use crate::transcript::Transcript;
+use crate::job;
 use crate::AppState;
 use event::{read_event, write_event, Event, FrameError};
 
@@ -242,86 +240,7 @@ impl Connection {
             .map_err(|e| format!("cannot store the audio: {e}"))
     }
 
-    /// `audio-stop`: runs the job and answers `transcript` or `error`.
-    async fn transcribe(&mut self) -> Result<Result<(), String>, ConnectionError> {
-        let Audio::Receiving {
-            dir, path, writer, ..
-        } = std::mem::replace(&mut self.audio, Audio::Idle)
-        else {
-            return Ok(Err("`audio-stop` before `audio-start`".into()));
-        };
-        if let Err(e) = writer.finalize() {
-            return Ok(Err(format!("cannot store the audio: {e}")));
-        }
-        let options = JobOptions {
-            language: self.language.take(),
-            ..JobOptions::default()
-        };
-        let stages = self.stages();
-        let options = match job::accept_options(&self.app, options, &stages) {
-            Ok(options) => options,
-            Err(e) => return Ok(Err(e.to_string())),
-        };
-        let prepared = match PreparedJob::from_upload(
-            &self.app.config,
-            dir,
-            Source::File(path),
-            options,
-            stages,
-        )
-        .await
-        {
-            Ok(prepared) => prepared,
-            Err(e) => return Ok(Err(e.to_string())),
-        };
-        let mut events = match job::start_job(Arc::clone(&self.app), prepared) {
-            Ok(events) => events,
-            Err(full) => {
-                let message = format!(
-                    "the GPU queue is full ({} waiting); retry in about {} s",
-                    full.max_queue, full.retry_after_s
-                );
-                self.error("queue_full", &message).await?;
-                return Ok(Ok(()));
-            }
-        };
-        // Wait for the final event; a client that hangs up meanwhile cancels the job (the
-        // receiver is dropped on return).
-        let mut watching = true;
-        let last = loop {
-            tokio::select! {
-                event = events.recv() => match event {
-                    Some(e @ (ClientEvent::Result { .. } | ClientEvent::Error { .. })) => break Some(e),
-                    Some(_) => {}
-                    None => break None,
-                },
-                buffered = self.reader.fill_buf(), if watching => match buffered {
-                    Ok([]) | Err(_) => return Ok(Ok(())),
-                    Ok(_) => watching = false, // the next request came early: keep it
-                },
-            }
-        };
-        match last {
-            Some(ClientEvent::Result { result }) => {
-                let transcript = Transcript::from_result(&result).unwrap_or_default();
-                let mut data = json!({"text": transcript.text.trim()});
-                if let Some(language) = transcript.language {
-                    data["language"] = language.into();
-                }
-                write_event(&mut self.writer, "transcript", data).await?;
-            }
-            Some(ClientEvent::Error { code, message }) => {
-                self.error(code.as_str(), &message).await?;
-            }
-            _ => {
-                self.error("internal", "the job ended without a result")
-                    .await?
-            }
-        }
-        Ok(Ok(()))
-    }
-
-    async fn error(&mut self, code: &str, text: &str) -> std::io::Result<()> {
+    pub(super) async fn error(&mut self, code: &str, text: &str) -> std::io::Result<()> {
         write_event(
             &mut self.writer,
             "error",

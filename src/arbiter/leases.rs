@@ -7,47 +7,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::queue::{GpuPermit, HolderKind, Ticket};
 use super::Core;
 use crate::protocol::GrantEvent;
 
-/// `POST /gpu/lease`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LeaseRequest {
-    /// Who holds it (a user, a host, a program).
-    pub holder: String,
-    #[serde(default)]
-    pub purpose: String,
-    /// Memory the holder needs; room is made for it. Unknown: every idle worker is unloaded.
-    #[serde(default)]
-    pub vram_mib: Option<u64>,
-    /// Seconds without a renewal after which the lease is reclaimed.
-    #[serde(default)]
-    pub ttl_s: Option<f64>,
-    /// Wait in the queue (NDJSON progress) instead of failing when the GPU is taken.
-    #[serde(default)]
-    pub wait: bool,
-    /// Higher goes first among waiters; nothing running is interrupted.
-    #[serde(default)]
-    pub priority: i32,
-    /// A GPU index, or `"any"` (the one with the most free memory that fits); default: the
-    /// server's `[gpu] device`.
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub device: Option<DeviceChoice>,
-}
-
-/// `device` in a lease request: an index or the word `any`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(untagged)]
-pub enum DeviceChoice {
-    Index(u32),
-    Any(String),
-}
+mod request;
+pub use request::{DeviceChoice, LeaseRequest};
 
 /// A lease as `GET /gpu/leases` shows it.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -93,72 +61,6 @@ impl Leases {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Lease>> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The TTL a request gets: its own (bounded), else the default.
-    pub fn ttl(&self, request: &LeaseRequest) -> Result<Duration, String> {
-        let config = &self.cores[self.main].config;
-        let ttl = request.ttl_s.unwrap_or(config.lease_ttl_s);
-        if !(ttl.is_finite() && ttl > 0.0 && ttl <= config.max_lease_ttl_s) {
-            return Err(format!(
-                "ttl_s must be above 0 and at most {} (arbiter.max_lease_ttl_s)",
-                config.max_lease_ttl_s
-            ));
-        }
-        Ok(Duration::from_secs_f64(ttl))
-    }
-
-    /// The device a request gets: the one it names, else `[gpu] device`; with `"any"`, the
-    /// device with the most free memory among those nobody holds or waits for (else among all).
-    pub fn device_for(&self, request: &LeaseRequest) -> Result<u32, String> {
-        let known = || {
-            self.cores
-                .iter()
-                .map(|c| c.device.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        match &request.device {
-            None => Ok(self.cores[self.main].device),
-            Some(DeviceChoice::Index(d)) => self
-                .cores
-                .iter()
-                .find(|c| c.device == *d)
-                .map(|c| c.device)
-                .ok_or_else(|| {
-                    format!(
-                        "GPU {d} is not arbitrated here; devices: {} ([gpu] devices)",
-                        known()
-                    )
-                }),
-            Some(DeviceChoice::Any(word)) if word == "any" => {
-                let free = |c: &Arc<Core>| c.free_mib().unwrap_or(0);
-                let quiet: Vec<&Arc<Core>> = self
-                    .cores
-                    .iter()
-                    .filter(|c| c.queue.running() == 0 && c.queue.waiting() == 0)
-                    .collect();
-                let pool: Vec<&Arc<Core>> = if quiet.is_empty() {
-                    self.cores.iter().collect()
-                } else {
-                    quiet
-                };
-                let fits: Vec<&&Arc<Core>> = pool
-                    .iter()
-                    .filter(|c| request.vram_mib.map_or(true, |need| free(c) >= need))
-                    .collect();
-                let best = if fits.is_empty() {
-                    pool.iter().max_by_key(|c| free(c))
-                } else {
-                    fits.into_iter().max_by_key(|c| free(c))
-                };
-                Ok(best.map_or(self.cores[self.main].device, |c| c.device))
-            }
-            Some(DeviceChoice::Any(other)) => Err(format!(
-                "device must be a GPU index or \"any\", not {other:?}; devices: {}",
-                known()
-            )),
-        }
     }
 
     /// Waits for the GPU (reporting on `events`), makes room, and records the lease; the last

@@ -10,12 +10,13 @@ use tokio::sync::{broadcast, mpsc, watch};
 
 use super::{footprint_key, Control, ServiceState, ServiceStatus, TAIL_LINES};
 use crate::arbiter::queue::{GpuPermit, HolderKind, Ticket};
-use crate::arbiter::teardown::Gone;
 use crate::arbiter::Core;
 use crate::config::ServiceConfig;
 use crate::process::{describe_exit, spawn_service, ProcessGroup};
 use crate::protocol::GrantEvent;
 use crate::worker::lines::{next_line_opt as next_line, LineReader};
+
+mod stop;
 
 pub(super) struct Actor {
     pub(super) spec: ServiceConfig,
@@ -233,61 +234,6 @@ impl Actor {
                     Some(Control::Touch) | Some(Control::Start) => self.status.send_modify(|s| s.last_use = Some(Instant::now())),
                     None => return "gpuhost is shutting down".into(),
                 },
-            }
-        }
-    }
-
-    /// Release call, signal → grace → kill, verified teardown, then the GPU goes on.
-    async fn stop(&mut self, mut running: Running, reason: &str, failure: Option<&str>) {
-        let pid = running.group.pid();
-        tracing::info!(service = %self.spec.name, pid, %reason, "stopping service");
-        self.set(ServiceState::Stopping, |_| {});
-        if let Some(url) = &self.spec.release_url {
-            let method = reqwest::Method::from_bytes(self.spec.release_method.as_bytes())
-                .unwrap_or(reqwest::Method::POST);
-            let body = self.spec.release_body.clone().unwrap_or_default();
-            match self.core.http.request(method, url).body(body).send().await {
-                Ok(r) => {
-                    tracing::info!(service = %self.spec.name, status = r.status().as_u16(), "release call made")
-                }
-                Err(e) => {
-                    tracing::warn!(service = %self.spec.name, error = %e, "release call failed")
-                }
-            }
-        }
-        let stopped_at = Instant::now();
-        running.group.signal(self.spec.signal());
-        if running
-            .group
-            .wait_timeout(Duration::from_secs_f64(self.spec.stop_grace_s))
-            .await
-            .is_none()
-        {
-            tracing::warn!(service = %self.spec.name, pid, "service ignored its stop signal; killing its group");
-            running.group.kill().await;
-        }
-        let gone = Gone {
-            what: format!("service {}", self.spec.name),
-            pids: vec![pid],
-            pgid: Some(pid),
-            baseline_used_mib: running.baseline_used_mib,
-            watch: None,
-            after: stopped_at,
-        };
-        let verified = self.core.verify_teardown(&gone).await;
-        let Running { permit, .. } = running;
-        match verified {
-            Ok(()) => {
-                drop(permit);
-                match failure {
-                    Some(code) => self.fail(code, reason.to_string()),
-                    None => self.set(ServiceState::Stopped, |s| s.pid = None),
-                }
-            }
-            Err(why) => {
-                self.core.block_until_freed(gone, why.clone());
-                drop(permit);
-                self.fail("teardown_failed", why);
             }
         }
     }

@@ -1,0 +1,65 @@
+//! How a service's actor stops it: the release call, signal → grace → kill of its group, the
+//! verified teardown, and only then the GPU handed on (or the queue blocked until it is free).
+
+use std::time::{Duration, Instant};
+
+use super::{Actor, Running};
+use crate::arbiter::services::ServiceState;
+use crate::arbiter::teardown::Gone;
+
+impl Actor {
+    /// Release call, signal → grace → kill, verified teardown, then the GPU goes on.
+    pub(super) async fn stop(&mut self, mut running: Running, reason: &str, failure: Option<&str>) {
+        let pid = running.group.pid();
+        tracing::info!(service = %self.spec.name, pid, %reason, "stopping service");
+        self.set(ServiceState::Stopping, |_| {});
+        if let Some(url) = &self.spec.release_url {
+            let method = reqwest::Method::from_bytes(self.spec.release_method.as_bytes())
+                .unwrap_or(reqwest::Method::POST);
+            let body = self.spec.release_body.clone().unwrap_or_default();
+            match self.core.http.request(method, url).body(body).send().await {
+                Ok(r) => {
+                    tracing::info!(service = %self.spec.name, status = r.status().as_u16(), "release call made")
+                }
+                Err(e) => {
+                    tracing::warn!(service = %self.spec.name, error = %e, "release call failed")
+                }
+            }
+        }
+        let stopped_at = Instant::now();
+        running.group.signal(self.spec.signal());
+        if running
+            .group
+            .wait_timeout(Duration::from_secs_f64(self.spec.stop_grace_s))
+            .await
+            .is_none()
+        {
+            tracing::warn!(service = %self.spec.name, pid, "service ignored its stop signal; killing its group");
+            running.group.kill().await;
+        }
+        let gone = Gone {
+            what: format!("service {}", self.spec.name),
+            pids: vec![pid],
+            pgid: Some(pid),
+            baseline_used_mib: running.baseline_used_mib,
+            watch: None,
+            after: stopped_at,
+        };
+        let verified = self.core.verify_teardown(&gone).await;
+        let Running { permit, .. } = running;
+        match verified {
+            Ok(()) => {
+                drop(permit);
+                match failure {
+                    Some(code) => self.fail(code, reason.to_string()),
+                    None => self.set(ServiceState::Stopped, |s| s.pid = None),
+                }
+            }
+            Err(why) => {
+                self.core.block_until_freed(gone, why.clone());
+                drop(permit);
+                self.fail("teardown_failed", why);
+            }
+        }
+    }
+}

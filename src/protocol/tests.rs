@@ -1,0 +1,69 @@
+//! Unit tests of `protocol`.
+
+use super::*;
+
+#[test]
+fn bare_signals_of_the_original_protocol() {
+    assert_eq!(Signal::parse("ready"), Signal::Ready(ReadyInfo::default()));
+    assert_eq!(Signal::parse("done\r"), Signal::Done);
+    assert!(matches!(Signal::parse("100%|####|"), Signal::Other { .. }));
+    assert!(matches!(
+        Signal::parse("done and dusted"),
+        Signal::Other { .. }
+    ));
+}
+
+#[test]
+fn ready_metadata_and_error() {
+    let Signal::Ready(info) =
+        Signal::parse(r#"ready {"protocol":1,"model":"tiny.en","device":"cpu","x":2}"#)
+    else {
+        panic!()
+    };
+    assert_eq!(info.protocol, Some(1));
+    assert_eq!(info.model.as_deref(), Some("tiny.en"));
+    assert_eq!(info.extra["x"], 2);
+    let Signal::Error(e) = Signal::parse(r#"error {"message":"bad audio","kind":"ValueError"}"#)
+    else {
+        panic!()
+    };
+    assert_eq!(e.message, "bad audio");
+    let Signal::Error(e) = Signal::parse("error out of memory") else {
+        panic!()
+    };
+    assert_eq!(e.message, "out of memory");
+}
+
+#[test]
+fn stderr_events() {
+    let e = WorkerEvent::parse(r#"@gpuhost {"event":"progress","fraction":1.7,"message":"x"}"#);
+    assert_eq!(
+        e,
+        WorkerEvent::Progress {
+            fraction: Some(1.0),
+            message: Some("x".into()),
+            partial: None
+        }
+    );
+    let e = WorkerEvent::parse("@gpuhost {broken");
+    assert!(matches!(e, WorkerEvent::Log { level: None, .. }));
+}
+
+#[test]
+fn client_event_lines() {
+    let line = ClientEvent::Queued {
+        position: 3,
+        waiting_for: None,
+    }
+    .to_line();
+    assert_eq!(line, "{\"type\":\"queued\",\"position\":3}\n");
+    let line = GrantEvent::Granted {
+        lease_id: 7,
+        ttl_s: 60.0,
+    }
+    .to_line();
+    assert_eq!(
+        line,
+        "{\"type\":\"granted\",\"lease_id\":7,\"ttl_s\":60.0}\n"
+    );
+}
