@@ -48,8 +48,12 @@ struct Inner {
 #[derive(Debug)]
 pub struct Speakers {
     dir: PathBuf,
-    /// std Mutex: map reads and a small file write, never held across `.await`.
+    /// std Mutex: map reads and updates only, never across a file write or an `.await`, so
+    /// listing voices and matching them in a job never wait on the disk.
     inner: Mutex<Inner>,
+    /// std Mutex: serializes the changes (`add`, `delete`) across their file write, so two
+    /// changes of one voice cannot lose each other's sample. Those run on a blocking thread.
+    writer: Mutex<()>,
 }
 
 impl Speakers {
@@ -84,6 +88,7 @@ impl Speakers {
         Speakers {
             dir,
             inner: Mutex::new(inner),
+            writer: Mutex::new(()),
         }
     }
 
@@ -126,7 +131,8 @@ impl Speakers {
         Ok(())
     }
 
-    /// Adds a sample to the voice `name` (creating it), keeping at most `max_samples`.
+    /// Adds a sample to the voice `name` (creating it), keeping at most `max_samples`. Writes a
+    /// file (fsync included): call it off the async runtime (`spawn_blocking`).
     pub fn add(
         &self,
         name: &str,
@@ -136,43 +142,46 @@ impl Speakers {
         limits: (usize, usize),
     ) -> Result<Value, SpeakerError> {
         let (max_voices, max_samples) = limits;
-        let mut inner = self.lock();
-        if inner.deletions.get(name).copied().unwrap_or(0) != generation {
-            return Err(SpeakerError::DeletedMeanwhile(name.into()));
-        }
-        let voices = &mut inner.voices;
-        let mut voice = match voices.get(name) {
-            Some(v) if v.model != model => {
-                return Err(SpeakerError::OtherModel {
+        let _writing = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut voice = {
+            let inner = self.lock();
+            if inner.deletions.get(name).copied().unwrap_or(0) != generation {
+                return Err(SpeakerError::DeletedMeanwhile(name.into()));
+            }
+            match inner.voices.get(name) {
+                Some(v) if v.model != model => {
+                    return Err(SpeakerError::OtherModel {
+                        name: name.into(),
+                        had: v.model.clone(),
+                        got: model.into(),
+                    })
+                }
+                Some(v) => v.clone(),
+                None if inner.voices.len() >= max_voices => {
+                    return Err(SpeakerError::Full { max: max_voices })
+                }
+                None => Voice {
                     name: name.into(),
-                    had: v.model.clone(),
-                    got: model.into(),
-                })
+                    model: model.into(),
+                    samples: Vec::new(),
+                },
             }
-            Some(v) => v.clone(),
-            None if voices.len() >= max_voices => {
-                return Err(SpeakerError::Full { max: max_voices })
-            }
-            None => Voice {
-                name: name.into(),
-                model: model.into(),
-                samples: Vec::new(),
-            },
         };
         voice.samples.push(sample);
         let excess = voice.samples.len().saturating_sub(max_samples);
         voice.samples.drain(..excess);
+        // The file first, outside the map's lock: readers see the voice once it is on disk.
         self.write(&voice)
             .map_err(|e| SpeakerError::Io(e.to_string()))?;
         let summary = voice.summary();
-        voices.insert(name.into(), voice);
+        self.lock().voices.insert(name.into(), voice);
         Ok(summary)
     }
 
-    /// Forgets `name` and removes its file.
+    /// Forgets `name` and removes its file. Touches the disk: call it off the async runtime.
     pub fn delete(&self, name: &str) -> Result<(), SpeakerError> {
-        let mut inner = self.lock();
-        if !inner.voices.contains_key(name) {
+        let _writing = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.lock().voices.contains_key(name) {
             return Err(SpeakerError::NotFound(name.into()));
         }
         match std::fs::remove_file(self.file(name)) {
@@ -180,6 +189,7 @@ impl Speakers {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(SpeakerError::Io(e.to_string())),
         }
+        let mut inner = self.lock();
         inner.voices.remove(name);
         *inner.deletions.entry(name.into()).or_default() += 1;
         Ok(())

@@ -141,13 +141,17 @@ pub(super) async fn enroll(
             return Err(e.into());
         }
     };
-    let voice = app.speakers.add(
-        &name,
-        &model,
-        sample,
-        generation,
-        (cfg.max_voices, cfg.max_samples),
-    )?;
+    // The voice's file is written and fsynced on a blocking thread, not the runtime's.
+    let limits = (cfg.max_voices, cfg.max_samples);
+    let store = app.clone();
+    let kept = name.clone();
+    let voice = tokio::task::spawn_blocking(move || {
+        store
+            .speakers
+            .add(&kept, &model, sample, generation, limits)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("enrolment stopped: {e}")))??;
     tracing::info!(%name, "voice enrolled");
     Ok((StatusCode::CREATED, Json(voice)))
 }
@@ -172,7 +176,11 @@ pub(super) async fn delete(
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let name = speakers::normal_name(&name);
-    app.speakers.delete(&name)?;
+    let store = app.clone();
+    let gone = name.clone();
+    tokio::task::spawn_blocking(move || store.speakers.delete(&gone))
+        .await
+        .map_err(|e| ApiError::internal(format!("deletion stopped: {e}")))??;
     tracing::info!(%name, "voice deleted");
     Ok(Json(json!({ "deleted": name })))
 }
