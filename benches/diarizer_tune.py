@@ -27,9 +27,9 @@ sys.path[:0] = [
 
 import metrics  # noqa: E402
 import numpy as np  # noqa: E402
-from scipy.optimize import linear_sum_assignment  # noqa: E402
 import real_sets  # noqa: E402
 from gpuhost_diarizer import engine, overlap  # noqa: E402
+from scipy.optimize import linear_sum_assignment  # noqa: E402
 
 CACHE = REPO / ".bench" / "tune"
 
@@ -124,7 +124,7 @@ def _score(pairs, oracle=False):
     for item, local in pairs:
         if oracle and "turns" in item:
             found = oracle_labels(item, local)
-            overlap.cluster = lambda *_: found
+            overlap.cluster = lambda *_, found=found: found
         try:
             result = overlap.assemble(local, overlap.THRESHOLD, None, None, None, "tune")
         finally:
