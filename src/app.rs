@@ -28,6 +28,8 @@ pub struct App {
     /// GPU status snapshot, refreshed in the background; reading it never waits.
     pub gpu: gpu::GpuMonitor,
     pub started: Instant,
+    /// Refused request bodies being read after their answer (bounded in number).
+    pub drains: crate::http::Drains,
 }
 
 pub type AppState = Arc<App>;
@@ -104,6 +106,7 @@ impl App {
             config: Arc::new(config),
             stats: JobStats::default(),
             started: Instant::now(),
+            drains: crate::http::Drains::default(),
         })
     }
 }

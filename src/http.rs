@@ -21,6 +21,7 @@ use axum::routing::{get, post};
 use axum::Router;
 
 pub use auth::token_matches;
+pub use drain::Drains;
 pub use error::ApiError;
 pub use transcribe::TranscribeQuery;
 

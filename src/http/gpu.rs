@@ -30,7 +30,13 @@ pub(super) async fn lease(
     State(app): State<AppState>,
     body: Result<Json<LeaseRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(request) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Json(request) = body.map_err(|e| match e.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(format!(
+            "a lease request is at most 64 KiB of JSON: {}",
+            e.body_text()
+        )),
+        _ => ApiError::bad_request(e.body_text()),
+    })?;
     let max = app.config.limits.max_field_bytes;
     if request.holder.trim().is_empty() {
         return Err(ApiError::bad_request(

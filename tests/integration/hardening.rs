@@ -554,6 +554,87 @@ async fn a_request_refused_before_its_upload_is_read_still_gets_its_error() {
     host.stop().await;
 }
 
+#[tokio::test]
+async fn a_refusal_is_answered_at_once_even_while_its_body_trickles_in() {
+    // No token needed to send a body slowly: the answer must not wait for it (the rest is read
+    // after the answer, bounded), or a few such sockets would hold the server's slots.
+    let host = TestHost::start(&one_stage("token = \"s3cret\"", ""))
+        .await
+        .ready()
+        .await;
+    let addr = host.url.trim_start_matches("http://").to_string();
+    let answer = tokio::task::spawn_blocking(move || {
+        let mut tcp = TcpStream::connect(&addr).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let head = "POST /transcribe HTTP/1.1\r\nHost: localhost\r\n\
+                    Authorization: Bearer wrong\r\nContent-Length: 1000000\r\n\r\nRIFF";
+        tcp.write_all(head.as_bytes()).unwrap();
+        let mut answer = [0u8; 12];
+        tcp.read_exact(&mut answer)
+            .expect("no answer while the body was still coming");
+        String::from_utf8_lossy(&answer).into_owned()
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer, "HTTP/1.1 401");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_form_refused_mid_body_gets_its_error_with_or_without_100_continue() {
+    // A prompt over limits.max_field_bytes, then a 4 MiB file the host never reads: a 413 both
+    // for a client that sends everything first and for one that waited for `100 Continue`.
+    let host = TestHost::start(&one_stage("", "")).await.ready().await;
+    let addr = host.url.trim_start_matches("http://").to_string();
+    let boundary = "XyZ";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\n{}\r\n\
+         --{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\
+         Content-Type: audio/wav\r\n\r\n",
+        "p".repeat(9000)
+    )
+    .into_bytes();
+    body.extend(wav_with(16_000, 1, 4 << 20));
+    body.extend(format!("\r\n--{boundary}--\r\n").into_bytes());
+    for expect in [false, true] {
+        let (addr, body) = (addr.clone(), body.clone());
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut tcp = TcpStream::connect(&addr).unwrap();
+            tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let head = format!(
+                "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+                 Content-Type: multipart/form-data; boundary={boundary}\r\n{}Content-Length: {}\r\n\r\n",
+                if expect { "Expect: 100-continue\r\n" } else { "" },
+                body.len()
+            );
+            tcp.write_all(head.as_bytes()).unwrap();
+            if expect {
+                let mut interim = [0u8; 25];
+                tcp.read_exact(&mut interim).unwrap();
+                assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+            }
+            for piece in body.chunks(64 * 1024) {
+                tcp.write_all(piece)
+                    .expect("the host hung up while the body was being sent");
+            }
+            let mut answer = String::new();
+            let _ = tcp.read_to_string(&mut answer);
+            answer
+        })
+        .await
+        .unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.1 413"),
+            "expect {expect}: {answer}"
+        );
+        assert!(
+            answer.contains("max_field_bytes"),
+            "expect {expect}: {answer}"
+        );
+    }
+    host.stop().await;
+}
+
 /// Writes a POST with all of `body` before reading anything, then reads the whole answer.
 async fn send_all_then_read(addr: &str, path: &str, token: &str, body: Vec<u8>) -> String {
     let head = format!(
