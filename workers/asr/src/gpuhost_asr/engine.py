@@ -14,6 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 BASE = "bundled:whisper-base"  # the multilingual base model put together by models.py
+# CTranslate2's sampling seed. A window decoded unsure is decoded again hotter, which samples;
+# CTranslate2 seeds each thread's generator once, at its first use, so the seed is set before the
+# model first decodes: a worker then gives the same transcripts for the same requests in the same
+# order, run after run (benchmarks and tests repeat), though not one request alone.
+SEED = 0
 
 
 def bundled_model_path() -> str:
@@ -102,8 +107,10 @@ def words_of(words) -> list:
 
 class Transcriber:
     def __init__(self, settings: AsrSettings):
+        import ctranslate2
         from faster_whisper import WhisperModel
 
+        ctranslate2.set_random_seed(SEED)
         self.settings = settings
         self.model_path, self.model_name = model_path_and_name(settings.model)
         threads = settings.cpu_threads or min(4, os.cpu_count() or 1)
