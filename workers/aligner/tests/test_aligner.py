@@ -130,3 +130,29 @@ def test_a_language_without_a_model_keeps_the_asr_word_times(tmp_path, speech_wa
     assert [w.get("joined", False) for w in words] == [False, False, True]
     assert result["aligned_words"] == 0 and result["total_words"] == 3
     assert "'ko'" in result["skipped"]
+
+
+def test_a_stretch_that_does_not_align_is_halved_at_the_widest_pause(aligner, monkeypatch):
+    # The decoder stand-in fails any stretch holding "mumble"; everything else aligns.
+    tried = []
+
+    def piece(audio, tokens, tries=None):
+        tried.append(list(tokens))
+        if "mumble" in tokens:
+            return None
+        step = len(audio) / 16000 / len(tokens)
+        return [(i * step, (i + 1) * step, -100) for i in range(len(tokens))]
+
+    monkeypatch.setattr(aligner, "_align_piece", piece)
+    said = "one two three four mumble six"
+    # The widest pause in the ASR's times is after "three", the next widest after "four".
+    times = [(0.0, 0.3), (0.4, 0.7), (0.8, 1.1), (2.0, 2.3), (2.6, 2.9), (3.0, 3.3)]
+    words = [{"word": w, "start": a, "end": b} for w, (a, b) in zip(said.split(), times)]
+    audio = np.zeros(4 * 16000, dtype=np.int16)
+    result = aligner.align(audio, [{"start": 0.0, "end": 3.3, "text": said, "words": words}])
+    out = result["segments"][0]["words"]
+    assert [w["aligned"] for w in out] == [True, True, True, True, False, False]
+    assert tried[:3] == [said.split(), ["one", "two", "three"], ["four", "mumble", "six"]]
+    assert tried[3] == ["four"]  # halved once more, at its widest pause, and no further
+    assert len(tried) == 5
+    assert out[0]["start"] < out[1]["start"] < out[2]["start"] < 1.25 < out[3]["start"]

@@ -9,6 +9,8 @@ to make it reliable:
   (1e-80) work there, and success is not monotonic in beam width;
 - accept a result only when every word came back (it can return a partial alignment silently);
 - add out-of-vocabulary words with a letter-to-phone pronunciation;
+- a stretch that does not align (overlapped speech, one misheard word) is cut in two at the
+  widest pause between the ASR's words and each half aligned alone, twice over at most;
 - words that still fail keep the ASR's own timestamps, marked `aligned: false`.
 Production engine: torchaudio's MMS forced-alignment bundle (wav2vec2 CTC) on CUDA.
 """
@@ -24,6 +26,8 @@ from .text import letter_to_phones, normalize
 RATE = 16000
 PAD_S = 0.5
 MARGIN_S = 0.15
+SPLIT_DEPTH = 2  # a stretch that does not align is halved at most this many times over
+FIRST_TRIES = 2  # beam settings tried on a stretch before it is halved (all of them at the end)
 FRAME_S = 0.01
 # (beam, wbeam, pbeam); tried in order until one aligns every word.
 BEAMS = [
@@ -101,14 +105,15 @@ class SphinxAligner:
                     # anyway, and updating costs ~0.13 s per word and decoder.
                     d.add_word(t, letter_to_phones(t), False)
 
-    def _align_piece(self, audio: np.ndarray, tokens: list):
-        """Word (start, end, score) per token in seconds relative to `audio`, or None."""
+    def _align_piece(self, audio: np.ndarray, tokens: list, tries: int | None = None):
+        """Word (start, end, score) per token in seconds relative to `audio`, or None. `tries`:
+        how many beam settings to try (all when None), the last one that worked first."""
         noise_level = max(4.0, float(np.percentile(np.abs(audio), 10)) if audio.size else 4.0)
         pad = (self._rng.standard_normal(int(PAD_S * RATE)) * noise_level).astype(np.int16)
         padded = np.concatenate([pad, audio, pad]).tobytes()
         text = " ".join(tokens)
         order = [self._preferred] + [i for i in range(len(self._decoders)) if i != self._preferred]
-        for i in order:
+        for i in order[:tries]:
             decoder = self._decoders[i]
             try:
                 decoder.set_align_text(text)
@@ -132,34 +137,59 @@ class SphinxAligner:
             ]
         return None
 
+    def _word_times(self, audio: np.ndarray, words: list, start: float, end: float, depth=0):
+        """(start, end, score) in seconds of the recording for each ASR word of `audio[start:end]`,
+        None for a word left unaligned. A stretch whose words do not all align is cut in two at
+        the widest pause between the ASR's words and each half aligned alone (at most
+        `SPLIT_DEPTH` times over): overlapped speech or one misheard word then costs only its
+        own half, not the whole segment."""
+        tokens_per_word = [normalize(w["word"]) for w in words]
+        tokens = [t for ts in tokens_per_word for t in ts]
+        if not tokens or end - start < FRAME_S * 10:
+            return [None] * len(words)
+        self._ensure_words(tokens)
+        leaf = depth >= SPLIT_DEPTH or len(words) < 2
+        piece = audio[int(start * RATE) : int(end * RATE)]
+        timing = self._align_piece(piece, tokens, None if leaf else FIRST_TRIES)
+        if timing is None:
+            if leaf:
+                return [None] * len(words)
+            gaps = [words[i + 1]["start"] - words[i]["end"] for i in range(len(words) - 1)]
+            i = max(range(len(gaps)), key=gaps.__getitem__)
+            cut = min(max((words[i]["end"] + words[i + 1]["start"]) / 2, start), end)
+            return self._word_times(
+                audio, words[: i + 1], start, min(end, cut + MARGIN_S), depth + 1
+            ) + self._word_times(audio, words[i + 1 :], max(start, cut - MARGIN_S), end, depth + 1)
+        out, k = [], 0
+        for ts in tokens_per_word:
+            if not ts:
+                out.append(None)
+                continue
+            first, last = timing[k], timing[k + len(ts) - 1]
+            k += len(ts)
+            out.append(
+                (start + max(first[0], 0.0), start + max(last[1], first[0] + FRAME_S), first[2])
+            )
+        return out
+
     def align(self, audio: np.ndarray, segments: list) -> dict:
         out_segments = []
         aligned = total = 0
         for seg in segments:
             asr_words = seg.get("words") or []
-            tokens_per_word = [normalize(w["word"]) for w in asr_words]
-            tokens = [t for ts in tokens_per_word for t in ts]
+            start = max(0.0, seg["start"] - MARGIN_S)
+            end = min(len(audio) / RATE, seg["end"] + MARGIN_S)
             words = []
-            timing = None
-            if tokens:
-                self._ensure_words(tokens)
-                start = max(0.0, seg["start"] - MARGIN_S)
-                end = min(len(audio) / RATE, seg["end"] + MARGIN_S)
-                piece = audio[int(start * RATE) : int(end * RATE)]
-                timing = self._align_piece(piece, tokens)
-            k = 0
-            for w, ts in zip(asr_words, tokens_per_word):
+            for w, timing in zip(asr_words, self._word_times(audio, asr_words, start, end)):
                 total += 1
-                if timing is not None and ts:
-                    first, last = timing[k], timing[k + len(ts) - 1]
-                    k += len(ts)
+                if timing is not None:
                     words.append(
                         {
                             "word": w["word"],
                             **joined(w),
-                            "start": round(start + max(first[0], 0.0), 3),
-                            "end": round(start + max(last[1], first[0] + FRAME_S), 3),
-                            "score": round(float(np.exp(max(min(first[2], 0), -700) / 10000)), 4),
+                            "start": round(timing[0], 3),
+                            "end": round(timing[1], 3),
+                            "score": round(float(np.exp(max(min(timing[2], 0), -700) / 10000)), 4),
                             "aligned": True,
                         }
                     )
