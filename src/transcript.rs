@@ -21,6 +21,11 @@ pub struct Word {
     /// after "n", every word of Chinese or Japanese): the segment's text joins it on.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub joined: bool,
+    /// Whether the aligner placed the word (`true`) or it kept the ASR's own times (`false`:
+    /// a stretch the aligner could not align, or a language it has no model for); absent when
+    /// no aligner ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aligned: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -180,6 +185,7 @@ fn words_of(result: &Value) -> Vec<Word> {
                 score,
                 speaker: None,
                 joined: w.get("joined").and_then(Value::as_bool).unwrap_or(false),
+                aligned: w.get("aligned").and_then(Value::as_bool),
             });
         }
     }

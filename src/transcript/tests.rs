@@ -1,4 +1,5 @@
-//! The transcript's unit tests: speakers by overlap, segmenting, aligner words, joined words.
+//! The transcript's unit tests: speakers by overlap, segmenting, aligner words and their
+//! `aligned` mark, joined words.
 
 use super::*;
 use serde_json::json;
@@ -79,6 +80,30 @@ fn aligner_words_win_and_long_pauses_split() {
     assert_eq!(segs[0].words[0].start, 0.05);
     assert_eq!(segs[1].words[0].score, 0.7);
     assert!(segs[0].speaker.is_none());
+}
+
+#[test]
+fn each_word_says_whether_the_aligner_placed_it() {
+    let stages = json!({
+        "asr": {"segments": [{"words": [w("a", 0.0, 0.2), w("b", 0.3, 0.5)]}]},
+        "aligner": {"segments": [{"words": [
+            {"word": "a", "start": 0.05, "end": 0.15, "score": 0.8, "aligned": true},
+            {"word": "b", "start": 0.3, "end": 0.5, "score": 0.0, "aligned": false}
+        ]}]}
+    });
+    let out = serde_json::to_value(build(stages.as_object().unwrap()).unwrap()).unwrap();
+    let words = &out["segments"][0]["words"];
+    assert_eq!(
+        (&words[0]["aligned"], &words[1]["aligned"]),
+        (&json!(true), &json!(false))
+    );
+    // Without an aligner the field stays out.
+    let asr_only = json!({"asr": {"segments": [{"words": [w("a", 0.0, 0.2)]}]}});
+    let out = serde_json::to_value(build(asr_only.as_object().unwrap()).unwrap()).unwrap();
+    assert!(
+        out["segments"][0]["words"][0].get("aligned").is_none(),
+        "{out}"
+    );
 }
 
 #[test]
