@@ -597,32 +597,13 @@ async fn a_form_refused_mid_body_gets_its_error_with_or_without_100_continue() {
     body.extend(wav_with(16_000, 1, 4 << 20));
     body.extend(format!("\r\n--{boundary}--\r\n").into_bytes());
     for expect in [false, true] {
-        let (addr, body) = (addr.clone(), body.clone());
-        let answer = tokio::task::spawn_blocking(move || {
-            let mut tcp = TcpStream::connect(&addr).unwrap();
-            tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-            let head = format!(
-                "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
-                 Content-Type: multipart/form-data; boundary={boundary}\r\n{}Content-Length: {}\r\n\r\n",
-                if expect { "Expect: 100-continue\r\n" } else { "" },
-                body.len()
-            );
-            tcp.write_all(head.as_bytes()).unwrap();
-            if expect {
-                let mut interim = [0u8; 25];
-                tcp.read_exact(&mut interim).unwrap();
-                assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
-            }
-            for piece in body.chunks(64 * 1024) {
-                tcp.write_all(piece)
-                    .expect("the host hung up while the body was being sent");
-            }
-            let mut answer = String::new();
-            let _ = tcp.read_to_string(&mut answer);
-            answer
-        })
-        .await
-        .unwrap();
+        let head = format!(
+            "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+             Content-Type: multipart/form-data; boundary={boundary}\r\n{}Content-Length: {}\r\n\r\n",
+            if expect { "Expect: 100-continue\r\n" } else { "" },
+            body.len()
+        );
+        let answer = send_then_read(&addr, head, body.clone(), expect).await;
         assert!(
             answer.starts_with("HTTP/1.1 413"),
             "expect {expect}: {answer}"
@@ -642,11 +623,22 @@ async fn send_all_then_read(addr: &str, path: &str, token: &str, body: Vec<u8>) 
          Authorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
+    send_then_read(addr, head, body, false).await
+}
+
+/// Writes `head`, waits for `100 Continue` when `expect`, writes all of `body` without reading,
+/// then reads the whole answer.
+async fn send_then_read(addr: &str, head: String, body: Vec<u8>, expect: bool) -> String {
     let addr = addr.to_string();
     tokio::task::spawn_blocking(move || {
         let mut tcp = TcpStream::connect(&addr).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         tcp.write_all(head.as_bytes()).unwrap();
+        if expect {
+            let mut interim = [0u8; 25];
+            tcp.read_exact(&mut interim).unwrap();
+            assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+        }
         // Written in pieces, as a client does, while the host has already decided.
         for piece in body.chunks(64 * 1024) {
             tcp.write_all(piece)
