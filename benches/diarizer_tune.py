@@ -28,12 +28,12 @@ sys.path[:0] = [
 import metrics  # noqa: E402
 import numpy as np  # noqa: E402
 import real_sets  # noqa: E402
-from gpuhost_diarizer import engine, overlap  # noqa: E402
+from gpuhost_diarizer import engine, overlap, overlap_clusters  # noqa: E402
 from scipy.optimize import linear_sum_assignment  # noqa: E402
 
 CACHE = REPO / ".bench" / "tune"
 
-# name → constants of overlap.py to change (the engine as it is when empty).
+# name → constants of overlap.py / overlap_clusters.py to change (the engine as it is when empty).
 VARIANTS = {
     "default": {},
     "threshold 0.9": {"THRESHOLD": 0.9},
@@ -86,14 +86,16 @@ def score(pairs, constants):
     """{(set, split): (DER, speakers right, items)} of one variant."""
     constants = dict(constants)
     oracle = constants.pop("ORACLE", False)
-    saved = {k: getattr(overlap, k) for k in constants}
+    # Each constant lives in the module of the step it tunes.
+    home = {k: overlap if hasattr(overlap, k) else overlap_clusters for k in constants}
+    saved = {k: getattr(home[k], k) for k in constants}
     try:
         for k, v in constants.items():
-            setattr(overlap, k, v)
+            setattr(home[k], k, v)
         return _score(pairs, oracle)
     finally:
         for k, v in saved.items():
-            setattr(overlap, k, v)
+            setattr(home[k], k, v)
 
 
 def oracle_labels(item, local):

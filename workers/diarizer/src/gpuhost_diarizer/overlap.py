@@ -5,10 +5,11 @@
 2. One WeSpeaker ResNet34 embedding per local speaker per window: Kaldi fbank of the window,
    pooled over the frames where that speaker talks alone (all of its frames when it never does),
    at most 3 s of them; a stretch an earlier window already embedded is not embedded again.
-3. Clustering across windows (agglomerative, average linkage on unit vectors; speaker count
-   automatic unless given; unless `num_speakers`/`max_speakers` say otherwise, never fewer than
-   the local speakers with ≥ 2 s of speech each side by side in a window, in two windows), then every local speaker to a cluster, two speakers of one window never to the
-   same one.
+3. Clustering across windows (overlap_clusters.py: agglomerative, average linkage on unit
+   vectors; speaker count automatic unless given; unless `num_speakers`/`max_speakers` say
+   otherwise, never fewer than the local speakers with ≥ 2 s of speech each side by side in a
+   window, in two windows), then every local speaker to a cluster, two speakers of one window
+   never to the same one.
 4. Reconstruction: per frame, the windows' speaker count says how many speakers talk; the
    clusters most active there are them; a speaker's pauses up to 0.5 s stay inside the turn
    unless someone else talks in them.
@@ -21,8 +22,8 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.optimize import linear_sum_assignment
+
+from .overlap_clusters import cluster
 
 RATE = 16000
 CHUNK = 10 * RATE  # samples the segmentation model takes
@@ -33,14 +34,8 @@ FBANK_HOP = 160  # samples between fbank frames (25 ms every 10 ms)
 WINDOW_FBANK = 1 + (CHUNK - 400) // FBANK_HOP  # fbank frames of one window
 STEP_S = 2.5  # window hop
 THRESHOLD = 1.1  # average distance between unit embeddings below which clusters merge
-MIN_TRAIN_S = 2.0  # a local speaker joins the clustering only with this much speech
 MIN_EMBED_S = 0.25  # below this a local speaker gets no embedding and is dropped
 EMBED_MAX_S = 3.0  # an embedding looks at most at this long a stretch of its window
-MIN_CLUSTER_S = 3.0  # a cluster with less speech joins its nearest larger one
-# Local speakers of one window with this much clean speech each are different people: at least
-# that many clusters unless a count is given (None: no such floor).
-FLOOR_S = 2.0
-FLOOR_WINDOWS = 2  # ... in at least this many windows
 FILL_S = 0.5  # a speaker's pauses up to this long are part of the turn
 REUSE_DIFFER = 0.05  # reused for the same stretch when frames differing ≤ 5 % of its speech
 
@@ -193,78 +188,6 @@ def _segmentation_frame(fbank_frames: int) -> np.ndarray:
     """For each fbank frame (25 ms every 10 ms), the segmentation frame at its centre."""
     centers = (np.arange(fbank_frames) * 160 + 200 - FRAME_LEN / 2) / FRAME_HOP
     return np.clip(np.round(centers).astype(int), 0, FRAMES - 1)
-
-
-def cluster(local: Local, threshold, num_speakers=None, min_speakers=None, max_speakers=None):
-    """Cluster label (0..k-1) of every embedding, and the cluster centroids."""
-    x, sec = local.embeddings, local.seconds
-    if len(x) == 0:
-        return np.zeros(0, dtype=int), np.zeros((0, 256))
-    train = np.flatnonzero(sec >= MIN_TRAIN_S)
-    if len(train) < 2:
-        train = np.arange(len(x))
-    if len(train) == 1:
-        labels = np.zeros(1, dtype=int)
-    else:
-        z = linkage(x[train], method="average", metric="euclidean")
-        if num_speakers:
-            labels = fcluster(z, t=num_speakers, criterion="maxclust") - 1
-        else:
-            labels = fcluster(z, t=threshold, criterion="distance") - 1
-            # Clusters with little speech join their nearest larger one.
-            labels = _absorb_small(x[train], sec[train], labels)
-            k = len(set(labels))
-            lo = max(min_speakers or 1, _at_once(local, FLOOR_S))
-            hi = max_speakers or max(k, lo)
-            lo = min(lo, hi)
-            if k < lo or k > hi:
-                labels = fcluster(z, t=min(max(k, lo), hi), criterion="maxclust") - 1
-    labels = np.unique(labels, return_inverse=True)[1]
-    centroids = np.array([x[train][labels == c].mean(axis=0) for c in range(labels.max() + 1)])
-    centroids /= np.linalg.norm(centroids, axis=1, keepdims=True) + 1e-12
-    return _assign(local, centroids), centroids
-
-
-def _at_once(local: Local, seconds) -> int:
-    """The most local speakers that each have `seconds` of speech side by side in one window
-    (in FLOOR_WINDOWS windows): the segmentation's own lower bound on the speaker count (1 when
-    `seconds` is None)."""
-    if seconds is None:
-        return 1
-    count: dict = {}
-    for (w, _), sec in zip(local.owners, local.seconds):
-        if sec >= seconds:
-            count[w] = count.get(w, 0) + 1
-    most = sorted(count.values(), reverse=True)
-    return max(1, most[FLOOR_WINDOWS - 1]) if len(most) >= FLOOR_WINDOWS else 1
-
-
-def _absorb_small(x, sec, labels):
-    speech = {c: sec[labels == c].sum() for c in set(labels)}
-    big = [c for c in speech if speech[c] >= MIN_CLUSTER_S]
-    if not big:
-        return labels
-    cent = {c: x[labels == c].mean(axis=0) for c in speech}
-    out = labels.copy()
-    for c in speech:
-        if c not in big:
-            nearest = min(big, key=lambda b: np.linalg.norm(cent[c] - cent[b]))
-            out[labels == c] = nearest
-    return out
-
-
-def _assign(local: Local, centroids: np.ndarray) -> np.ndarray:
-    """Each embedding to a centroid; two local speakers of one window never share one."""
-    labels = np.full(len(local.owners), -1, dtype=int)
-    by_window: dict = {}
-    for i, (w, _) in enumerate(local.owners):
-        by_window.setdefault(w, []).append(i)
-    for rows in by_window.values():
-        score = local.embeddings[rows] @ centroids.T
-        r, c = linear_sum_assignment(-score)
-        for i, k in zip(r, c):
-            labels[rows[i]] = k
-    return labels
 
 
 def assemble(local: Local, threshold, num_speakers, min_speakers, max_speakers, engine) -> dict:
