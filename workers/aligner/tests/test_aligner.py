@@ -156,3 +156,35 @@ def test_a_stretch_that_does_not_align_is_halved_at_the_widest_pause(aligner, mo
     assert tried[3] == ["four"]  # halved once more, at its widest pause, and no further
     assert len(tried) == 5
     assert out[0]["start"] < out[1]["start"] < out[2]["start"] < 1.25 < out[3]["start"]
+
+
+def test_words_that_touch_are_halved_in_the_middle(aligner, monkeypatch):
+    # Whisper's words mostly touch (every gap 0): the cut goes to the middle, not after the first.
+    tried = []
+
+    def piece(audio, tokens, tries=None):
+        tried.append(list(tokens))
+        return None if "mumble" in tokens else [(0.0, 0.1, -100)] * len(tokens)
+
+    monkeypatch.setattr(aligner, "_align_piece", piece)
+    said = "one two three four mumble six".split()
+    words = [{"word": w, "start": i * 0.3, "end": (i + 1) * 0.3} for i, w in enumerate(said)]
+    aligner.align(np.zeros(3 * 16000, dtype=np.int16), [{"start": 0.0, "end": 1.8, "words": words}])
+    assert tried[1:3] == [said[:3], said[3:]]
+
+
+def test_words_keep_their_order_where_halves_disagree():
+    from gpuhost_aligner.engine import in_order
+
+    words = [
+        {"word": w, "start": a, "end": b} for w, a, b in [("we", 4.30, 4.40), ("walked", 0, 0)]
+    ]
+    words += [{"word": "on", "start": 4.9, "end": 5.2}]
+    # "walked" placed by the aligner before the ASR's time of "we"; "on" kept the ASR's times.
+    times = [None, (4.31, 4.95, -50), None]
+    out = in_order(times, words)
+    starts = [t[0] for t in out]
+    assert starts == sorted(starts)
+    assert all(a <= b for a, b, *_ in out)
+    assert all(out[i][1] <= out[i + 1][0] for i in range(len(out) - 1))
+    assert [t[3] for t in out] == [False, True, False]

@@ -27,7 +27,9 @@ RATE = 16000
 PAD_S = 0.5
 MARGIN_S = 0.15
 SPLIT_DEPTH = 2  # a stretch that does not align is halved at most this many times over
-FIRST_TRIES = 2  # beam settings tried on a stretch before it is halved (all of them at the end)
+# Beam settings tried on a half before it is halved again. A whole segment and a last piece get
+# all of them: a segment that aligns whole with any setting is never cut.
+FIRST_TRIES = 1
 FRAME_S = 0.01
 # (beam, wbeam, pbeam); tried in order until one aligns every word.
 BEAMS = [
@@ -150,12 +152,11 @@ class SphinxAligner:
         self._ensure_words(tokens)
         leaf = depth >= SPLIT_DEPTH or len(words) < 2
         piece = audio[int(start * RATE) : int(end * RATE)]
-        timing = self._align_piece(piece, tokens, None if leaf else FIRST_TRIES)
+        timing = self._align_piece(piece, tokens, None if leaf or depth == 0 else FIRST_TRIES)
         if timing is None:
             if leaf:
                 return [None] * len(words)
-            gaps = [words[i + 1]["start"] - words[i]["end"] for i in range(len(words) - 1)]
-            i = max(range(len(gaps)), key=gaps.__getitem__)
+            i = _cut_after(words)
             cut = min(max((words[i]["end"] + words[i + 1]["start"]) / 2, start), end)
             return self._word_times(
                 audio, words[: i + 1], start, min(end, cut + MARGIN_S), depth + 1
@@ -180,31 +181,22 @@ class SphinxAligner:
             start = max(0.0, seg["start"] - MARGIN_S)
             end = min(len(audio) / RATE, seg["end"] + MARGIN_S)
             words = []
-            for w, timing in zip(asr_words, self._word_times(audio, asr_words, start, end)):
+            times = self._word_times(audio, asr_words, start, end)
+            for w, (t0, t1, score, placed) in zip(asr_words, in_order(times, asr_words)):
                 total += 1
-                if timing is not None:
-                    words.append(
-                        {
-                            "word": w["word"],
-                            **joined(w),
-                            "start": round(timing[0], 3),
-                            "end": round(timing[1], 3),
-                            "score": round(float(np.exp(max(min(timing[2], 0), -700) / 10000)), 4),
-                            "aligned": True,
-                        }
-                    )
-                    aligned += 1
-                else:
-                    words.append(
-                        {
-                            "word": w["word"],
-                            **joined(w),
-                            "start": w["start"],
-                            "end": w["end"],
-                            "score": 0.0,
-                            "aligned": False,
-                        }
-                    )
+                aligned += placed
+                words.append(
+                    {
+                        "word": w["word"],
+                        **joined(w),
+                        "start": round(t0, 3),
+                        "end": round(t1, 3),
+                        "score": round(float(np.exp(max(min(score, 0), -700) / 10000)), 4)
+                        if placed
+                        else 0.0,
+                        "aligned": placed,
+                    }
+                )
             out_segments.append(
                 {
                     "start": seg["start"],
@@ -219,6 +211,34 @@ class SphinxAligner:
             "aligned_words": aligned,
             "total_words": total,
         }
+
+
+def _cut_after(words: list) -> int:
+    """Where to halve a stretch that did not align: after the word followed by the widest pause
+    in the ASR's times, the middle of the stretch among equal ones (rounded to 10 ms: Whisper's
+    words mostly touch, and a cut after the first word would only peel words off the front)."""
+    middle = (len(words) - 2) / 2
+    gaps = [round(words[i + 1]["start"] - words[i]["end"], 2) for i in range(len(words) - 1)]
+    return max(range(len(gaps)), key=lambda i: (gaps[i], -abs(i - middle)))
+
+
+def in_order(times: list, words: list) -> list:
+    """(start, end, score, aligned) per word: the aligner's times where it placed the word, the
+    ASR's otherwise, made to follow the words' order. Halves aligned apart see the same 0.15 s
+    around their cut, and a word left with the ASR's rough times can sit inside an aligned
+    neighbour: each start is kept at or after the one before, and each end at or before the next
+    start (never before its own start), so the words keep their order wherever they are sorted."""
+    out = [
+        (t[0], t[1], t[2], True) if t is not None else (w["start"], w["end"], 0.0, False)
+        for w, t in zip(words, times)
+    ]
+    for i in range(1, len(out)):
+        if out[i][0] < out[i - 1][0]:
+            out[i] = (out[i - 1][0], max(out[i][1], out[i - 1][0]), *out[i][2:])
+    for i in range(len(out) - 1):
+        a, b, score, placed = out[i]
+        out[i] = (a, max(a, min(b, out[i + 1][0])), score, placed)
+    return out
 
 
 class MmsAligner:
