@@ -35,17 +35,14 @@ impl Default for HttpConfig {
 
 impl HttpConfig {
     pub(super) fn validate(&self) -> Result<(), String> {
-        for (key, value) in [
-            ("header_timeout_s", self.header_timeout_s),
-            ("body_idle_timeout_s", self.body_idle_timeout_s),
-            ("shutdown_grace_s", self.shutdown_grace_s),
-        ] {
-            if !(value.is_finite() && value > 0.0) {
-                return Err(format!(
-                    "[http] {key} must be a positive number of seconds, got {value}"
-                ));
-            }
-        }
+        super::validate::positive_seconds(
+            "[http]",
+            &[
+                ("header_timeout_s", self.header_timeout_s),
+                ("body_idle_timeout_s", self.body_idle_timeout_s),
+                ("shutdown_grace_s", self.shutdown_grace_s),
+            ],
+        )?;
         if self.max_connections == 0 {
             return Err("[http] max_connections must be at least 1".into());
         }

@@ -83,15 +83,14 @@ impl ServiceConfig {
         if self.command.is_empty() {
             return Err(format!("{at}: command is empty"));
         }
-        for (key, value) in [
-            ("start_timeout_s", self.start_timeout_s),
-            ("poll_interval_s", self.poll_interval_s),
-            ("stop_grace_s", self.stop_grace_s),
-        ] {
-            if !(value.is_finite() && value > 0.0) {
-                return Err(format!("{at}: {key} must be a positive number of seconds"));
-            }
-        }
+        super::validate::positive_seconds(
+            &format!("{at}:"),
+            &[
+                ("start_timeout_s", self.start_timeout_s),
+                ("poll_interval_s", self.poll_interval_s),
+                ("stop_grace_s", self.stop_grace_s),
+            ],
+        )?;
         if !(self.idle_stop_after_s.is_finite() && self.idle_stop_after_s >= 0.0) {
             return Err(format!("{at}: idle_stop_after_s must be 0 (never) or more"));
         }
@@ -173,18 +172,15 @@ impl Default for ArbiterConfig {
 
 impl ArbiterConfig {
     pub(super) fn validate(&self) -> Result<(), String> {
-        for (key, value) in [
-            ("teardown_timeout_s", self.teardown_timeout_s),
-            ("lease_ttl_s", self.lease_ttl_s),
-            ("history_s", self.history_s),
-            ("max_lease_ttl_s", self.max_lease_ttl_s),
-        ] {
-            if !(value.is_finite() && value > 0.0) {
-                return Err(format!(
-                    "[arbiter] {key} must be a positive number of seconds"
-                ));
-            }
-        }
+        super::validate::positive_seconds(
+            "[arbiter]",
+            &[
+                ("teardown_timeout_s", self.teardown_timeout_s),
+                ("lease_ttl_s", self.lease_ttl_s),
+                ("history_s", self.history_s),
+                ("max_lease_ttl_s", self.max_lease_ttl_s),
+            ],
+        )?;
         if !(self.idle_unload_after_s.is_finite() && self.idle_unload_after_s >= 0.0) {
             return Err("[arbiter] idle_unload_after_s must be 0 (never) or more".into());
         }

@@ -3,6 +3,19 @@
 
 use super::{Config, ConfigError};
 
+/// Every `(key, value)` of section `at` is a positive, finite number of seconds.
+pub(super) fn positive_seconds(at: &str, fields: &[(&str, f64)]) -> Result<(), String> {
+    match fields
+        .iter()
+        .find(|(_, value)| !(value.is_finite() && *value > 0.0))
+    {
+        Some((key, value)) => Err(format!(
+            "{at} {key} must be a positive number of seconds, got {value}"
+        )),
+        None => Ok(()),
+    }
+}
+
 impl Config {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         for stage in &self.pipeline.stages {
@@ -44,17 +57,15 @@ impl Config {
             ));
         }
         let st = &self.gpu.status;
-        for (key, value) in [
-            ("interval_s", st.interval_s),
-            ("stale_after_s", st.stale_after_s),
-            ("timeout_s", st.timeout_s),
-        ] {
-            if !(value.is_finite() && value > 0.0) {
-                return Err(ConfigError::Invalid(format!(
-                    "[gpu.status] {key} must be a positive number of seconds, got {value}"
-                )));
-            }
-        }
+        positive_seconds(
+            "[gpu.status]",
+            &[
+                ("interval_s", st.interval_s),
+                ("stale_after_s", st.stale_after_s),
+                ("timeout_s", st.timeout_s),
+            ],
+        )
+        .map_err(ConfigError::Invalid)?;
         if !(st.quiet_period_s.is_finite() && st.quiet_period_s >= 0.0) {
             return Err(ConfigError::Invalid(
                 "[gpu.status] quiet_period_s must be 0 or more".into(),
@@ -67,18 +78,16 @@ impl Config {
             )));
         }
         for (name, w) in &self.workers {
-            for (key, value) in [
-                ("load_timeout_s", w.load_timeout_s),
-                ("task_timeout_s", w.task_timeout_s),
-                ("stop_grace_s", w.stop_grace_s),
-                ("cancel_grace_s", w.cancel_grace_s),
-            ] {
-                if !(value.is_finite() && value > 0.0) {
-                    return Err(ConfigError::Invalid(format!(
-                        "[workers.{name}] {key} must be a positive number of seconds, got {value}"
-                    )));
-                }
-            }
+            positive_seconds(
+                &format!("[workers.{name}]"),
+                &[
+                    ("load_timeout_s", w.load_timeout_s),
+                    ("task_timeout_s", w.task_timeout_s),
+                    ("stop_grace_s", w.stop_grace_s),
+                    ("cancel_grace_s", w.cancel_grace_s),
+                ],
+            )
+            .map_err(ConfigError::Invalid)?;
         }
         if !self.listen.ip().is_loopback() && self.token.is_none() {
             return Err(ConfigError::Invalid(format!(

@@ -23,7 +23,7 @@ use axum::response::Response;
 use futures_util::StreamExt;
 use tokio::sync::Semaphore;
 
-use super::upload::declared_length;
+use super::upload::{declared_length, guard, BodyLimits};
 use crate::AppState;
 
 /// How much of a refused request's body is read and dropped.
@@ -44,7 +44,6 @@ impl Default for Drains {
 }
 
 /// The body as the handler reads it, and what the layer drains after a refusal.
-#[derive(Default)]
 struct Shared {
     /// std Mutex: locked only inside one `poll_next`, or to take the stream out, never across an
     /// await.
@@ -96,7 +95,7 @@ pub(super) async fn refused(State(app): State<AppState>, request: Request, next:
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let (Some(rest), Ok(permit)) = (rest, app.drains.0.clone().try_acquire_owned()) {
-            let idle = Duration::from_secs_f64(app.config.http.body_idle_timeout_s);
+            let idle = BodyLimits::from_config(&app.config).idle;
             tokio::spawn(async move {
                 let _permit = permit;
                 drop_rest(rest, idle).await;
@@ -127,18 +126,19 @@ fn is_refusal(status: StatusCode) -> bool {
 }
 
 /// Reads and drops `rest` until it ends, errs, passes [`DRAIN_BYTES`], pauses longer than
-/// `idle`, or [`DRAIN_FOR`] has passed; then drops it (the connection closes).
-async fn drop_rest(mut rest: BodyDataStream, idle: Duration) {
-    let read = async {
-        let mut seen = 0u64;
-        while let Ok(Some(Ok(chunk))) = tokio::time::timeout(idle, rest.next()).await {
-            seen += chunk.len() as u64;
-            if seen > DRAIN_BYTES {
-                break;
-            }
-        }
+/// `idle` (both through the upload's own body guard), or [`DRAIN_FOR`] has passed; then drops
+/// it (the connection closes).
+async fn drop_rest(rest: BodyDataStream, idle: Duration) {
+    let limits = BodyLimits {
+        max_bytes: DRAIN_BYTES,
+        idle,
     };
-    let _ = tokio::time::timeout(DRAIN_FOR, read).await;
+    let (guarded, _) = guard(Request::new(Body::from_stream(rest)), limits);
+    let mut data = guarded.into_body().into_data_stream();
+    let _ = tokio::time::timeout(DRAIN_FOR, async {
+        while let Some(Ok(_)) = data.next().await {}
+    })
+    .await;
 }
 
 #[cfg(test)]

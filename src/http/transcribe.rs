@@ -143,8 +143,8 @@ pub(super) async fn prepare(
     request: Request,
 ) -> Result<PreparedJob, ApiError> {
     let limits = upload::BodyLimits::from_config(&app.config);
-    // Refused here, the upload is still unread: the `drain` layer reads it before the error
-    // goes out, so a client sending it can read why.
+    // Refused here, the upload is still unread: the `drain` layer reads it after the error
+    // goes out, so a client still sending it can read why.
     let stages = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref())
         .map_err(ApiError::bad_request)?;
     let options = job::accept_options(app, query.options(), &stages)?;

@@ -105,23 +105,20 @@ impl Actor {
                 .map(ToString::to_string)
                 .unwrap_or_default();
             self.went_down(error);
-        } else if oneshot_fallback {
+        } else if oneshot_fallback || self.spec.mode == Mode::Oneshot {
+            // The process ends with the task: a oneshot worker is idle until the next one; a
+            // resident one that fell back to oneshot is unloaded.
             if let Life::Up(session) =
                 std::mem::replace(&mut self.life, Life::Down { retry_at: None })
             {
                 session.finish(self.spec.stop_grace).await;
             }
-            self.set_state(WorkerState::Unloaded, |s| {
-                s.pid = None;
-                s.process_started = None;
-            });
-        } else if self.spec.mode == Mode::Oneshot {
-            if let Life::Up(session) =
-                std::mem::replace(&mut self.life, Life::Down { retry_at: None })
-            {
-                session.finish(self.spec.stop_grace).await;
-            }
-            self.set_state(WorkerState::Idle, |s| {
+            let state = if oneshot_fallback {
+                WorkerState::Unloaded
+            } else {
+                WorkerState::Idle
+            };
+            self.set_state(state, |s| {
                 s.pid = None;
                 s.process_started = None;
             });

@@ -47,9 +47,17 @@ def read_wav(path: str) -> np.ndarray:
         return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
 
 
-def joined(word: dict) -> dict:
-    """The ASR's `joined` mark (no space before this word), kept when there is one."""
-    return {"joined": True} if word.get("joined") else {}
+def placed(word: dict, start: float, end: float, score: float, aligned: bool) -> dict:
+    """The ASR's `word` with its times: the aligner's (`aligned`) or its own; the ASR's `joined`
+    mark (no space before this word) kept when there is one."""
+    return {
+        "word": word["word"],
+        **({"joined": True} if word.get("joined") else {}),
+        "start": round(start, 3),
+        "end": round(end, 3),
+        "score": score,
+        "aligned": aligned,
+    }
 
 
 def passthrough(engine: str, segments: list, language: str) -> dict:
@@ -60,14 +68,7 @@ def passthrough(engine: str, segments: list, language: str) -> dict:
             "end": seg["end"],
             "text": seg.get("text", ""),
             "words": [
-                {
-                    "word": w["word"],
-                    **joined(w),
-                    "start": w["start"],
-                    "end": w["end"],
-                    "score": w.get("probability", 0.0),
-                    "aligned": False,
-                }
+                placed(w, w["start"], w["end"], w.get("probability", 0.0), False)
                 for w in seg.get("words") or []
             ],
         }
@@ -182,21 +183,11 @@ class SphinxAligner:
             end = min(len(audio) / RATE, seg["end"] + MARGIN_S)
             words = []
             times = self._word_times(audio, asr_words, start, end)
-            for w, (t0, t1, score, placed) in zip(asr_words, in_order(times, asr_words)):
+            for w, (t0, t1, score, ok) in zip(asr_words, in_order(times, asr_words)):
                 total += 1
-                aligned += placed
-                words.append(
-                    {
-                        "word": w["word"],
-                        **joined(w),
-                        "start": round(t0, 3),
-                        "end": round(t1, 3),
-                        "score": round(float(np.exp(max(min(score, 0), -700) / 10000)), 4)
-                        if placed
-                        else 0.0,
-                        "aligned": placed,
-                    }
-                )
+                aligned += ok
+                score = round(float(np.exp(max(min(score, 0), -700) / 10000)), 4) if ok else 0.0
+                words.append(placed(w, t0, t1, score, ok))
             out_segments.append(
                 {
                     "start": seg["start"],
@@ -279,28 +270,12 @@ class MmsAligner:
                 total += 1
                 span = next(it) if (t and spans) else None
                 if span:
-                    words.append(
-                        {
-                            "word": w["word"],
-                            **joined(w),
-                            "start": round(start + span[0].start * ratio, 3),
-                            "end": round(start + span[-1].end * ratio, 3),
-                            "score": round(float(sum(s.score for s in span) / len(span)), 4),
-                            "aligned": True,
-                        }
-                    )
+                    score = round(float(sum(s.score for s in span) / len(span)), 4)
+                    a, b = start + span[0].start * ratio, start + span[-1].end * ratio
+                    words.append(placed(w, a, b, score, True))
                     aligned += 1
                 else:
-                    words.append(
-                        {
-                            "word": w["word"],
-                            **joined(w),
-                            "start": w["start"],
-                            "end": w["end"],
-                            "score": 0.0,
-                            "aligned": False,
-                        }
-                    )
+                    words.append(placed(w, w["start"], w["end"], 0.0, False))
             out_segments.append(
                 {
                     "start": seg["start"],
