@@ -174,7 +174,7 @@ def test_words_that_touch_are_halved_in_the_middle(aligner, monkeypatch):
 
 
 def test_words_keep_their_order_where_halves_disagree():
-    from gpuhost_aligner.engine import keep_order, placed
+    from gpuhost_aligner.words import keep_order, placed
 
     said = [("we", 4.30, 4.40, False), ("walked", 4.31, 4.95, True), ("on", 4.9, 5.2, False)]
     # "walked" placed by the aligner inside the ASR's time of "we"; "on" kept the ASR's times.
@@ -185,7 +185,7 @@ def test_words_keep_their_order_where_halves_disagree():
 
 
 def test_neighbouring_segments_meet_in_the_middle_of_their_overlap():
-    from gpuhost_aligner.engine import keep_order, placed
+    from gpuhost_aligner.words import keep_order, placed
 
     # Each segment was aligned with 0.15 s of the other's audio around it: the last word of the
     # first ran on, the first word of the second started early (acoustic_corpus, "you know /

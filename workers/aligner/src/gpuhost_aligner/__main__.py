@@ -4,7 +4,8 @@ import sys
 
 from gpuhost_worker import Worker, engine, options, serve
 
-from .engine import load, passthrough, read_wav
+from .engine import load, read_wav
+from .words import passthrough
 
 
 class AlignerWorker(Worker):

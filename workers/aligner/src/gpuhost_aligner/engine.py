@@ -22,6 +22,7 @@ import wave
 import numpy as np
 
 from .text import letter_to_phones, normalize
+from .words import keep_order, placed
 
 RATE = 16000
 PAD_S = 0.5
@@ -45,42 +46,6 @@ def read_wav(path: str) -> np.ndarray:
         if w.getframerate() != RATE or w.getnchannels() != 1 or w.getsampwidth() != 2:
             raise ValueError(f"{path}: expected 16 kHz mono PCM16 (gpuhost normalizes uploads)")
         return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
-
-
-def placed(word: dict, start: float, end: float, score: float, aligned: bool) -> dict:
-    """The ASR's `word` with its times: the aligner's (`aligned`) or its own; the ASR's `joined`
-    mark (no space before this word) kept when there is one."""
-    return {
-        "word": word["word"],
-        **({"joined": True} if word.get("joined") else {}),
-        "start": round(start, 3),
-        "end": round(end, 3),
-        "score": score,
-        "aligned": aligned,
-    }
-
-
-def passthrough(engine: str, segments: list, language: str) -> dict:
-    """The ASR's segments with its own word times, for a language the aligner has no model for."""
-    out = [
-        {
-            "start": seg["start"],
-            "end": seg["end"],
-            "text": seg.get("text", ""),
-            "words": [
-                placed(w, w["start"], w["end"], w.get("probability", 0.0), False)
-                for w in seg.get("words") or []
-            ],
-        }
-        for seg in segments
-    ]
-    return {
-        "engine": engine,
-        "segments": out,
-        "aligned_words": 0,
-        "total_words": sum(len(s["words"]) for s in out),
-        "skipped": f"{engine} has no model for language {language!r}: word times are the ASR's",
-    }
 
 
 class SphinxAligner:
@@ -216,28 +181,6 @@ def _cut_after(words: list) -> int:
     middle = (len(words) - 2) / 2
     gaps = [round(words[i + 1]["start"] - words[i]["end"], 2) for i in range(len(words) - 1)]
     return max(range(len(gaps)), key=lambda i: (gaps[i], -abs(i - middle)))
-
-
-def keep_order(segments: list) -> list:
-    """`segments` with their words' times made to follow the words' order, across segments too.
-    Pieces aligned apart (neighbouring segments, the halves of one) each see the same 0.15 s
-    margin around their edge, so the last word of one and the first of the next can overlap, and
-    a word left with the ASR's rough times can sit inside an aligned neighbour. Where a word starts
-    before the one before it ends, the two meet at one cut: the aligned word's edge when only one
-    of them was aligned, the middle of the overlap otherwise; never before the earlier word's
-    start. The words then keep their order wherever they are sorted by time."""
-    words = [w for seg in segments for w in seg["words"]]
-    for a, b in zip(words, words[1:]):
-        if b["start"] >= a["end"]:
-            continue
-        if a["aligned"] != b["aligned"]:
-            cut = a["end"] if a["aligned"] else b["start"]
-        else:
-            cut = round((a["end"] + b["start"]) / 2, 3)
-        a["end"] = max(a["start"], cut)
-        b["start"] = max(b["start"], a["end"])
-        b["end"] = max(b["end"], b["start"])
-    return segments
 
 
 class MmsAligner:
