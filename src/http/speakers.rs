@@ -101,11 +101,13 @@ pub(super) async fn enroll(
     let cfg = &app.config.speakers;
     app.speakers.check_room(&name, cfg.max_voices)?;
     let generation = app.speakers.generation(&name);
-    let segments = segments::segments_of(
-        form.segments.as_deref(),
-        form.transcript.as_deref(),
-        form.speaker.as_deref(),
-    )?;
+    // Up to 16 MiB of JSON to read and intersect: not on a runtime thread.
+    let (given, transcript, speaker) = (form.segments, form.transcript, form.speaker);
+    let segments = tokio::task::spawn_blocking(move || {
+        segments::segments_of(given.as_deref(), transcript.as_deref(), speaker.as_deref())
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("reading the segments failed: {e}")))??;
     let file = form
         .file
         .ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing"))?;

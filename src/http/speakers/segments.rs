@@ -117,27 +117,104 @@ fn turns_of(text: &str, speaker: &str) -> Result<Vec<[f64; 2]>, ApiError> {
             known.join(", ")
         )));
     }
-    let clean: Vec<[f64; 2]> = minus(&spans, &spoken.overlaps)
-        .into_iter()
-        .filter(|[s, e]| e > s)
-        .collect();
+    for (what, list) in [("turns", &spans), ("overlaps", &spoken.overlaps)] {
+        if list.len() > SEGMENTS_MAX {
+            return Err(ApiError::bad_request(format!(
+                "the transcript has more than {SEGMENTS_MAX} {what}"
+            )));
+        }
+        if let Some(bad) = list
+            .iter()
+            .find(|[s, e]| !(s.is_finite() && e.is_finite() && s <= e))
+        {
+            return Err(ApiError::bad_request(format!(
+                "the transcript's {what} hold {bad:?}, not [start, end] seconds with start <= end"
+            )));
+        }
+    }
+    let clean = minus(&spans, &spoken.overlaps);
     // All of it overlapped: the voice is still in there.
     Ok(if clean.is_empty() { spans } else { clean })
 }
 
-/// `spans` without the parts inside any of `cuts`.
+/// `spans` without the parts inside any of `cuts` (both checked: finite, start <= end), parts of
+/// 50 ms or less dropped. The cuts are merged and sorted once, so the work grows with the number
+/// of spans and cuts, not their product.
 fn minus(spans: &[[f64; 2]], cuts: &[[f64; 2]]) -> Vec<[f64; 2]> {
+    let mut sorted = cuts.to_vec();
+    sorted.sort_by(|x, y| x[0].total_cmp(&y[0]));
+    let mut merged: Vec<[f64; 2]> = Vec::with_capacity(sorted.len());
+    for [a, b] in sorted {
+        match merged.last_mut() {
+            Some(last) if a <= last[1] => last[1] = last[1].max(b),
+            _ => merged.push([a, b]),
+        }
+    }
     let mut out = Vec::new();
     for &[start, end] in spans {
-        let mut parts = vec![[start, end]];
-        for &[a, b] in cuts {
-            parts = parts
-                .into_iter()
-                .flat_map(|[s, e]| [[s, e.min(a)], [s.max(b), e]])
-                .filter(|[s, e]| e - s > 0.05)
-                .collect();
+        // The first merged cut that ends after this span starts; the ones after it are in order.
+        let first = merged.partition_point(|c| c[1] <= start);
+        let mut from = start;
+        for &[a, b] in merged[first..].iter().take_while(|c| c[0] < end) {
+            if a.min(end) - from > 0.05 {
+                out.push([from, a.min(end)]);
+            }
+            from = from.max(b);
         }
-        out.extend(parts);
+        if end - from > 0.05 {
+            out.push([from, end]);
+        }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlapped_speech_is_cut_out_of_the_turns() {
+        let spans = [[0.0, 10.0], [12.0, 20.0]];
+        let cuts = [[15.0, 16.0], [2.0, 3.0], [2.5, 4.0], [9.99, 12.5], [30.0, 31.0]];
+        assert_eq!(
+            minus(&spans, &cuts),
+            [[0.0, 2.0], [4.0, 9.99], [12.5, 15.0], [16.0, 20.0]]
+        );
+        // A cut over a whole span leaves nothing of it; slivers of 50 ms or less go too.
+        assert_eq!(minus(&[[1.0, 2.0]], &[[0.0, 5.0]]), Vec::<[f64; 2]>::new());
+        assert_eq!(minus(&[[1.0, 2.0]], &[[1.03, 2.0]]), Vec::<[f64; 2]>::new());
+    }
+
+    #[test]
+    fn inverted_or_endless_overlaps_are_refused_not_multiplied() {
+        // Each inverted cut used to double the parts: 40 of them would need terabytes.
+        let overlaps = vec![[10.0, 0.0]; 40];
+        let text = serde_json::json!({
+            "turns": [{"start": 0.0, "end": 20.0, "speaker": "A"}],
+            "overlaps": overlaps,
+        })
+        .to_string();
+        let err = turns_of(&text, "A").unwrap_err();
+        assert!(err.message.contains("start <= end"), "{}", err.message);
+        let many = serde_json::json!({
+            "turns": [{"start": 0.0, "end": 20.0, "speaker": "A"}],
+            "overlaps": vec![[1.0, 2.0]; SEGMENTS_MAX + 1],
+        })
+        .to_string();
+        assert!(turns_of(&many, "A").is_err());
+    }
+
+    #[test]
+    fn many_turns_and_overlaps_take_linear_time() {
+        let turns: Vec<_> = (0..20_000)
+            .map(|i| serde_json::json!({"start": i as f64, "end": i as f64 + 0.9, "speaker": "A"}))
+            .collect();
+        let overlaps: Vec<[f64; 2]> = (0..SEGMENTS_MAX)
+            .map(|i| [i as f64 * 0.2, i as f64 * 0.2 + 0.1])
+            .collect();
+        let text = serde_json::json!({"turns": turns, "overlaps": overlaps}).to_string();
+        // 20 000 × 100 000 pairs were 2·10⁹ steps; merged and sorted it is a few hundred thousand.
+        let spans = turns_of(&text, "A").unwrap();
+        assert!(spans.iter().all(|[s, e]| e - s > 0.05 && e - s <= 0.1 + 1e-9));
+    }
 }
