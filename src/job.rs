@@ -171,12 +171,11 @@ async fn run_job(
         let position = waiter.position();
         if position.is_some() && position != last_position {
             last_position = position;
-            let _ = tx
-                .send(ClientEvent::Queued {
-                    position: position.unwrap_or(0),
-                    waiting_for: app.queue.waiting_for(),
-                })
-                .await;
+            // Not waited for: a client that does not read must not keep its turn from coming.
+            let _ = tx.try_send(ClientEvent::Queued {
+                position: position.unwrap_or(0),
+                waiting_for: app.queue.waiting_for(),
+            });
         }
         tokio::select! {
             next = waiter.next() => if let Some(permit) = next { break permit },

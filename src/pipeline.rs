@@ -182,13 +182,11 @@ impl Pipeline {
                     by: by.clone(),
                 };
                 tracing::info!(code = %e.code(), "{e}");
-                let _ = events
-                    .send(ClientEvent::Stage {
-                        stage: stage.clone(),
-                        status: StageStatus::CalledOff,
-                        seconds: None,
-                    })
-                    .await;
+                let _ = events.try_send(ClientEvent::Stage {
+                    stage: stage.clone(),
+                    status: StageStatus::CalledOff,
+                    seconds: None,
+                });
             }
         }
         if failure.is_none() && !called_off.is_empty() {
@@ -220,13 +218,11 @@ impl Pipeline {
             .get(stage)
             .ok_or_else(|| PipelineError::UnknownStage(stage.to_string()))?;
         task.stage = stage.to_string();
-        let _ = events
-            .send(ClientEvent::Stage {
-                stage: stage.to_string(),
-                status: StageStatus::Started,
-                seconds: None,
-            })
-            .await;
+        let _ = events.try_send(ClientEvent::Stage {
+            stage: stage.to_string(),
+            status: StageStatus::Started,
+            seconds: None,
+        });
         let started = Instant::now();
         let (tx, mut rx) = mpsc::channel(1024);
         let mut fields = task.into_fields();
@@ -247,32 +243,33 @@ impl Pipeline {
         let outcome = loop {
             tokio::select! {
                 biased;
-                Some(event) = rx.recv() => forward(stage, event, events).await,
+                Some(event) = rx.recv() => forward(stage, event, events),
                 outcome = &mut run => break outcome,
                 // The client went away: free the GPU as soon as the worker allows.
                 _ = events.closed(), if !cancel.is_cancelled() => cancel.cancel(),
             }
         };
         while let Ok(event) = rx.try_recv() {
-            forward(stage, event, events).await;
+            forward(stage, event, events);
         }
         let seconds = started.elapsed().as_secs_f64();
         let result = outcome.map_err(|source| PipelineError::Stage {
             stage: stage.to_string(),
             source,
         })?;
-        let _ = events
-            .send(ClientEvent::Stage {
-                stage: stage.to_string(),
-                status: StageStatus::Done,
-                seconds: Some(seconds),
-            })
-            .await;
+        let _ = events.try_send(ClientEvent::Stage {
+            stage: stage.to_string(),
+            status: StageStatus::Done,
+            seconds: Some(seconds),
+        });
         Ok((result, seconds))
     }
 }
 
-async fn forward(stage: &str, event: WorkerEvent, events: &mpsc::Sender<ClientEvent>) {
+/// Passes a worker's event on to the client, or drops it when the client is a full channel (256
+/// events) behind: the job holds the GPU, and a client that stops reading must not hold it too.
+/// Only the final event (sent after the GPU is let go) is waited for.
+fn forward(stage: &str, event: WorkerEvent, events: &mpsc::Sender<ClientEvent>) {
     let event = match event {
         WorkerEvent::Progress {
             fraction,
@@ -290,7 +287,7 @@ async fn forward(stage: &str, event: WorkerEvent, events: &mpsc::Sender<ClientEv
             level,
         },
     };
-    let _ = events.send(event).await;
+    let _ = events.try_send(event);
 }
 
 pub fn round3(x: f64) -> f64 {

@@ -116,12 +116,12 @@ impl Leases {
                 if last != Some(position) {
                     last = Some(position);
                     let waiting_for = core.queue.waiting_for();
-                    let _ = events
-                        .send(GrantEvent::Queued {
-                            position,
-                            waiting_for,
-                        })
-                        .await;
+                    // Not waited for: a client that does not read must not keep its turn
+                    // from coming.
+                    let _ = events.try_send(GrantEvent::Queued {
+                        position,
+                        waiting_for,
+                    });
                 }
             }
             tokio::select! {
@@ -141,6 +141,9 @@ impl Leases {
                 })
                 .await;
             return; // the permit drops: the GPU goes to the next
+        }
+        if events.is_closed() {
+            return; // the client left while room was made: no lease for nobody
         }
         let now = Instant::now();
         let view = LeaseView {
@@ -164,12 +167,15 @@ impl Leases {
                 _permit: permit,
             },
         );
-        let _ = events
-            .send(GrantEvent::Granted {
-                lease_id: id,
-                ttl_s: ttl.as_secs_f64(),
-            })
-            .await;
+        let granted = GrantEvent::Granted {
+            lease_id: id,
+            ttl_s: ttl.as_secs_f64(),
+        };
+        if events.send(granted).await.is_err() {
+            // The client left before it heard of its lease: nobody would release it.
+            tracing::info!(lease = id, "the lease's client left before the grant");
+            self.release(id);
+        }
     }
 
     /// Extends the lease by its TTL; `None` when it does not exist (released or expired).

@@ -130,3 +130,41 @@ async fn client_leaving_while_running_never_keeps_the_gpu() {
     assert_eq!(host.state.queue.running(), 0);
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_client_that_stops_reading_does_not_keep_the_gpu() {
+    use tokio::io::AsyncWriteExt;
+    let config = format!("[pipeline]\nstages = [\"w\"]\n{}", fake_worker("w", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    // 3000 progress events of 4 KB (12 MB of NDJSON) to a client that reads none of them, with
+    // a small receive buffer: the host's socket and the job's channel fill up.
+    let addr: std::net::SocketAddr = host.url.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stalled = socket.connect(addr).await.unwrap();
+    let body = wav(0.5, 16000, 1);
+    let head = format!(
+        "POST /transcribe?language=fake:chatter=3000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    stalled.write_all(&body).await.unwrap();
+    // Its worker gets to the end (its events are dropped, not waited for)...
+    wait_for(
+        "the unread job's task to end",
+        Duration::from_secs(120),
+        || async { host.worker("w").await["tasks_done"] == 1 },
+    )
+    .await;
+    // ...and the GPU goes to the next job while that client still holds its connection.
+    let events = tokio::time::timeout(
+        Duration::from_secs(60),
+        host.transcribe("", wav(0.5, 16000, 1)),
+    )
+    .await
+    .expect("the next job got the GPU");
+    result_of(&events);
+    drop(stalled);
+    host.stop().await;
+}

@@ -175,7 +175,13 @@ mod tests {
     #[test]
     fn overlapped_speech_is_cut_out_of_the_turns() {
         let spans = [[0.0, 10.0], [12.0, 20.0]];
-        let cuts = [[15.0, 16.0], [2.0, 3.0], [2.5, 4.0], [9.99, 12.5], [30.0, 31.0]];
+        let cuts = [
+            [15.0, 16.0],
+            [2.0, 3.0],
+            [2.5, 4.0],
+            [9.99, 12.5],
+            [30.0, 31.0],
+        ];
         assert_eq!(
             minus(&spans, &cuts),
             [[0.0, 2.0], [4.0, 9.99], [12.5, 15.0], [16.0, 20.0]]
@@ -215,6 +221,8 @@ mod tests {
         let text = serde_json::json!({"turns": turns, "overlaps": overlaps}).to_string();
         // 20 000 × 100 000 pairs were 2·10⁹ steps; merged and sorted it is a few hundred thousand.
         let spans = turns_of(&text, "A").unwrap();
-        assert!(spans.iter().all(|[s, e]| e - s > 0.05 && e - s <= 0.1 + 1e-9));
+        assert!(spans
+            .iter()
+            .all(|[s, e]| e - s > 0.05 && e - s <= 0.1 + 1e-9));
     }
 }
