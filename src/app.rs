@@ -30,6 +30,9 @@ pub struct App {
     pub started: Instant,
     /// Refused request bodies being read after their answer (bounded in number).
     pub drains: crate::http::Drains,
+    /// Uploads decoded at once (one per CPU): a few small compressed files can expand to hours
+    /// of audio, and each decode holds a blocking thread and a core. The rest wait their turn.
+    pub decodes: tokio::sync::Semaphore,
 }
 
 pub type AppState = Arc<App>;
@@ -107,6 +110,9 @@ impl App {
             stats: JobStats::default(),
             started: Instant::now(),
             drains: crate::http::Drains::default(),
+            decodes: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism().map_or(2, |n| n.get()),
+            ),
         })
     }
 }

@@ -95,11 +95,16 @@ pub fn is_small_and_normalized(source: &Source) -> bool {
 
 /// Decodes `input` into a 16 kHz mono WAV at `output`. Input that already is 16 kHz mono
 /// PCM16 WAV is copied as it is.
+///
+/// At most `decodes`' permits decode at once. Dropping the future (the client left, the server
+/// stops) stops the decoder at its next packet: it runs on a blocking thread, which would
+/// otherwise write hours of audio for nobody and hold up shutdown.
 pub async fn normalize(
     input: Source,
     output: &Path,
     max_seconds: f64,
     ffmpeg: &str,
+    decodes: &tokio::sync::Semaphore,
 ) -> Result<AudioInfo, AudioError> {
     if input.len()? == 0 {
         return Err(AudioError::Empty);
@@ -112,6 +117,12 @@ pub async fn normalize(
             return Ok(info);
         }
     }
+    let _turn = decodes
+        .acquire()
+        .await
+        .map_err(|_| std::io::Error::other("the server is stopping"))?;
+    let abandoned = AbandonOnDrop::default();
+    let stop = std::sync::Arc::clone(&abandoned.0);
     let (inp, out) = (input.clone(), output.to_path_buf());
     let decoded = tokio::task::spawn_blocking(move || {
         if !small {
@@ -120,14 +131,13 @@ pub async fn normalize(
             }
         }
         // A decoder bug must cost this request only, and its message stays in the server log.
-        std::panic::catch_unwind(|| decode_with_symphonia(&inp, &out, max_seconds)).unwrap_or_else(
-            |_| {
+        std::panic::catch_unwind(|| decode_with_symphonia(&inp, &out, max_seconds, &stop))
+            .unwrap_or_else(|_| {
                 tracing::warn!("the audio decoder panicked on an upload");
                 Err(AudioError::Undecodable(
                     "the decoder failed on this file (it is corrupt or not audio)".into(),
                 ))
-            },
-        )
+            })
     })
     .await
     .unwrap_or_else(|e| {
@@ -154,6 +164,16 @@ pub async fn normalize(
             ))),
         },
         other => other,
+    }
+}
+
+/// Set when the future that decodes is dropped; the decoder checks it at every packet.
+#[derive(Default)]
+struct AbandonOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use crate::audio::{self, AudioError, AudioInfo, Source};
 use crate::pipeline::JobOptions;
 use crate::protocol::{ClientEvent, OptionsError};
-use crate::{AppState, Config};
+use crate::AppState;
 
 mod fields;
 mod folders;
@@ -80,16 +80,18 @@ impl QueueFull {
 impl PreparedJob {
     /// Normalizes the upload into `dir`; whatever the upload left in `dir` is deleted afterwards.
     pub async fn from_upload(
-        config: &Config,
+        app: &crate::App,
         dir: tempfile::TempDir,
         upload: Source,
         options: JobOptions,
         stages: Vec<String>,
     ) -> Result<PreparedJob, AudioError> {
+        let config = &app.config;
         let audio = audio::normalized_path(dir.path());
         let max = config.limits.max_audio_seconds;
         let spilled = matches!(upload, Source::File(_));
-        let info = audio::normalize(upload, &audio, max, &config.audio.ffmpeg).await?;
+        let info =
+            audio::normalize(upload, &audio, max, &config.audio.ffmpeg, &app.decodes).await?;
         if spilled || info.decoder == "ffmpeg" {
             // A spilled upload, or the copy made for ffmpeg.
             let _ = std::fs::remove_file(dir.path().join("upload"));

@@ -86,7 +86,11 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("cannot start the tokio runtime");
-    match runtime.block_on(run(args)) {
+    let outcome = runtime.block_on(run(args));
+    // Work still on blocking threads (a decode at its next packet, a stuck driver call) gets a
+    // few seconds; exit does not wait for it longer.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             eprintln!("gpuhost: {e:#}");

@@ -77,6 +77,7 @@ fn check(bytes: Vec<u8>) -> Result<(), TestCaseError> {
         &out,
         MAX_SECONDS,
         "",
+        &tokio::sync::Semaphore::new(1),
     ));
     let panicked = PANICS.load(Ordering::Relaxed) != panics;
     prop_assert!(LARGEST.load(Ordering::Relaxed) <= MAX_ALLOCATION);

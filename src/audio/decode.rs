@@ -21,6 +21,7 @@ pub(super) fn decode_with_symphonia(
     input: &Source,
     output: &Path,
     max_seconds: f64,
+    abandoned: &std::sync::atomic::AtomicBool,
 ) -> Result<AudioInfo, AudioError> {
     let undecodable = |what: &str, e: SymError| AudioError::Undecodable(format!("{what}: {e}"));
     let source = MediaSourceStream::new(input.open()?, Default::default());
@@ -66,6 +67,12 @@ pub(super) fn decode_with_symphonia(
     let mut source_frames = 0u64;
     let mut decode_errors = 0usize;
     loop {
+        if abandoned.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(AudioError::Io(std::io::Error::new(
+                std::io::ErrorKind::Interrupted,
+                "the request was given up while its audio was decoded",
+            )));
+        }
         let packet = match format.next_packet() {
             Ok(packet) => packet,
             Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,

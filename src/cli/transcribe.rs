@@ -99,7 +99,7 @@ async fn local(
     let app = gpuhost::App::start_oneshot(config);
     let dir = job::job_dir(&app.config)?;
     let prepared = PreparedJob::from_upload(
-        &app.config,
+        &app,
         dir,
         gpuhost::audio::Source::File(args.file.clone()),
         opts,

@@ -172,7 +172,7 @@ async fn answer(app: AppState, request: Request, translate: bool) -> Result<Resp
     };
     let stages = app.config.pipeline.stages.clone();
     let options = job::accept_options(&app, options, &stages).map_err(ApiError::from)?;
-    let prepared = intake.into_job(&app.config, file, options, stages).await?;
+    let prepared = intake.into_job(&app, file, options, stages).await?;
     let duration = prepared.info.seconds;
     let events = start_job(app, prepared).map_err(|full| ApiError::queue_full(&full))?;
     let result = final_result(events).await?;

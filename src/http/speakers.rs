@@ -112,12 +112,7 @@ pub(super) async fn enroll(
         .file
         .ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing"))?;
     let mut prepared = intake
-        .into_job(
-            &app.config,
-            file,
-            JobOptions::default(),
-            vec![stage.clone()],
-        )
+        .into_job(&app, file, JobOptions::default(), vec![stage.clone()])
         .await?;
     let duration = prepared.info.seconds;
     if let Some([start, _]) = segments

@@ -167,7 +167,7 @@ pub(super) async fn prepare(
         None => job::job_dir_for(&app.config, &source).map_err(folder_error)?,
     };
     let dir_path = dir.path().to_path_buf();
-    PreparedJob::from_upload(&app.config, dir, source, options, stages)
+    PreparedJob::from_upload(app, dir, source, options, stages)
         .await
         .map_err(|e| ApiError::from(e).redact(&dir_path))
 }

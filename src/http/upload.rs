@@ -151,13 +151,13 @@ impl FormIntake {
     /// The job of the form's `file`, its folder with it.
     pub(super) async fn into_job(
         self,
-        config: &crate::Config,
+        app: &crate::App,
         file: Source,
         options: crate::pipeline::JobOptions,
         stages: Vec<String>,
     ) -> Result<crate::job::PreparedJob, ApiError> {
         let dir_path = self.dir.path().to_path_buf();
-        crate::job::PreparedJob::from_upload(config, self.dir, file, options, stages)
+        crate::job::PreparedJob::from_upload(app, self.dir, file, options, stages)
             .await
             .map_err(|e| ApiError::from(e).redact(&dir_path))
     }

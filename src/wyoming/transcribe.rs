@@ -34,18 +34,13 @@ impl Connection {
             Ok(options) => options,
             Err(e) => return Ok(Err(e.to_string())),
         };
-        let prepared = match PreparedJob::from_upload(
-            &self.app.config,
-            dir,
-            Source::File(path),
-            options,
-            stages,
-        )
-        .await
-        {
-            Ok(prepared) => prepared,
-            Err(e) => return Ok(Err(e.to_string())),
-        };
+        let prepared =
+            match PreparedJob::from_upload(&self.app, dir, Source::File(path), options, stages)
+                .await
+            {
+                Ok(prepared) => prepared,
+                Err(e) => return Ok(Err(e.to_string())),
+            };
         let mut events = match job::start_job(Arc::clone(&self.app), prepared) {
             Ok(events) => events,
             Err(full) => {

@@ -1,5 +1,7 @@
 //! Every accepted container/codec decodes to 16 kHz mono WAV of the right length.
 
+use std::time::Duration;
+
 use super::support::*;
 
 async fn check(host: &TestHost, body: Vec<u8>, want_decoder: &str, seconds: f64) {
@@ -54,9 +56,16 @@ async fn normalized_audio_is_16k_mono_pcm16() {
     let input = dir.path().join("in.flac");
     std::fs::copy(fixture("audio/tone.flac"), &input).unwrap();
     let out = dir.path().join("out.wav");
-    let info = gpuhost::audio::normalize(gpuhost::audio::Source::File(input), &out, 60.0, "")
-        .await
-        .unwrap();
+    let decodes = tokio::sync::Semaphore::new(1);
+    let info = gpuhost::audio::normalize(
+        gpuhost::audio::Source::File(input),
+        &out,
+        60.0,
+        "",
+        &decodes,
+    )
+    .await
+    .unwrap();
     assert_eq!((info.source_rate, info.source_channels), (44100, 2));
     let bytes = std::fs::read(&out).unwrap();
     assert_eq!(&bytes[0..4], b"RIFF");
@@ -71,4 +80,44 @@ async fn normalized_audio_is_16k_mono_pcm16() {
         (samples as i64 - 24000).abs() < 400,
         "{samples} samples for 1.5 s"
     );
+}
+
+#[tokio::test]
+async fn a_decode_given_up_stops_and_frees_its_turn() {
+    // Half an hour of 8 kHz audio: decoded and resampled, not copied, so it takes a while.
+    let input = wav(1800.0, 8000, 1);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.wav");
+    let decodes = std::sync::Arc::new(tokio::sync::Semaphore::new(1));
+    let task = tokio::spawn({
+        let (out, decodes) = (out.clone(), decodes.clone());
+        async move {
+            let source = gpuhost::audio::Source::Memory(input.into());
+            gpuhost::audio::normalize(source, &out, 7200.0, "", &decodes).await
+        }
+    });
+    let size = || std::fs::metadata(&out).map_or(0, |m| m.len());
+    wait_for("the decoder to write", Duration::from_secs(30), || {
+        let started = size() > 0;
+        async move { started }
+    })
+    .await;
+    // The client leaves: the request's future, and so this one, is dropped.
+    task.abort();
+    let (mut last, mut still) = (0, 0);
+    wait_for(
+        "the decoder to stop writing",
+        Duration::from_secs(30),
+        || {
+            let now = size();
+            still = if now == last { still + 1 } else { 0 };
+            last = now;
+            let stopped = still >= 10; // 200 ms without a byte
+            async move { stopped }
+        },
+    )
+    .await;
+    let full = 1800 * 16000 * 2;
+    assert!(last < full / 2, "stopped at {last} of {full} bytes");
+    assert!(decodes.try_acquire().is_ok(), "the decode's turn is free");
 }
