@@ -39,6 +39,11 @@ pub(crate) struct LeaseArgs {
 }
 
 pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.ttl > 0.0 && args.ttl <= 1e9,
+        "--ttl must be a positive number of seconds, got {}",
+        args.ttl
+    );
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
     let base = remote.base.clone();
     let client = reqwest::Client::new();

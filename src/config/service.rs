@@ -91,9 +91,13 @@ impl ServiceConfig {
                 ("stop_grace_s", self.stop_grace_s),
             ],
         )?;
-        if !(self.idle_stop_after_s.is_finite() && self.idle_stop_after_s >= 0.0) {
-            return Err(format!("{at}: idle_stop_after_s must be 0 (never) or more"));
-        }
+        super::validate::seconds_or_zero(
+            &format!("{at}:"),
+            &[
+                ("idle_stop_after_s (0: never)", self.idle_stop_after_s),
+                ("busy_grace_s", self.busy_grace_s),
+            ],
+        )?;
         if !matches!(
             self.stop_signal.as_str(),
             "SIGTERM" | "SIGINT" | "SIGQUIT" | "SIGHUP"
@@ -181,9 +185,10 @@ impl ArbiterConfig {
                 ("max_lease_ttl_s", self.max_lease_ttl_s),
             ],
         )?;
-        if !(self.idle_unload_after_s.is_finite() && self.idle_unload_after_s >= 0.0) {
-            return Err("[arbiter] idle_unload_after_s must be 0 (never) or more".into());
-        }
+        super::validate::seconds_or_zero(
+            "[arbiter]",
+            &[("idle_unload_after_s (0: never)", self.idle_unload_after_s)],
+        )?;
         Ok(())
     }
 }

@@ -120,3 +120,26 @@ fn token_edge_cases() {
     assert_eq!(t(None, None).unwrap(), None);
     assert!(t(Some("   "), None).is_err());
 }
+
+#[test]
+fn times_too_long_for_a_clock_are_config_errors_not_panics() {
+    let base = "[pipeline]\nstages = [\"a\"]\n[workers.a]\ncommand = [\"x\"]\n";
+    for (extra, key) in [
+        ("task_timeout_s = 1e300\n", "task_timeout_s"),
+        ("[gpu.status]\nquiet_period_s = 1e300\n", "quiet_period_s"),
+        ("[arbiter]\nidle_unload_after_s = 1e20\n", "idle_unload_after_s"),
+        ("[setup]\ntimeout_s = inf\n", "timeout_s"),
+        (
+            "[[services]]\nname = \"s\"\ncommand = [\"x\"]\nhealth_url = \"http://127.0.0.1:1/\"\nbusy_grace_s = -1\n",
+            "busy_grace_s",
+        ),
+    ] {
+        let err = Config::from_toml(&format!("{base}{extra}"), ".".into())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key) && err.contains("seconds"), "{extra}: {err}");
+    }
+    // Long but sane times stay allowed, as does 0 where it means "never".
+    let ok = format!("{base}task_timeout_s = 86400\n[arbiter]\nidle_unload_after_s = 0\n");
+    Config::from_toml(&ok, ".".into()).unwrap();
+}

@@ -3,14 +3,33 @@
 
 use super::{Config, ConfigError};
 
-/// Every `(key, value)` of section `at` is a positive, finite number of seconds.
+/// The longest time a setting may give (about 31 years): longer ones are typos, and they would
+/// not fit the clocks they are added to.
+pub(super) const MAX_SECONDS: f64 = 1e9;
+
+/// Every `(key, value)` of section `at` is a positive, finite number of seconds, at most
+/// `MAX_SECONDS`.
 pub(super) fn positive_seconds(at: &str, fields: &[(&str, f64)]) -> Result<(), String> {
     match fields
         .iter()
-        .find(|(_, value)| !(value.is_finite() && *value > 0.0))
+        .find(|(_, value)| !(*value > 0.0 && *value <= MAX_SECONDS))
     {
         Some((key, value)) => Err(format!(
-            "{at} {key} must be a positive number of seconds, got {value}"
+            "{at} {key} must be a positive number of seconds (at most {MAX_SECONDS:e}), got {value}"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Every `(key, value)` of section `at` is 0 (what 0 means is the key's) or a positive number of
+/// seconds, at most `MAX_SECONDS`.
+pub(super) fn seconds_or_zero(at: &str, fields: &[(&str, f64)]) -> Result<(), String> {
+    match fields
+        .iter()
+        .find(|(_, value)| !(*value >= 0.0 && *value <= MAX_SECONDS))
+    {
+        Some((key, value)) => Err(format!(
+            "{at} {key} must be 0 or a positive number of seconds (at most {MAX_SECONDS:e}), got {value}"
         )),
         None => Ok(()),
     }
@@ -66,11 +85,10 @@ impl Config {
             ],
         )
         .map_err(ConfigError::Invalid)?;
-        if !(st.quiet_period_s.is_finite() && st.quiet_period_s >= 0.0) {
-            return Err(ConfigError::Invalid(
-                "[gpu.status] quiet_period_s must be 0 or more".into(),
-            ));
-        }
+        seconds_or_zero("[gpu.status]", &[("quiet_period_s", st.quiet_period_s)])
+            .map_err(ConfigError::Invalid)?;
+        positive_seconds("[setup]", &[("timeout_s", self.setup.timeout_s)])
+            .map_err(ConfigError::Invalid)?;
         if let Some(w) = self.gpu.watch.iter().find(|w| w.pattern.is_empty()) {
             return Err(ConfigError::Invalid(format!(
                 "[[gpu.watch]] `{}` has an empty pattern",
