@@ -135,3 +135,21 @@ impl From<AudioError> for ApiError {
         }
     }
 }
+
+/// A `{name}` path segment (a service, a worker, a voice). axum's own `Path<String>` answers a
+/// segment that is not UTF-8 in plain text; this answers it as every other error, in JSON.
+pub struct PathName(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathName {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(name)| PathName(name))
+            .map_err(|e| ApiError::bad_request(e.body_text()))
+    }
+}

@@ -4,14 +4,14 @@
 
 use std::convert::Infallible;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorBody, PathName};
 use crate::arbiter::services::{ServiceHandle, ServiceState, ServiceStatus};
 use crate::protocol::GrantEvent;
 use crate::AppState;
@@ -74,7 +74,7 @@ fn service(app: &AppState, name: &str) -> Result<ServiceHandle, ApiError> {
 ), security(("bearer" = [])))]
 pub(super) async fn start(
     State(app): State<AppState>,
-    Path(name): Path<String>,
+    PathName(name): PathName,
 ) -> Result<Response, ApiError> {
     let handle = service(&app, &name)?;
     let mut events = handle.start();
@@ -113,7 +113,7 @@ pub(super) async fn start(
 ), security(("bearer" = [])))]
 pub(super) async fn stop(
     State(app): State<AppState>,
-    Path(name): Path<String>,
+    PathName(name): PathName,
 ) -> Result<Json<Value>, ApiError> {
     let handle = service(&app, &name)?;
     handle.stop("stopped by request");
@@ -131,7 +131,7 @@ pub(super) async fn stop(
 ), security(("bearer" = [])))]
 pub(super) async fn touch(
     State(app): State<AppState>,
-    Path(name): Path<String>,
+    PathName(name): PathName,
 ) -> Result<Json<Value>, ApiError> {
     let handle = service(&app, &name)?;
     handle.touch();
@@ -156,7 +156,7 @@ fn worker(app: &AppState, name: &str) -> Result<crate::worker::WorkerHandle, Api
 ), security(("bearer" = [])))]
 pub(super) async fn unload(
     State(app): State<AppState>,
-    Path(name): Path<String>,
+    PathName(name): PathName,
 ) -> Result<Json<Value>, ApiError> {
     let handle = worker(&app, &name)?;
     let pid = handle.unload().await;
@@ -173,7 +173,7 @@ pub(super) async fn unload(
 ), security(("bearer" = [])))]
 pub(super) async fn load(
     State(app): State<AppState>,
-    Path(name): Path<String>,
+    PathName(name): PathName,
 ) -> Result<Json<Value>, ApiError> {
     let handle = worker(&app, &name)?;
     handle.load();

@@ -2,12 +2,12 @@
 //! transcript), list the enrolled voices, delete one for good. Enrolment is a GPU job of the
 //! `[speakers] stage` through the same queue as every other.
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::error::{ApiError, ErrorBody};
+use super::error::{ApiError, ErrorBody, PathName};
 use super::transcribe::final_result;
 use super::upload;
 use crate::audio::Source;
@@ -170,7 +170,7 @@ pub(super) async fn list(State(app): State<AppState>) -> Json<Value> {
 ), security(("bearer" = [])))]
 pub(super) async fn delete(
     State(app): State<AppState>,
-    Path(name): Path<String>,
+    PathName(name): PathName,
 ) -> Result<Json<Value>, ApiError> {
     let name = speakers::normal_name(&name);
     let store = app.clone();

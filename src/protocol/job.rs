@@ -33,7 +33,7 @@ pub enum OptionsError {
     MinAboveMax { min: u32, max: u32 },
     #[error("num_speakers ({num}) is outside min_speakers..max_speakers ({min}..{max})")]
     NumOutsideRange { num: u32, min: u32, max: u32 },
-    #[error("`language` must be a language code such as `en` or `ko` (at most {LANGUAGE_MAX} characters, no control characters)")]
+    #[error("`language` must be a language code such as `en` or `ko` (at most {LANGUAGE_MAX} ASCII letters, digits or - _ . : = +)")]
     BadLanguage,
     #[error("`prompt` is longer than {max} bytes (limits.max_field_bytes)")]
     PromptTooLong { max: usize },
@@ -71,7 +71,10 @@ impl JobOptions {
             .filter(|l| !l.is_empty());
         self.prompt = self.prompt.filter(|p| !p.trim().is_empty());
         if let Some(l) = &self.language {
-            if l.chars().count() > LANGUAGE_MAX || l.chars().any(char::is_control) {
+            // ASCII only: a code has no use for bidi overrides or zero-width characters, which
+            // would be echoed into results and logs.
+            let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.:=+".contains(c);
+            if l.len() > LANGUAGE_MAX || !l.chars().all(allowed) {
                 return Err(OptionsError::BadLanguage);
             }
         }
@@ -147,10 +150,12 @@ mod tests {
             ..JobOptions::default()
         };
         assert_eq!(check(prompt), OptionsError::PromptTooLong { max: 4 });
-        let language = JobOptions {
-            language: Some("e\u{7}n".into()),
-            ..JobOptions::default()
-        };
-        assert_eq!(check(language), OptionsError::BadLanguage);
+        for bad in ["e\u{7}n", "\u{202e}", "k\u{200b}o", "한국어", "en us"] {
+            let language = JobOptions {
+                language: Some(bad.into()),
+                ..JobOptions::default()
+            };
+            assert_eq!(check(language), OptionsError::BadLanguage, "{bad:?}");
+        }
     }
 }

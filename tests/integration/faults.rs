@@ -186,6 +186,16 @@ async fn done_without_result_file_is_bad_output() {
     );
     assert_eq!(code, "bad_output");
     assert!(message.contains("w.result.json"), "{message}");
+    // Valid JSON that is not an object is bad output too, not an empty transcript.
+    let (code, message) = error_of(
+        &host
+            .transcribe("?language=fake:listresult", wav(0.5, 16000, 1))
+            .await,
+    );
+    assert_eq!(code, "bad_output");
+    assert!(message.contains("array, not an object"), "{message}");
+    // The worker is fine: the next job works.
+    result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
     host.stop().await;
 }
 

@@ -137,6 +137,18 @@ async fn bad_queries_and_routes() {
         .await;
     let msg = json_error(r, 400, "bad_request").await;
     assert!(msg.contains("colour"), "{msg}");
+    // A right-to-left override is not a language code (it would be echoed into the result).
+    let r = host
+        .post_body("/transcribe?language=%E2%80%AE", wav(0.2, 16000, 1))
+        .await;
+    let msg = json_error(r, 400, "bad_request").await;
+    assert!(msg.contains("language code"), "{msg}");
+    // A name in the path that is not UTF-8 is answered in JSON like every other error.
+    for path in ["/workers/%FF/unload", "/services/%FF/start"] {
+        let r = host.post(path).send().await.unwrap();
+        let msg = json_error(r, 400, "bad_request").await;
+        assert!(msg.contains("UTF-8"), "{path}: {msg}");
+    }
     json_error(host.get("/nope").send().await.unwrap(), 404, "not_found").await;
     json_error(
         host.get("/transcribe").send().await.unwrap(),

@@ -47,8 +47,16 @@ impl Session {
         };
         let text = std::fs::read(output)
             .map_err(|e| bad(format!("cannot read {}: {e}", output.display())))?;
-        serde_json::from_slice(&text)
-            .map_err(|e| bad(format!("{} is not valid JSON: {e}", output.display())))
+        let value: Value = serde_json::from_slice(&text)
+            .map_err(|e| bad(format!("{} is not valid JSON: {e}", output.display())))?;
+        if !value.is_object() {
+            return Err(bad(format!(
+                "{} holds a JSON {}, not an object",
+                output.display(),
+                kind_of(&value)
+            )));
+        }
+        Ok(value)
     }
 
     /// After stdout closed: the exit status (killing a process that lingers), with the last
@@ -89,5 +97,16 @@ impl Session {
             // A slow or vanished client must never stall the worker: drop instead of waiting.
             let _ = events.try_send(event);
         }
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
     }
 }
