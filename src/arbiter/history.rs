@@ -111,6 +111,18 @@ fn unix(t: SystemTime) -> f64 {
 /// The most grant records kept, whatever the span (the oldest finished ones go first).
 const MAX_GRANT_RECORDS: usize = 10_000;
 
+/// Longest holder label a record keeps, in characters: a lease's holder and purpose may be 8 KiB
+/// each, and 10 000 records of that made `/gpu/history` hundreds of MB.
+const LABEL_MAX: usize = 200;
+
+/// `holder`, cut to `LABEL_MAX` characters with an ellipsis.
+fn label(holder: &str) -> String {
+    match holder.char_indices().nth(LABEL_MAX) {
+        Some((at, _)) => format!("{}…", &holder[..at]),
+        None => holder.to_string(),
+    }
+}
+
 /// Grant records that are not queue grants get ids from here up (queue ids stay below).
 const EVENT_IDS: u64 = 1 << 48;
 
@@ -132,7 +144,7 @@ impl History {
             id,
             device,
             kind: kind.into(),
-            holder: holder.to_string(),
+            holder: label(holder),
             start: unix_now(),
             end: None,
             waited_s: (waited.as_secs_f64() * 1000.0).round() / 1000.0,
@@ -170,7 +182,7 @@ impl History {
             id,
             device,
             kind,
-            holder: holder.to_string(),
+            holder: label(holder),
             start: unix_now(),
             end: None,
             waited_s: 0.0,

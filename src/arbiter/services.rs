@@ -78,10 +78,18 @@ impl ServiceHandle {
         events
     }
 
+    /// Asks for a stop. Never lost: when starts and touches have filled the channel while the
+    /// actor was busy (making room, tearing down), the stop waits for room on its own task.
     pub fn stop(&self, reason: &str) {
-        let _ = self.control.try_send(Control::Stop {
+        let stop = Control::Stop {
             reason: reason.to_string(),
-        });
+        };
+        if let Err(mpsc::error::TrySendError::Full(stop)) = self.control.try_send(stop) {
+            let control = self.control.clone();
+            tokio::spawn(async move {
+                let _ = control.send(stop).await;
+            });
+        }
     }
 
     pub fn touch(&self) {
@@ -216,4 +224,42 @@ impl Services {
 /// The footprint file's key for a service.
 pub fn footprint_key(name: &str) -> String {
     format!("service {name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stop_is_not_lost_behind_a_full_channel() {
+        let (control, mut rx) = mpsc::channel(2);
+        let handle = ServiceHandle {
+            control,
+            status: watch::channel(ServiceStatus {
+                name: "s".into(),
+                state: ServiceState::Healthy,
+                pid: None,
+                vram_mib: None,
+                device: 0,
+                measured_vram_mib: None,
+                starts: 0,
+                last_error: None,
+                since: None,
+                last_use: None,
+            })
+            .1,
+            events: broadcast::channel(1).0,
+        };
+        // The actor is busy: touches fill its channel, then the stop comes.
+        handle.touch();
+        handle.touch();
+        handle.touch(); // dropped: touches say nothing the first two did not
+        handle.stop("shutting down");
+        assert!(matches!(rx.recv().await, Some(Control::Touch)));
+        assert!(matches!(rx.recv().await, Some(Control::Touch)));
+        match rx.recv().await {
+            Some(Control::Stop { reason }) => assert_eq!(reason, "shutting down"),
+            _ => panic!("the stop was lost"),
+        }
+    }
 }

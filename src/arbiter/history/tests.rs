@@ -67,3 +67,20 @@ fn a_busy_host_keeps_the_newest_records_and_open_ones() {
     assert_eq!(v.grants[0].holder, "long lease", "open grants stay");
     assert_eq!(v.grants.last().map(|g| g.id), Some(jobs), "the newest stay");
 }
+
+#[test]
+fn long_holder_labels_are_cut_in_the_record() {
+    let h = History::new(Duration::from_secs(60));
+    // A lease's holder and purpose may be 8 KiB each; 10 000 such records were 160 MB.
+    let long = "가".repeat(8192);
+    h.granted(1, 0, HolderKind::Lease, &long, Duration::ZERO);
+    let id = h.begin_event(0, GrantKind::Reload, "short");
+    let view = h.view(None);
+    let kept = &view.grants[0].holder;
+    assert_eq!(kept.chars().count(), LABEL_MAX + 1);
+    assert!(kept.ends_with('…'));
+    assert!(view
+        .grants
+        .iter()
+        .any(|g| g.id == id && g.holder == "short"));
+}
