@@ -76,7 +76,7 @@ impl Footprints {
             .filter(|p| p.gpu_index == device)
             .filter(|p| p.pid == pgid || super::teardown::process_group(p.pid) == Some(pgid))
             .map(|p| p.used_memory_mib)
-            .sum();
+            .fold(0, u64::saturating_add);
         if used == 0 {
             return 0;
         }

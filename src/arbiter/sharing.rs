@@ -72,7 +72,11 @@ pub fn fits(
         return false;
     };
     let capacity = room.total_mib.saturating_sub(sharing.headroom_mib);
-    holders + room.residents_mib + need <= capacity
+    // Sizes come from requests (a lease's `vram_mib`): added without wrapping around.
+    holders
+        .saturating_add(room.residents_mib)
+        .saturating_add(need)
+        <= capacity
         && room.free_mib >= need.saturating_add(sharing.headroom_mib)
 }
 
@@ -109,5 +113,8 @@ mod tests {
             ..ROOM
         };
         assert!(!fits(&vram, Some(busy), Some(0), Some(4_000)));
+        // A lease asking for u64::MAX MiB beside one that did: no wrap-around into "fits".
+        assert!(!fits(&vram, Some(ROOM), Some(u64::MAX), Some(u64::MAX)));
+        assert!(!fits(&vram, Some(ROOM), Some(u64::MAX - 17_000), Some(1)));
     }
 }

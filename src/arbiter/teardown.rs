@@ -88,7 +88,10 @@ pub fn check(snap: &Snapshot, device: u32, gone: &Gone, tolerance_mib: u64) -> R
             .iter()
             .filter(|p| p.gpu_index == device && p.watch.as_deref() == Some(watch.as_str()))
             .collect();
-        let total: u64 = held.iter().map(|p| p.used_memory_mib).sum();
+        let total = held
+            .iter()
+            .map(|p| p.used_memory_mib)
+            .fold(0, u64::saturating_add);
         if total > tolerance_mib {
             let pids: Vec<String> = held
                 .iter()
@@ -104,7 +107,7 @@ pub fn check(snap: &Snapshot, device: u32, gone: &Gone, tolerance_mib: u64) -> R
         return Err(format!("GPU {device} is not in the sample"));
     };
     if let Some(before) = gone.baseline_used_mib {
-        if gpu.memory_used_mib > before + tolerance_mib {
+        if gpu.memory_used_mib > before.saturating_add(tolerance_mib) {
             let holders: Vec<String> = snap
                 .processes
                 .iter()

@@ -41,6 +41,12 @@ pub enum SampleError {
     },
     #[error("unexpected nvidia-smi GPU line: {0:?}")]
     SmiLine(String),
+    #[error(
+        "nvidia-smi gives no memory figures ({0:?}): idle cannot be told from busy without them"
+    )]
+    SmiMemory(String),
+    #[error("unexpected nvidia-smi process line: {0:?}")]
+    SmiProcessLine(String),
     #[error("nvidia-smi listed no GPU")]
     NoGpu,
     #[error("no GPU backend is available")]

@@ -277,7 +277,7 @@ fn reconcile(gpus: &mut [GpuInfo], processes: &[GpuProcess]) {
             .iter()
             .filter(|p| p.gpu_index == g.index)
             .map(|p| p.used_memory_mib)
-            .sum();
+            .fold(0, u64::saturating_add);
         if listed > g.memory_used_mib {
             let used = listed.min(g.memory_total_mib);
             // What the listing adds comes off the driver's free figure, which already leaves

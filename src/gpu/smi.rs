@@ -57,7 +57,7 @@ impl Smi {
     pub async fn sample(&self) -> Result<RawSample, SampleError> {
         let (gpus, apps) = tokio::join!(self.query(GPU_QUERY), self.query(APPS_QUERY));
         let gpus = parse_gpus(&gpus?)?;
-        let processes = parse_apps(&apps?, &gpus);
+        let processes = parse_apps(&apps?, &gpus)?;
         Ok(RawSample { gpus, processes })
     }
 
@@ -109,10 +109,13 @@ pub fn parse_gpus(csv: &str) -> Result<Vec<GpuInfo>, SampleError> {
     for line in csv.lines().filter(|l| !l.trim().is_empty()) {
         let f = fields(line);
         if f.len() < 8 {
-            return Err(SampleError::SmiLine(line.to_string()));
+            return Err(SampleError::SmiLine(line.chars().take(200).collect()));
         }
-        let used: u64 = number(f[4]).unwrap_or(0);
-        let total: u64 = number(f[5]).unwrap_or(0);
+        // Utilization, temperature and power may be absent (MIG, some boards) and are shown as
+        // 0; memory decides idle or busy, so without it the sample says nothing.
+        let (Some(used), Some(total)) = (number::<u64>(f[4]), number::<u64>(f[5])) else {
+            return Err(SampleError::SmiMemory(line.to_string()));
+        };
         gpus.push(GpuInfo {
             index: number(f[0]).unwrap_or(gpus.len() as u32),
             uuid: f[1].to_string(),
@@ -134,17 +137,23 @@ pub fn parse_gpus(csv: &str) -> Result<Vec<GpuInfo>, SampleError> {
     Ok(gpus)
 }
 
-pub fn parse_apps(csv: &str, gpus: &[GpuInfo]) -> Vec<RawProcess> {
+/// The compute processes; a line that is neither one nor nvidia-smi's "No running processes
+/// found" makes the sample fail (a process list half read must not look like an idle GPU).
+pub fn parse_apps(csv: &str, gpus: &[GpuInfo]) -> Result<Vec<RawProcess>, SampleError> {
     csv.lines()
-        .filter(|l| !l.trim().is_empty())
-        .filter_map(|line| {
+        .filter(|l| !l.trim().is_empty() && !l.contains("No running processes found"))
+        .map(|line| {
             let f = fields(line);
-            let pid = number(f.first()?)?;
+            let Some(pid) = f.first().and_then(|p| number(p)) else {
+                return Err(SampleError::SmiProcessLine(
+                    line.chars().take(200).collect(),
+                ));
+            };
             let gpu_index = f
                 .get(3)
                 .and_then(|uuid| gpus.iter().find(|g| g.uuid == *uuid))
                 .map_or(0, |g| g.index);
-            Some(RawProcess {
+            Ok(RawProcess {
                 pid,
                 name: f.get(1).filter(|n| !n.is_empty()).map(|n| n.to_string()),
                 used_memory_mib: f.get(2).and_then(|m| number(m)),
@@ -174,10 +183,26 @@ mod tests {
         let apps = parse_apps(
             "4242, python, 14000, GPU-bbb\n77, vllm, [N/A], GPU-aaa\n",
             &gpus,
-        );
+        )
+        .unwrap();
         assert_eq!(apps[0].gpu_index, 1);
         assert_eq!(apps[1].used_memory_mib, None);
         assert!(parse_gpus("garbage\n").is_err());
         assert!(parse_gpus("").is_err());
+    }
+
+    #[test]
+    fn a_sample_that_cannot_tell_idle_from_busy_fails() {
+        // GB10 (unified memory) reports no memory figures: not an idle GPU with 0 MiB.
+        let err = parse_gpus("0, GPU-aaaa, NVIDIA GB10, [N/A], [N/A], [N/A], 45, [N/A], [N/A]\n")
+            .unwrap_err();
+        assert!(matches!(err, SampleError::SmiMemory(_)), "{err}");
+        // A process list that is not one is not an empty process list.
+        let gpus = parse_gpus("0, GPU-aaa, NVIDIA H200, 0, 10, 143771, 30, 70.0\n").unwrap();
+        assert!(parse_apps("xxxxxxxx\n", &gpus).is_err());
+        assert!(parse_apps("No running processes found\n", &gpus)
+            .unwrap()
+            .is_empty());
+        assert!(parse_apps("", &gpus).unwrap().is_empty());
     }
 }

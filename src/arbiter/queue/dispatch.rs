@@ -33,12 +33,12 @@ impl GpuQueue {
             .holding
             .iter()
             .map(|h| h.ticket.need_mib)
-            .sum::<Option<u64>>();
+            .try_fold(0u64, |sum, need| need.map(|n| sum.saturating_add(n)));
         let need = match ticket.kind {
             HolderKind::Job => ticket
                 .need_mib
                 .zip(room)
-                .map(|(n, r)| n + r.unloaded_residents_mib),
+                .map(|(n, r)| n.saturating_add(r.unloaded_residents_mib)),
             _ => ticket.need_mib,
         };
         fits(&self.sharing, room, holders_mib, need)

@@ -110,7 +110,7 @@ impl GpuMonitor {
                     .is_some_and(|w| idle_workers.contains(&w))
             })
             .map(|p| p.used_memory_mib)
-            .sum();
+            .fold(0, u64::saturating_add);
         StatusView {
             free_mib: gpu.as_ref().map(|g| g.memory_free_mib),
             is_idle: fresh && !processes.iter().any(|p| p.gpu_index == self.device),
