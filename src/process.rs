@@ -184,7 +184,12 @@ pub enum RunError {
     Io { program: String, source: io::Error },
 }
 
-/// Runs a helper (`ffmpeg`, `nvidia-smi`) to completion, killing its group after `timeout`.
+/// Most bytes kept of a helper's stdout or stderr; a helper that writes more is killed (a
+/// broken or hostile `nvidia-smi` printing without end must not fill the host's memory).
+const CAPTURE_MAX: usize = 16 << 20;
+
+/// Runs a helper (`ffmpeg`, `nvidia-smi`) to completion, killing its group after `timeout` or
+/// once it writes more than `CAPTURE_MAX` bytes to either stream.
 pub async fn run_captured(
     program: &Path,
     args: &[String],
@@ -195,7 +200,7 @@ pub async fn run_captured(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let child = cmd.spawn().map_err(|source| RunError::Spawn {
+    let mut child = cmd.spawn().map_err(|source| RunError::Spawn {
         program: name.clone(),
         source,
     })?;
@@ -204,27 +209,55 @@ pub async fn run_captured(
         guard::register(pid);
     }
     let _forget = pid.map(Unregister);
-    match tokio::time::timeout(timeout, child.wait_with_output()).await {
-        Ok(Ok(out)) => Ok(Captured {
-            status: out.status,
-            stdout: out.stdout,
-            stderr: out.stderr,
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(RunError::Io {
+            program: name,
+            source: io::Error::other("no pipes to the helper"),
+        });
+    };
+    let work = async {
+        let (stdout, stderr) = tokio::try_join!(read_capped(stdout), read_capped(stderr))?;
+        Ok::<_, io::Error>((child.wait().await?, stdout, stderr))
+    };
+    let outcome = tokio::time::timeout(timeout, work).await;
+    if !matches!(outcome, Ok(Ok(_))) {
+        // The future (and with it the Child, kill_on_drop) is gone; take the group too.
+        if let Some(pid) = pid {
+            kill_group(pid, libc::SIGKILL);
+        }
+    }
+    match outcome {
+        Ok(Ok((status, stdout, stderr))) => Ok(Captured {
+            status,
+            stdout,
+            stderr,
         }),
         Ok(Err(source)) => Err(RunError::Io {
             program: name,
             source,
         }),
-        Err(_) => {
-            // The future (and with it the Child, kill_on_drop) is gone; take the group too.
-            if let Some(pid) = pid {
-                kill_group(pid, libc::SIGKILL);
-            }
-            Err(RunError::Timeout {
-                program: name,
-                timeout,
-            })
-        }
+        Err(_) => Err(RunError::Timeout {
+            program: name,
+            timeout,
+        }),
     }
+}
+
+/// All of `stream`, or an error once it passes `CAPTURE_MAX` bytes.
+async fn read_capped(stream: impl tokio::io::AsyncRead + Unpin) -> io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    stream
+        .take(CAPTURE_MAX as u64 + 1)
+        .read_to_end(&mut out)
+        .await?;
+    if out.len() > CAPTURE_MAX {
+        return Err(io::Error::other(format!(
+            "it wrote more than {} MiB of output",
+            CAPTURE_MAX >> 20
+        )));
+    }
+    Ok(out)
 }
 
 /// Unregisters a helper's group from the orphan guard when the helper is done with.

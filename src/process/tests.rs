@@ -53,3 +53,26 @@ async fn helper_timeout_kills() {
     .unwrap_err();
     assert!(matches!(err, RunError::Timeout { .. }));
 }
+
+#[tokio::test]
+async fn a_helper_that_writes_without_end_is_cut_off() {
+    // `yes` writes forever: the host keeps 16 MiB at most and kills it, long before the timeout.
+    let started = std::time::Instant::now();
+    let err = run_captured(Path::new("yes"), &[], Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, RunError::Io { source, .. } if source.to_string().contains("more than 16 MiB")),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // Output within the bound is kept whole.
+    let out = run_captured(
+        Path::new("head"),
+        &["-c".into(), "1000000".into(), "/dev/zero".into()],
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.stdout.len(), 1_000_000);
+}
