@@ -225,7 +225,16 @@ async fn read_form(
             "prompt" => form.prompt = Some(value),
             "response_format" => form.response_format = Some(value),
             "timestamp_granularities[]" | "timestamp_granularities" => {
-                form.granularities.push(value)
+                // Two values exist: kept once each, so repeats cannot pile up in memory.
+                if !matches!(value.as_str(), "word" | "segment") {
+                    return Err(ApiError::bad_request(format!(
+                        "timestamp_granularities must be `word` or `segment`, got {:?}",
+                        value.chars().take(40).collect::<String>()
+                    )));
+                }
+                if !form.granularities.contains(&value) {
+                    form.granularities.push(value);
+                }
             }
             _ => {} // model, temperature, …: accepted and ignored, as clients send them
         }

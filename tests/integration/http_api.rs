@@ -248,6 +248,31 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
     );
     // English (with a region) is fine.
     result_of(&host.transcribe("?language=en-US", wav(0.2, 16000, 1)).await);
+    // timestamp_granularities: two values exist; anything else is refused, repeats are one.
+    let form = |values: Vec<String>| {
+        values.into_iter().fold(
+            reqwest::multipart::Form::new().part(
+                "file",
+                reqwest::multipart::Part::bytes(wav(0.2, 16000, 1)).file_name("a.wav"),
+            ),
+            |form, v| form.text("timestamp_granularities[]", v),
+        )
+    };
+    let post = |form| host.post("/v1/audio/transcriptions").multipart(form).send();
+    let r = post(form(vec!["x".repeat(8000)])).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`word` or `segment`"),
+        "{body}"
+    );
+    let r = post(form(vec!["word".into(); 300]).text("response_format", "verbose_json"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
     host.stop().await;
 }
 
