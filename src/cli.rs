@@ -8,6 +8,19 @@ pub(crate) mod speakers;
 pub(crate) mod status;
 pub(crate) mod transcribe;
 
+/// `text` from a server as the terminal should show it: control and invisible characters (an
+/// escape sequence in a command line or a lease holder could retitle or redraw the terminal)
+/// written as `\u{..}`, line breaks kept.
+pub(crate) fn shown(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' => c.to_string(),
+            c if gpuhost::protocol::label::invisible(c) => c.escape_unicode().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
 /// The server a client subcommand talks to (`--server`, else the config's listen address) and
 /// the token it shows (`--token`/`GPUHOST_TOKEN`, else the config's).
 pub(crate) struct Remote {
@@ -75,7 +88,17 @@ impl Remote {
 
 #[cfg(test)]
 mod tests {
-    use super::Remote;
+    use super::{shown, Remote};
+
+    #[test]
+    fn what_a_server_sends_cannot_drive_the_terminal() {
+        let cmdline = "python3 \u{1b}]0;owned\u{7}\u{1b}[2J serve.py\nnext line \u{202e}txt";
+        assert_eq!(
+            shown(cmdline),
+            "python3 \\u{1b}]0;owned\\u{7}\\u{1b}[2J serve.py\nnext line \\u{202e}txt"
+        );
+        assert_eq!(shown("민수 — vllm"), "민수 — vllm");
+    }
 
     #[test]
     fn paths_join_onto_the_server_url_and_its_prefix() {

@@ -6,6 +6,7 @@ use serde_json::Value;
 
 mod code;
 mod job;
+pub mod label;
 mod task;
 pub use code::ErrorCode;
 pub use job::{JobOptions, OptionsError};

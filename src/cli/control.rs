@@ -71,14 +71,17 @@ async fn follow_start(name: &str, response: reqwest::Response) -> anyhow::Result
                 } => eprintln!(
                     "{name}: queued, position {position}{}",
                     waiting_for
-                        .map(|w| format!(" (waiting for {w})"))
+                        .map(|w| format!(" (waiting for {})", super::shown(&w)))
                         .unwrap_or_default()
                 ),
                 GrantEvent::MakingRoom { action, target } => {
-                    eprintln!("{name}: making room: {action} {target}")
+                    eprintln!(
+                        "{name}: making room: {}",
+                        super::shown(&format!("{action} {target}"))
+                    )
                 }
                 GrantEvent::Starting { pid } => eprintln!("{name}: starting (pid {pid})"),
-                GrantEvent::Log { line } => eprintln!("{name}| {line}"),
+                GrantEvent::Log { line } => eprintln!("{name}| {}", super::shown(&line)),
                 GrantEvent::Healthy { pid, seconds } => {
                     eprintln!(
                         "{name}: healthy{} after {seconds} s",
@@ -87,7 +90,7 @@ async fn follow_start(name: &str, response: reqwest::Response) -> anyhow::Result
                     return Ok(ExitCode::SUCCESS);
                 }
                 GrantEvent::Error { code, message } => {
-                    eprintln!("{name}: failed ({code}): {message}");
+                    eprintln!("{name}: failed ({code}): {}", super::shown(&message));
                     return Ok(ExitCode::FAILURE);
                 }
                 _ => {}

@@ -116,18 +116,21 @@ async fn wait_for_grant(response: reqwest::Response) -> anyhow::Result<u64> {
                 } => eprintln!(
                     "gpuhost lease: queued, position {position}{}",
                     waiting_for
-                        .map(|w| format!(" (waiting for {w})"))
+                        .map(|w| format!(" (waiting for {})", super::shown(&w)))
                         .unwrap_or_default()
                 ),
                 GrantEvent::MakingRoom { action, target } => {
-                    eprintln!("gpuhost lease: making room: {action} {target}")
+                    eprintln!(
+                        "gpuhost lease: making room: {}",
+                        super::shown(&format!("{action} {target}"))
+                    )
                 }
                 GrantEvent::Granted { lease_id, ttl_s } => {
                     eprintln!("gpuhost lease: granted lease {lease_id} (ttl {ttl_s} s)");
                     return Ok(lease_id);
                 }
                 GrantEvent::Error { code, message } => {
-                    bail!("the lease was refused ({code}): {message}")
+                    bail!("the lease was refused ({code}): {}", super::shown(&message))
                 }
                 _ => {}
             }

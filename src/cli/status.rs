@@ -32,7 +32,7 @@ pub(crate) async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow
     if args.json {
         println!("{}", serde_json::to_string_pretty(&body)?);
     } else {
-        print!("{}", render(&body));
+        print!("{}", super::shown(&render(&body)));
         if args.verbose {
             for u in body["backend"]["unavailable"]
                 .as_array()
@@ -42,7 +42,7 @@ pub(crate) async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow
                 println!(
                     "backend {} unavailable: {}",
                     u["backend"].as_str().unwrap_or("?"),
-                    u["error"].as_str().unwrap_or("")
+                    super::shown(u["error"].as_str().unwrap_or(""))
                 );
             }
         }

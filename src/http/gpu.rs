@@ -12,7 +12,10 @@ use tokio::sync::mpsc;
 
 use super::error::{ApiError, ErrorBody};
 use crate::arbiter::leases::{LeaseRequest, LeaseView};
-use crate::protocol::GrantEvent;
+use crate::protocol::{label, GrantEvent};
+
+/// Longest lease `holder` or `purpose`, in bytes: a name and a sentence.
+const LABEL_MAX: usize = 512;
 use crate::AppState;
 
 /// Asks for the GPU. Without `wait`: 200 with the lease, or 409 when the GPU is taken. With
@@ -37,16 +40,21 @@ pub(super) async fn lease(
         )),
         _ => ApiError::bad_request(e.body_text()),
     })?;
-    let max = app.config.limits.max_field_bytes;
     if request.holder.trim().is_empty() {
         return Err(ApiError::bad_request(
             "`holder` must name who holds the lease",
         ));
     }
-    if request.holder.len() > max || request.purpose.len() > max {
+    // Both are shown to everyone (`/status`, queue events, the dashboard, terminals).
+    if request.holder.len() > LABEL_MAX || request.purpose.len() > LABEL_MAX {
         return Err(ApiError::too_large(format!(
-            "`holder` and `purpose` may be at most {max} bytes (limits.max_field_bytes)"
+            "`holder` and `purpose` may be at most {LABEL_MAX} bytes each"
         )));
+    }
+    if !(label::shows_as_text(&request.holder) && label::shows_as_text(&request.purpose)) {
+        return Err(ApiError::bad_request(
+            "`holder` and `purpose` must not contain control or invisible characters",
+        ));
     }
     let ttl = app
         .arbiter

@@ -97,13 +97,8 @@ pub fn check_name(name: &str) -> Result<String, SpeakerError> {
             "`name` is longer than {NAME_MAX} bytes"
         )));
     }
-    // Control characters, and the invisible ones that make two names look alike (zero-width,
-    // bidirectional overrides, byte-order mark).
-    let invisible = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}')
-    };
-    if name.chars().any(invisible) {
+    // Control characters, and the invisible ones that make two names look alike.
+    if !crate::protocol::label::shows_as_text(name) {
         return Err(SpeakerError::BadName(
             "`name` must not contain control or invisible characters".into(),
         ));

@@ -401,6 +401,20 @@ async fn an_unrenewed_lease_is_reclaimed_after_its_ttl() {
         "{:?}",
         started.elapsed()
     );
+    // Holder and purpose are shown to everyone: bounded, and no escape sequences or bidi.
+    for (holder, purpose, want) in [
+        ("bob\u{1b}]0;pwned\u{7}", "", 400),
+        ("alice", "\u{202e}gnp.exe", 400),
+        ("carol", &"x".repeat(513), 413),
+    ] {
+        let r = host
+            .post("/gpu/lease")
+            .json(&json!({"holder": holder, "purpose": purpose, "ttl_s": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), want, "{holder:?} {purpose:?}");
+    }
     host.stop().await;
 }
 

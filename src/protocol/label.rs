@@ -1,0 +1,33 @@
+//! What a label people give may hold (a voice's name, a lease's holder and purpose): text that
+//! shows as it reads, with no control characters and none of the invisible ones that make two
+//! labels look alike or turn a terminal or a page around.
+
+/// A control character, or an invisible one: zero-width, bidirectional override, word joiner,
+/// byte-order mark.
+pub fn invisible(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}')
+}
+
+/// Whether `label` shows as it reads (no `invisible` character).
+pub fn shows_as_text(label: &str) -> bool {
+    !label.chars().any(invisible)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_in_any_script_pass_and_hidden_characters_do_not() {
+        assert!(shows_as_text("민수 (지하 서버) — nightly"));
+        for bad in [
+            "a\u{1b}]0;x\u{7}",
+            "bob\u{202e}",
+            "zero\u{200b}width",
+            "tab\there",
+        ] {
+            assert!(!shows_as_text(bad), "{bad:?}");
+        }
+    }
+}
