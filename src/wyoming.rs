@@ -66,6 +66,10 @@ enum Audio {
         channels: u16,
         bytes: u64,
     },
+    /// A request refused while its audio came in (over a limit, a bad format): the rest of its
+    /// chunks and its `audio-stop` are dropped, so it gets one answer, not an error and then a
+    /// transcript of its tail. Ends at the next `audio-start` or `transcribe`.
+    Refused,
 }
 
 struct Connection {
@@ -104,7 +108,7 @@ impl Connection {
         loop {
             let timeout = match self.audio {
                 Audio::Idle => IDLE_TIMEOUT,
-                Audio::Receiving { .. } => {
+                Audio::Receiving { .. } | Audio::Refused => {
                     Duration::from_secs_f64(self.app.config.http.body_idle_timeout_s)
                 }
             };
@@ -118,8 +122,9 @@ impl Connection {
                 }
                 Ok(Err(e)) => return Err(e.into()),
             };
+            let audio = matches!(event.kind.as_str(), "audio-start" | "audio-chunk");
             if let Err(message) = self.handle(event).await? {
-                self.audio = Audio::Idle;
+                self.audio = if audio { Audio::Refused } else { Audio::Idle };
                 self.error("bad_request", &message).await?;
             }
         }
@@ -132,8 +137,18 @@ impl Connection {
                 let info = self.info();
                 write_event(&mut self.writer, "info", info).await?;
             }
-            "transcribe" => self.language = event.str("language").map(String::from),
+            "transcribe" => {
+                self.language = event.str("language").map(String::from);
+                if matches!(self.audio, Audio::Refused) {
+                    self.audio = Audio::Idle;
+                }
+            }
             "audio-start" => return Ok(self.start(&event)),
+            "audio-chunk" | "audio-stop" if matches!(self.audio, Audio::Refused) => {
+                if event.kind == "audio-stop" {
+                    self.audio = Audio::Idle; // answered already, with the error
+                }
+            }
             "audio-chunk" => {
                 if matches!(self.audio, Audio::Idle) {
                     if let Err(message) = self.start(&event) {

@@ -134,13 +134,14 @@ impl Leases {
             let _ = progress.try_send(e);
         };
         if let Err(why) = core.make_room(request.vram_mib, &notify).await {
+            drop(permit); // the GPU goes to the next before the client is told
             let _ = events
                 .send(GrantEvent::Error {
                     code: "no_room".into(),
                     message: why,
                 })
                 .await;
-            return; // the permit drops: the GPU goes to the next
+            return;
         }
         if events.is_closed() {
             return; // the client left while room was made: no lease for nobody

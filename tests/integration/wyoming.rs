@@ -136,6 +136,11 @@ async fn bad_audio_is_refused_and_the_connection_stays() {
         error["text"].as_str().unwrap().contains("width 4"),
         "{error}"
     );
+    // The refused request's audio-stop gets no second answer...
+    client.send("audio-stop", json!({}), &[]).await;
+    client.send("describe", json!({}), &[]).await;
+    assert_eq!(client.recv().await.0, "info");
+    // ...but an audio-stop that ends no request is a mistake of its own.
     client.send("audio-stop", json!({}), &[]).await;
     let (kind, error) = client.recv().await;
     assert_eq!(kind, "error");
@@ -162,6 +167,13 @@ async fn bad_audio_is_refused_and_the_connection_stays() {
             .contains("max_audio_seconds"),
         "{error}"
     );
+    // One answer per request: the refused request's last chunks (each carrying its format, as
+    // Wyoming's do) and its audio-stop start nothing, so the next request's transcript comes
+    // next, and then nothing else.
+    long.request("en", 0.2).await;
+    assert_eq!(long.recv().await.0, "transcript");
+    long.send("describe", json!({}), &[]).await;
+    assert_eq!(long.recv().await.0, "info", "no second answer");
     host2.stop().await;
     // Still usable after all that.
     client.request("en", 0.2).await;
