@@ -137,6 +137,16 @@ fn spawn_piped(
     ))
 }
 
+/// Sends `signal` to a program started by `spawn_foreground`, if it still runs.
+pub fn signal_foreground(child: &Child, signal: libc::c_int) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        // SAFETY: kill(2) with a pid this process spawned and has not reaped.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+    }
+}
+
 /// Runs a user's program in the foreground (`gpuhost lease -- CMD`): same terminal, same process
 /// group (Ctrl-C reaches it), inherited stdio; it gets SIGTERM if gpuhost dies, since the lease
 /// it runs under ends then too.

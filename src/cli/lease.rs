@@ -38,6 +38,11 @@ pub(crate) struct LeaseArgs {
     command: Vec<String>,
 }
 
+/// How long a program whose lease was lost gets between SIGTERM and SIGKILL.
+const LOST_GRACE: Duration = Duration::from_secs(10);
+/// Exit status when the lease was lost under the program (EX_TEMPFAIL: try again).
+const LOST_EXIT: u8 = 75;
+
 pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         args.ttl > 0.0 && args.ttl <= 1e9,
@@ -61,12 +66,15 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let renewer = {
         let request = authed(client.post(renew_url));
         let every = Duration::from_secs_f64((args.ttl / 3.0).max(0.2));
+        // Ends when the server says the lease is gone (404): it expired, someone released it,
+        // or the server restarted; the GPU is someone else's now.
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
                 if let Some(r) = request.try_clone() {
                     match r.send().await {
                         Ok(r) if r.status().is_success() => {}
+                        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => return,
                         Ok(r) => eprintln!("gpuhost lease: renewal refused ({})", r.status()),
                         Err(e) => eprintln!("gpuhost lease: renewal failed: {e}"),
                     }
@@ -77,13 +85,27 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let mut child = gpuhost::process::spawn_foreground(&args.command)
         .with_context(|| format!("cannot run {:?}", args.command))?;
     // Ctrl-C reaches the program too (same process group): wait for it to end, then release.
+    // A lost lease stops the program: SIGTERM, then SIGKILL after LOST_GRACE.
+    let mut renewer = renewer;
+    let mut kill_at: Option<tokio::time::Instant> = None;
     let status = loop {
         tokio::select! {
             status = child.wait() => break status?,
             _ = tokio::signal::ctrl_c() => eprintln!("gpuhost lease: interrupted; waiting for the program to exit"),
+            _ = &mut renewer, if kill_at.is_none() => {
+                eprintln!("gpuhost lease: lease {lease_id} is gone (expired, released, or the server restarted); stopping the program");
+                gpuhost::process::signal_foreground(&child, libc::SIGTERM);
+                kill_at = Some(tokio::time::Instant::now() + LOST_GRACE);
+            }
+            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)), if kill_at.is_some() => {
+                let _ = child.start_kill();
+            }
         }
     };
     renewer.abort();
+    if kill_at.is_some() {
+        return Ok(ExitCode::from(LOST_EXIT));
+    }
     let release = authed(client.delete(base.join(&format!("gpu/lease/{lease_id}"))?));
     match release.send().await {
         Ok(r) if r.status().is_success() => eprintln!("gpuhost lease: lease {lease_id} released"),

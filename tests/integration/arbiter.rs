@@ -634,6 +634,43 @@ async fn a_killed_lease_holder_is_reclaimed_after_its_ttl() {
     host.stop().await;
 }
 
+#[tokio::test]
+async fn a_program_whose_lease_is_gone_is_stopped() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let child = lease_command(&host, &["--vram", "1000", "--ttl", "1"], &["sleep", "600"])
+        .spawn()
+        .unwrap();
+    wait_for("the lease to show", Duration::from_secs(10), || {
+        let host = &host;
+        async move { !leases(host).await.is_empty() }
+    })
+    .await;
+    // Someone releases it (an operator, a restarted server): the next renewal finds it gone.
+    let id = leases(&host).await[0]["id"].as_u64().unwrap();
+    let r = host
+        .client()
+        .delete(format!("{}/gpu/lease/{id}", host.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{err}");
+    assert!(
+        err.contains("is gone") && err.contains("stopping the program"),
+        "{err}"
+    );
+    host.stop().await;
+}
+
 /// Runs `gpuhost ACTION NAME --server URL` and returns (exit code, stderr, stdout).
 async fn cli(host: &TestHost, args: &[&str]) -> (Option<i32>, String, String) {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"));
