@@ -73,6 +73,18 @@ def test_write_result_is_atomic(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
+def test_results_and_events_are_strict_json(tmp_path, capsys):
+    # A model's NaN score must not make the result unreadable (Python writes `NaN`, not JSON).
+    target = tmp_path / "r.json"
+    write_result(str(target), {"words": [{"score": float("nan"), "end": float("inf")}], "ok": 1.5})
+    text = target.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"words": [{"score": None, "end": None}], "ok": 1.5}
+    from gpuhost_worker.channels import finite
+
+    assert finite((1.0, float("-inf"), {"x": [float("nan")]})) == [1.0, None, {"x": [None]}]
+
+
 def test_worker_exits_when_parent_dies(tmp_path):
     # A middle process starts the worker and is SIGKILLed; the worker must notice and exit.
     middle = tmp_path / "middle.py"

@@ -3,11 +3,30 @@ stderr, so anything a library prints (Python or C level, progress bars included)
 and can never corrupt the signal stream."""
 
 import json
+import math
 import os
 import sys
 import threading
 
 EVENT_PREFIX = "@gpuhost "
+
+
+def finite(value):
+    """`value` with every NaN and infinity made `null`: JSON has no such numbers, and Python's
+    `json` would write them anyway (`NaN`), which the host cannot read: a model's one bad score
+    would fail the whole job."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def to_json(value, **options) -> str:
+    """Strict JSON of `value` (non-finite numbers as `null`)."""
+    return json.dumps(finite(value), allow_nan=False, **options)
 
 
 class Channels:
@@ -26,14 +45,14 @@ class Channels:
         return cls(signal_fd)
 
     def signal(self, word: str, payload: dict | None = None) -> None:
-        line = word if payload is None else f"{word} {json.dumps(payload, separators=(',', ':'))}"
+        line = word if payload is None else f"{word} {to_json(payload, separators=(',', ':'))}"
         sys.stderr.flush()  # logs written before a signal are read before it
         with self._lock:
             self._signals.write(line + "\n")
             self._signals.flush()
 
     def event(self, payload: dict) -> None:
-        line = EVENT_PREFIX + json.dumps(payload, separators=(",", ":"), default=str)
+        line = EVENT_PREFIX + to_json(payload, separators=(",", ":"), default=str)
         with self._lock:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()

@@ -11,7 +11,7 @@ import tempfile
 import time
 import traceback
 
-from .channels import Channels
+from .channels import Channels, to_json
 from .guard import watch_parent
 from .progress import Progress
 
@@ -79,7 +79,7 @@ def write_result(path: str, result) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".result-", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(result, f, ensure_ascii=False)
+            f.write(to_json(result, ensure_ascii=False))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
