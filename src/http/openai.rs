@@ -219,7 +219,7 @@ async fn read_form(
             form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?);
             continue;
         }
-        let value = upload::text_field(field, &name, max_field).await?;
+        let value = upload::text_field(field, &name, max_field, "limits.max_field_bytes").await?;
         match name.as_str() {
             "language" => form.language = Some(value),
             "prompt" => form.prompt = Some(value),

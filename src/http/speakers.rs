@@ -101,13 +101,20 @@ pub(super) async fn enroll(
     let cfg = &app.config.speakers;
     app.speakers.check_room(&name, cfg.max_voices)?;
     let generation = app.speakers.generation(&name);
-    // Up to 16 MiB of JSON to read and intersect: not on a runtime thread.
+    // Up to 16 MiB of JSON to read (about ten times that in memory while parsed) and intersect:
+    // not on a runtime thread, and no more at once than audio decodes.
     let (given, transcript, speaker) = (form.segments, form.transcript, form.speaker);
+    let turn = app
+        .decodes
+        .acquire()
+        .await
+        .map_err(|_| ApiError::internal("the server is stopping"))?;
     let segments = tokio::task::spawn_blocking(move || {
         segments::segments_of(given.as_deref(), transcript.as_deref(), speaker.as_deref())
     })
     .await
     .map_err(|e| ApiError::internal(format!("reading the segments failed: {e}")))??;
+    drop(turn); // before the audio's decode takes one
     let file = form
         .file
         .ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing"))?;
@@ -217,13 +224,13 @@ async fn read_form(
         match name.as_str() {
             "file" => form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?),
             "transcript" => {
-                form.transcript = Some(upload::text_field(field, &name, TRANSCRIPT_MAX).await?)
+                form.transcript = Some(upload::text_field(field, &name, TRANSCRIPT_MAX, "the most a transcript may be").await?)
             }
             "segments" => {
-                form.segments = Some(upload::text_field(field, &name, TRANSCRIPT_MAX).await?)
+                form.segments = Some(upload::text_field(field, &name, TRANSCRIPT_MAX, "the most a transcript may be").await?)
             }
-            "name" => form.name = Some(upload::text_field(field, &name, max_field).await?),
-            "speaker" => form.speaker = Some(upload::text_field(field, &name, max_field).await?),
+            "name" => form.name = Some(upload::text_field(field, &name, max_field, "limits.max_field_bytes").await?),
+            "speaker" => form.speaker = Some(upload::text_field(field, &name, max_field, "limits.max_field_bytes").await?),
             other => {
                 return Err(ApiError::bad_request(format!(
                     "unknown form field `{other}`; POST /speakers takes name, file, segments, transcript, speaker"

@@ -46,6 +46,7 @@ pub(in crate::http) async fn text_field(
     mut field: axum::extract::multipart::Field<'_>,
     name: &str,
     max: usize,
+    limit: &str,
 ) -> Result<String, ApiError> {
     let mut value = Vec::new();
     while let Some(chunk) = field.chunk().await.map_err(|e| {
@@ -56,7 +57,7 @@ pub(in crate::http) async fn text_field(
     })? {
         if value.len() + chunk.len() > max {
             return Err(ApiError::too_large(format!(
-                "the form field `{name}` is longer than {max} bytes (limits.max_field_bytes)"
+                "the form field `{name}` is longer than {max} bytes ({limit})"
             )));
         }
         value.extend_from_slice(&chunk);
