@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use futures_util::FutureExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -152,7 +153,18 @@ impl Sampler {
         loop {
             ticker.tick().await;
             let raw = self.backend.sample().await;
-            let snapshot = self.build(raw).await;
+            // A fault on one odd sample must not end sampling: /status would say "no sample
+            // yet" for good. This sample reads unknown, the next is tried as usual.
+            let built = std::panic::AssertUnwindSafe(self.build(raw))
+                .catch_unwind()
+                .await;
+            let snapshot = built.unwrap_or_else(|_| {
+                tracing::error!("the GPU sampler failed on a sample; sampling goes on");
+                let mut failed = Snapshot::empty("the GPU sample could not be read");
+                failed.error =
+                    Some("the sampler failed on this sample (see the server log)".into());
+                failed
+            });
             if tx.send(Arc::new(snapshot)).is_err() {
                 return;
             }
