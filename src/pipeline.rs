@@ -266,9 +266,14 @@ impl Pipeline {
     }
 }
 
-/// Passes a worker's event on to the client, or drops it when the client is a full channel (256
-/// events) behind: the job holds the GPU, and a client that stops reading must not hold it too.
-/// Only the final event (sent after the GPU is let go) is waited for.
+/// Room in the client's channel kept for `stage` events: progress and log events are dropped
+/// before it is touched, so a burst of them (a chatty worker outruns even a prompt reader) cannot
+/// crowd out the `started` / `done` that clients and the CLI go by.
+const STAGE_EVENT_ROOM: usize = 32;
+
+/// Passes a worker's event on to the client, or drops it when the client is that far behind (256
+/// events less `STAGE_EVENT_ROOM`): the job holds the GPU, and a client that stops reading must
+/// not hold it too. Only the final event (sent after the GPU is let go) is waited for.
 fn forward(stage: &str, event: WorkerEvent, events: &mpsc::Sender<ClientEvent>) {
     let event = match event {
         WorkerEvent::Progress {
@@ -287,7 +292,9 @@ fn forward(stage: &str, event: WorkerEvent, events: &mpsc::Sender<ClientEvent>) 
             level,
         },
     };
-    let _ = events.try_send(event);
+    if events.capacity() > STAGE_EVENT_ROOM {
+        let _ = events.try_send(event);
+    }
 }
 
 pub fn round3(x: f64) -> f64 {

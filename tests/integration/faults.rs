@@ -157,6 +157,38 @@ async fn logs_and_progress_stream_in_order() {
 }
 
 #[tokio::test]
+async fn a_burst_of_logs_does_not_crowd_out_stage_events() {
+    // A worker writing progress (16 MB) faster than its client reads: once the socket buffers
+    // and the channel to it are full the client misses progress, never `started` / `done`
+    // (clients and the CLI go by those).
+    let host = TestHost::start(&one_stage("")).await.ready().await;
+    for _ in 0..2 {
+        let response = host
+            .post_body("/transcribe?language=fake:chatter=4000", wav(0.5, 16000, 1))
+            .await;
+        let mut reader = EventReader::new(response);
+        let mut events = Vec::new();
+        while let Some(event) = reader.next().await {
+            events.push(event);
+            if events.len() % 2 == 0 {
+                // Reading on, but slower than the worker writes (one event per 0.5 ms).
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        }
+        result_of(&events);
+        let stages: Vec<String> = events
+            .iter()
+            .filter_map(|e| match e {
+                ClientEvent::Stage { stage, status, .. } => Some(format!("{stage} {status:?}")),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(stages, ["w Started", "w Done"]);
+    }
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn error_signal_fails_the_job_but_keeps_the_worker() {
     let host = TestHost::start(&one_stage("")).await.ready().await;
     let pid = host.worker("w").await["pid"].clone();
