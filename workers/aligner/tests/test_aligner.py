@@ -201,3 +201,17 @@ def test_neighbouring_segments_meet_in_the_middle_of_their_overlap():
     )
     times = [(w["start"], w["end"]) for seg in out for w in seg["words"]]
     assert times == [(5.58, 5.82), (5.82, 5.845), (5.845, 6.01)]
+
+
+def test_a_word_left_unaligned_moves_not_its_aligned_neighbours():
+    from gpuhost_aligner.words import keep_order, placed
+
+    # A segment's last word kept the ASR's drifted times (3.0 s); the next segment's words were
+    # aligned at 1.0 and 1.3 s: they stay, the unaligned word is fitted before them.
+    first = [placed({"word": "2024"}, 3.0, 3.5, 0.0, False)]
+    second = [
+        placed({"word": w}, a, b, 0.5, True) for w, a, b in [("b", 1.0, 1.2), ("c", 1.3, 1.5)]
+    ]
+    out = keep_order([{"words": first}, {"words": second}])
+    times = [(w["start"], w["end"]) for seg in out for w in seg["words"]]
+    assert times == [(1.0, 1.0), (1.0, 1.2), (1.3, 1.5)]

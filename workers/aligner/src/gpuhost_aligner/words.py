@@ -44,20 +44,26 @@ def passthrough(engine: str, segments: list, language: str) -> dict:
 def keep_order(segments: list) -> list:
     """`segments` with their words' times made to follow the words' order, across segments too.
     Pieces aligned apart (neighbouring segments, the halves of one) each see the same 0.15 s
-    margin around their edge, so the last word of one and the first of the next can overlap, and
-    a word left with the ASR's rough times can sit inside an aligned neighbour. Where a word starts
-    before the one before it ends, the two meet at one cut: the aligned word's edge when only one
-    of them was aligned, the middle of the overlap otherwise; never before the earlier word's
-    start. The words then keep their order wherever they are sorted by time."""
+    margin around their edge, so the last word of one and the first of the next can overlap; a
+    word left with the ASR's rough times can sit anywhere near its aligned neighbours.
+
+    Aligned words first: where one starts before the one before it ends, the two meet in the
+    middle of the overlap (never before the earlier one's start). Then each word left unaligned
+    is fitted between the words around it (the one before it, as placed, and the next aligned
+    one): it moves, they do not. The words then keep their order wherever they are sorted."""
     words = [w for seg in segments for w in seg["words"]]
-    for a, b in zip(words, words[1:]):
-        if b["start"] >= a["end"]:
-            continue
-        if a["aligned"] != b["aligned"]:
-            cut = a["end"] if a["aligned"] else b["start"]
-        else:
-            cut = round((a["end"] + b["start"]) / 2, 3)
-        a["end"] = max(a["start"], cut)
-        b["start"] = max(b["start"], a["end"])
-        b["end"] = max(b["end"], b["start"])
+    placed_words = [w for w in words if w["aligned"]]
+    for a, b in zip(placed_words, placed_words[1:]):
+        if b["start"] < a["end"]:
+            cut = max(a["start"], round((a["end"] + b["start"]) / 2, 3))
+            a["end"] = cut
+            b["start"] = max(b["start"], cut)
+            b["end"] = max(b["end"], b["start"])
+    before = float("-inf")
+    for i, w in enumerate(words):
+        if not w["aligned"]:
+            after = next((n["start"] for n in words[i + 1 :] if n["aligned"]), float("inf"))
+            w["start"] = min(max(w["start"], before), after)
+            w["end"] = min(max(w["end"], w["start"]), after)
+        before = w["end"]
     return segments
