@@ -43,6 +43,24 @@ const LOST_GRACE: Duration = Duration::from_secs(10);
 /// Exit status when the lease was lost under the program (EX_TEMPFAIL: try again).
 const LOST_EXIT: u8 = 75;
 
+/// Whether the lease was lost under the program, and how far stopping it has got.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lost {
+    No,
+    /// SIGTERM sent; SIGKILL at this time.
+    Stopping(tokio::time::Instant),
+    Killed,
+}
+
+impl Lost {
+    fn kill_at(self) -> tokio::time::Instant {
+        match self {
+            Lost::Stopping(at) => at,
+            _ => tokio::time::Instant::now(),
+        }
+    }
+}
+
 pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         args.ttl > 0.0 && args.ttl <= 1e9,
@@ -87,23 +105,24 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     // Ctrl-C reaches the program too (same process group): wait for it to end, then release.
     // A lost lease stops the program: SIGTERM, then SIGKILL after LOST_GRACE.
     let mut renewer = renewer;
-    let mut kill_at: Option<tokio::time::Instant> = None;
+    let mut lost = Lost::No;
     let status = loop {
         tokio::select! {
             status = child.wait() => break status?,
             _ = tokio::signal::ctrl_c() => eprintln!("gpuhost lease: interrupted; waiting for the program to exit"),
-            _ = &mut renewer, if kill_at.is_none() => {
+            _ = &mut renewer, if lost == Lost::No => {
                 eprintln!("gpuhost lease: lease {lease_id} is gone (expired, released, or the server restarted); stopping the program");
                 gpuhost::process::signal_foreground(&child, libc::SIGTERM);
-                kill_at = Some(tokio::time::Instant::now() + LOST_GRACE);
+                lost = Lost::Stopping(tokio::time::Instant::now() + LOST_GRACE);
             }
-            _ = tokio::time::sleep_until(kill_at.unwrap_or_else(tokio::time::Instant::now)), if kill_at.is_some() => {
-                let _ = child.start_kill();
+            _ = tokio::time::sleep_until(lost.kill_at()), if matches!(lost, Lost::Stopping(_)) => {
+                gpuhost::process::signal_foreground(&child, libc::SIGKILL);
+                lost = Lost::Killed;
             }
         }
     };
     renewer.abort();
-    if kill_at.is_some() {
+    if lost != Lost::No {
         return Ok(ExitCode::from(LOST_EXIT));
     }
     let release = authed(client.delete(base.join(&format!("gpu/lease/{lease_id}"))?));

@@ -641,13 +641,39 @@ async fn a_program_whose_lease_is_gone_is_stopped() {
         .await
         .ready()
         .await;
-    let child = lease_command(&host, &["--vram", "1000", "--ttl", "1"], &["sleep", "600"])
-        .spawn()
-        .unwrap();
+    // A wrapper (sh) with the real user below it, as `uv run` or a shell script has.
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let child = lease_command(
+        &host,
+        &["--vram", "1000", "--ttl", "1"],
+        &["sh", "-c", "sleep 6017; true"],
+    )
+    // A file, not a pipe: a child left running would hold a pipe open and hang the read.
+    .stderr(std::fs::File::create(log.path()).unwrap())
+    .spawn()
+    .unwrap();
     wait_for("the lease to show", Duration::from_secs(10), || {
         let host = &host;
         async move { !leases(host).await.is_empty() }
     })
+    .await;
+    let below = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == b"sleep\x006017\x00")
+            })
+            .count()
+    };
+    wait_for(
+        "the program's child to start",
+        Duration::from_secs(10),
+        || {
+            let running = below() == 1;
+            async move { running }
+        },
+    )
     .await;
     // Someone releases it (an operator, a restarted server): the next renewal finds it gone.
     let id = leases(&host).await[0]["id"].as_u64().unwrap();
@@ -658,16 +684,26 @@ async fn a_program_whose_lease_is_gone_is_stopped() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+    let mut child = child;
+    let status = tokio::task::spawn_blocking(move || child.wait())
         .await
         .unwrap()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(75), "{err}");
+    let err = std::fs::read_to_string(log.path()).unwrap();
+    assert_eq!(status.code(), Some(75), "{err}");
     assert!(
         err.contains("is gone") && err.contains("stopping the program"),
         "{err}"
     );
+    wait_for(
+        "the wrapper's child to be stopped too",
+        Duration::from_secs(5),
+        || {
+            let gone = below() == 0;
+            async move { gone }
+        },
+    )
+    .await;
     host.stop().await;
 }
 
