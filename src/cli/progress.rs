@@ -82,6 +82,8 @@ impl Progress {
     }
 
     fn progress(&mut self, stage: &str, fraction: f64, message: Option<&str>) {
+        let message = message.map(super::shown);
+        let message = message.as_deref();
         let Some(bars) = &self.bars else {
             let filled = ((fraction * 30.0).round() as usize).min(30);
             let bar = format!(
@@ -119,8 +121,10 @@ impl Progress {
         }
     }
 
-    /// A line above the bars (or a plain line when stderr is not a terminal).
+    /// A line above the bars (or a plain line when stderr is not a terminal), with what the
+    /// server sent in it escaped (`shown`).
     fn line(&self, text: &str) {
+        let text = super::shown(text);
         match &self.bars {
             Some(bars) if !self.running.is_empty() => {
                 let _ = bars.println(text);

@@ -114,7 +114,7 @@ pub fn parse_gpus(csv: &str) -> Result<Vec<GpuInfo>, SampleError> {
         // Utilization, temperature and power may be absent (MIG, some boards) and are shown as
         // 0; memory decides idle or busy, so without it the sample says nothing.
         let (Some(used), Some(total)) = (number::<u64>(f[4]), number::<u64>(f[5])) else {
-            return Err(SampleError::SmiMemory(line.to_string()));
+            return Err(SampleError::SmiMemory(line.chars().take(200).collect()));
         };
         gpus.push(GpuInfo {
             index: number(f[0]).unwrap_or(gpus.len() as u32),

@@ -101,6 +101,10 @@ fn broken_files_and_leftovers_are_not_voices() {
         "a crash's leftover is removed"
     );
     assert!(check_name("a\u{200B}b").is_err());
+    assert!(
+        check_name("a\u{200D}b").is_err(),
+        "joiners make look-alike voice names"
+    );
     // Decomposed Hangul (NFD, as some systems type it) is the same name.
     assert_eq!(check_name("\u{1106}\u{1175}\u{11AB}").unwrap(), "민");
 }

@@ -97,8 +97,9 @@ pub fn check_name(name: &str) -> Result<String, SpeakerError> {
             "`name` is longer than {NAME_MAX} bytes"
         )));
     }
-    // Control characters, and the invisible ones that make two names look alike.
-    if !crate::protocol::label::shows_as_text(name) {
+    // Control characters, and the invisible ones that make two names look alike (joiners too:
+    // a voice's name is how it is told apart).
+    if !crate::protocol::label::shows_as_text(name) || name.contains(['\u{200C}', '\u{200D}']) {
         return Err(SpeakerError::BadName(
             "`name` must not contain control or invisible characters".into(),
         ));
