@@ -18,12 +18,11 @@ are not what a transcript is for.
 """
 
 import csv
-import hashlib
 import re
 import subprocess
-import tarfile
-import urllib.request
 from pathlib import Path
+
+import sdists
 
 SDISTS = {
     "mfa": (
@@ -68,24 +67,7 @@ FILLERS = {"uh", "um", "hm", "hmm", "mm", "er"}
 
 def _fetch(folder: Path) -> None:
     for name, (url, sha) in SDISTS.items():
-        done = folder / name / ".done"
-        if done.is_file():
-            continue
-        archive = folder / f"{name}.tar.gz"
-        urllib.request.urlretrieve(url, archive)
-        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-        if digest != sha:
-            raise RuntimeError(f"{archive}: sha256 {digest}, expected {sha}")
-        with tarfile.open(archive) as tar:
-            members = []
-            for m in tar.getmembers():
-                inner = m.name.split("/", 1)[-1]
-                if m.isfile() and any(inner.startswith(w) for w in WANTED[name]):
-                    m.name = inner
-                    members.append(m)
-            tar.extractall(folder / name, members=members, filter="data")
-        archive.unlink()
-        done.touch()
+        sdists.fetch(folder, name, url, sha, WANTED[name])
 
 
 def _clean(text: str) -> str:

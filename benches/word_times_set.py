@@ -18,11 +18,10 @@ Items: name, wav, text, `words` ([{word, start, end}] in seconds), set `wordtime
 `report`, `reference` ("hand" or "aligner").
 """
 
-import hashlib
 import re
-import tarfile
-import urllib.request
 from pathlib import Path
+
+import sdists
 
 SDISTS = {
     "praatio": (
@@ -80,24 +79,7 @@ SILENCE = {"", "sil", "sp", "<sil>"}
 
 def _fetch(folder: Path) -> None:
     for name, (url, sha, wanted) in SDISTS.items():
-        done = folder / name / ".done"
-        if done.is_file():
-            continue
-        archive = folder / f"{name}.tar.gz"
-        urllib.request.urlretrieve(url, archive)
-        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-        if digest != sha:
-            raise RuntimeError(f"{archive}: sha256 {digest}, expected {sha}")
-        with tarfile.open(archive) as tar:
-            members = []
-            for m in tar.getmembers():
-                inner = m.name.split("/", 1)[-1]
-                if m.isfile() and any(inner.startswith(w) for w in wanted):
-                    m.name = inner
-                    members.append(m)
-            tar.extractall(folder / name, members=members, filter="data")
-        archive.unlink()
-        done.touch()
+        sdists.fetch(folder, name, url, sha, wanted)
 
 
 def interval_tiers(text: str) -> dict:
