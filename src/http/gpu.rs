@@ -67,6 +67,15 @@ pub(super) async fn lease(
         .device_for(&request)
         .map_err(ApiError::bad_request)?;
     let wait = request.wait;
+    // Waiting leases take places in the same queue as jobs: bounded by the same limit.
+    let max = app.config.limits.max_queue;
+    if wait && app.arbiter.leases.waiting(device) >= max {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "queue_full",
+            format!("{max} requests already wait for this GPU (limits.max_queue); try again later"),
+        ));
+    }
     let (tx, mut rx) = mpsc::channel(64);
     let arbiter = std::sync::Arc::clone(&app.arbiter);
     tokio::spawn(async move { arbiter.leases.acquire(request, device, ttl, tx).await });

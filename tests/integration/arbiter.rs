@@ -1002,6 +1002,44 @@ async fn a_watched_ollama_is_asked_to_unload_its_models_to_make_room() {
     host.stop().await;
 }
 
+#[tokio::test]
+async fn waiting_leases_are_bounded_by_the_queue_limit() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, "[limits]\nmax_queue = 2\n"))
+        .await
+        .ready()
+        .await;
+    assert_eq!(lease_now(&host, "holder", 1000).await.status(), 200);
+    // Two wait (their streams stay open), the third is told the queue is full.
+    let mut waiting = Vec::new();
+    for i in 0..2 {
+        let r = host
+            .post("/gpu/lease")
+            .json(&json!({"holder": format!("waiter {i}"), "wait": true, "vram_mib": 1000}))
+            .send()
+            .await
+            .unwrap();
+        let mut stream = r.bytes_stream();
+        let first = futures_util::StreamExt::next(&mut stream)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(String::from_utf8_lossy(&first).contains("queued"));
+        waiting.push(stream);
+    }
+    let r = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "one too many", "wait": true, "vram_mib": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"], "queue_full", "{body}");
+    drop(waiting);
+    host.stop().await;
+}
+
 async fn lease_now(host: &TestHost, holder: &str, mib: u64) -> reqwest::Response {
     host.post("/gpu/lease")
         .json(&json!({"holder": holder, "vram_mib": mib}))

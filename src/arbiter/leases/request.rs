@@ -58,6 +58,14 @@ impl Leases {
         Ok(Duration::from_secs_f64(ttl))
     }
 
+    /// How many wait in `device`'s queue (jobs, services and leases alike).
+    pub fn waiting(&self, device: u32) -> usize {
+        self.cores
+            .iter()
+            .find(|c| c.device == device)
+            .map_or(0, |c| c.queue.waiting())
+    }
+
     /// The device a request gets: the one it names, else `[gpu] device`; with `"any"`, the
     /// device with the most free memory among those nobody holds or waits for (else among all).
     pub fn device_for(&self, request: &LeaseRequest) -> Result<u32, String> {
