@@ -15,9 +15,11 @@ use std::time::Duration;
 
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 
+mod foreground;
 mod group;
 use group::kill_group;
 pub mod guard;
+pub use foreground::{signal_foreground, spawn_foreground};
 
 /// Environment variables no child inherits (the API token must not leak to workers' logs).
 const SECRET_ENV: &[&str] = &["GPUHOST_TOKEN"];
@@ -135,76 +137,6 @@ fn spawn_piped(
         stdout,
         stderr,
     ))
-}
-
-/// Sends `signal` to a program started by `spawn_foreground` and to every process below it (a
-/// wrapper's children: `sh -c`, `uv run`, `bash train.sh`), found through `/proc` at this moment.
-/// It shares gpuhost's process group (so Ctrl-C reaches it), so the group cannot be signalled.
-pub fn signal_foreground(child: &Child, signal: libc::c_int) {
-    let Some(root) = child.id() else { return };
-    let mut tree = vec![root];
-    let parents = parent_pids();
-    let mut i = 0;
-    while i < tree.len() {
-        let pid = tree[i];
-        tree.extend(parents.iter().filter(|(_, p)| *p == pid).map(|(c, _)| *c));
-        i += 1;
-    }
-    for pid in tree {
-        if let Ok(pid) = i32::try_from(pid) {
-            // SAFETY: kill(2) on pids just read below our own child.
-            unsafe {
-                libc::kill(pid, signal);
-            }
-        }
-    }
-}
-
-/// (pid, parent pid) of every process in `/proc`.
-fn parent_pids() -> Vec<(u32, u32)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // "pid (comm) state ppid …": comm may hold spaces and parentheses.
-            let rest = &stat[stat.rfind(')')? + 1..];
-            let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
-            Some((pid, ppid))
-        })
-        .collect()
-}
-
-/// Runs a user's program in the foreground (`gpuhost lease -- CMD`): same terminal, same process
-/// group (Ctrl-C reaches it), inherited stdio; it gets SIGTERM if gpuhost dies, since the lease
-/// it runs under ends then too.
-pub fn spawn_foreground(argv: &[String]) -> io::Result<Child> {
-    let (program, args) = argv
-        .split_first()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the command is empty"))?;
-    #[allow(clippy::disallowed_methods)] // this module is the one allowed spawner
-    let mut cmd = Command::new(program);
-    cmd.args(args).kill_on_drop(true);
-    for key in SECRET_ENV {
-        cmd.env_remove(key);
-    }
-    // SAFETY: only async-signal-safe calls (prctl) between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGTERM as libc::c_ulong,
-                0,
-                0,
-                0,
-            );
-            Ok(())
-        });
-    }
-    cmd.spawn()
 }
 
 /// What a short helper command printed.
