@@ -18,7 +18,9 @@ use super::{
 use crate::config::{Config, WatchConfig};
 use crate::supervisor::Supervisor;
 
+mod describe;
 mod view;
+use describe::{describe, reconcile};
 pub use view::StatusView;
 
 /// One published sample with its verdict.
@@ -183,38 +185,16 @@ impl Sampler {
             .into_iter()
             .filter_map(|s| Some((s.pid?, s.name)))
             .collect();
-        let processes: Vec<GpuProcess> = raw
-            .processes
-            .iter()
-            .map(|p| {
-                let cmd = self.procfs.command(p.pid);
-                let worker = self
-                    .procfs
-                    .lineage(p.pid)
-                    .iter()
-                    .find_map(|pid| worker_pids.get(pid).cloned());
-                let watch = self
-                    .watch
-                    .iter()
-                    .find(|w| cmd.command.contains(&w.pattern))
-                    .map(|w| w.name.clone());
-                GpuProcess {
-                    pid: p.pid,
-                    name: p
-                        .name
-                        .clone()
-                        .or_else(|| self.procfs.comm(p.pid))
-                        .unwrap_or_default(),
-                    used_memory_mib: p.used_memory_mib.unwrap_or(0),
-                    command: cmd.command,
-                    command_pid: cmd.from_pid,
-                    command_note: cmd.note,
-                    gpu_index: p.gpu_index,
-                    worker,
-                    watch,
-                }
-            })
-            .collect();
+        // `/proc` reads can block (a process stuck in the kernel): off the runtime threads.
+        let (procfs, watch, listed) = (
+            self.procfs.clone(),
+            self.watch.clone(),
+            raw.processes.clone(),
+        );
+        let processes =
+            tokio::task::spawn_blocking(move || describe(&procfs, &watch, &worker_pids, &listed))
+                .await
+                .unwrap_or_default();
         let watched = self.watched(&processes).await;
         let mut gpus = raw.gpus;
         reconcile(&mut gpus, &processes);
@@ -247,8 +227,14 @@ impl Sampler {
     /// Finds each watched service among all processes (a service may not have touched the GPU
     /// yet) and asks its health URL.
     async fn watched(&self, processes: &[GpuProcess]) -> Vec<WatchState> {
-        let patterns: Vec<&str> = self.watch.iter().map(|w| w.pattern.as_str()).collect();
-        let found = self.procfs.find(&patterns, std::process::id());
+        let patterns: Vec<String> = self.watch.iter().map(|w| w.pattern.clone()).collect();
+        let procfs = self.procfs.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            let patterns: Vec<&str> = patterns.iter().map(String::as_str).collect();
+            procfs.find(&patterns, std::process::id())
+        })
+        .await
+        .unwrap_or_default();
         let mut out = Vec::new();
         for (w, mut pids) in self.watch.iter().zip(found) {
             for p in processes
@@ -280,26 +266,5 @@ impl Sampler {
         out
     }
 }
-/// One sample is two readings (the process list, the device's memory), taken apart: a process
-/// listed with memory the device total does not count yet must not make room look free. Used
-/// memory is at least what the listed processes hold.
-fn reconcile(gpus: &mut [GpuInfo], processes: &[GpuProcess]) {
-    for g in gpus {
-        let listed: u64 = processes
-            .iter()
-            .filter(|p| p.gpu_index == g.index)
-            .map(|p| p.used_memory_mib)
-            .fold(0, u64::saturating_add);
-        if listed > g.memory_used_mib {
-            let used = listed.min(g.memory_total_mib);
-            // What the listing adds comes off the driver's free figure, which already leaves
-            // out the memory it reserves (616 MiB on an H200).
-            let more = used - g.memory_used_mib;
-            g.memory_used_mib = used;
-            g.memory_free_mib = g.memory_free_mib.saturating_sub(more);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests;

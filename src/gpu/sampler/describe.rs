@@ -1,0 +1,68 @@
+//! What a raw sample becomes: its processes described from `/proc` (command line, owning
+//! worker, watched service) and the device's used memory reconciled with what they hold.
+
+use std::collections::HashMap;
+
+use super::super::procfs::ProcFs;
+use super::super::{GpuInfo, GpuProcess, RawProcess};
+use crate::config::WatchConfig;
+
+/// The listed GPU processes with what `/proc` tells of them: command line (the parent's when
+/// empty), owning worker, watched service.
+pub(super) fn describe(
+    procfs: &ProcFs,
+    watch: &[WatchConfig],
+    worker_pids: &HashMap<u32, String>,
+    listed: &[RawProcess],
+) -> Vec<GpuProcess> {
+    listed
+        .iter()
+        .map(|p| {
+            let cmd = procfs.command(p.pid);
+            let worker = procfs
+                .lineage(p.pid)
+                .iter()
+                .find_map(|pid| worker_pids.get(pid).cloned());
+            let watch = watch
+                .iter()
+                .find(|w| cmd.command.contains(&w.pattern))
+                .map(|w| w.name.clone());
+            GpuProcess {
+                pid: p.pid,
+                name: p
+                    .name
+                    .clone()
+                    .or_else(|| procfs.comm(p.pid))
+                    .unwrap_or_default(),
+                used_memory_mib: p.used_memory_mib.unwrap_or(0),
+                command: cmd.command,
+                command_pid: cmd.from_pid,
+                command_note: cmd.note,
+                gpu_index: p.gpu_index,
+                worker,
+                watch,
+            }
+        })
+        .collect()
+}
+
+/// One sample is two readings (the process list, the device's memory), taken apart: a process
+/// listed with memory the device total does not count yet must not make room look free. Used
+/// memory is at least what the listed processes hold.
+pub(super) fn reconcile(gpus: &mut [GpuInfo], processes: &[GpuProcess]) {
+    for g in gpus {
+        let listed: u64 = processes
+            .iter()
+            .filter(|p| p.gpu_index == g.index)
+            .map(|p| p.used_memory_mib)
+            .fold(0, u64::saturating_add);
+        if listed > g.memory_used_mib {
+            let used = listed.min(g.memory_total_mib);
+            // What the listing adds comes off the driver's free figure, which already leaves
+            // out the memory it reserves (616 MiB on an H200).
+            let more = used - g.memory_used_mib;
+            g.memory_used_mib = used;
+            g.memory_free_mib = g.memory_free_mib.saturating_sub(more);
+        }
+    }
+}
