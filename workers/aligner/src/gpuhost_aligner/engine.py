@@ -22,7 +22,7 @@ import wave
 import numpy as np
 
 from .text import letter_to_phones, normalize
-from .words import keep_order, placed
+from .words import placed, result, segment
 
 RATE = 16000
 PAD_S = 0.5
@@ -142,36 +142,21 @@ class SphinxAligner:
     def align(self, audio: np.ndarray, segments: list, progress=None) -> dict:
         """Every ASR segment aligned (its words' times), `progress(done, of)` after each."""
         out_segments = []
-        aligned = total = 0
         for i, seg in enumerate(segments):
             asr_words = seg.get("words") or []
             start = max(0.0, seg["start"] - MARGIN_S)
             end = min(len(audio) / RATE, seg["end"] + MARGIN_S)
             words = []
             for w, t in zip(asr_words, self._word_times(audio, asr_words, start, end)):
-                total += 1
-                aligned += t is not None
                 if t is None:
                     words.append(placed(w, w["start"], w["end"], 0.0, False))
                 else:
                     score = round(float(np.exp(max(min(t[2], 0), -700) / 10000)), 4)
                     words.append(placed(w, t[0], t[1], score, True))
-            out_segments.append(
-                {
-                    "start": seg["start"],
-                    "end": seg["end"],
-                    "text": seg.get("text", ""),
-                    "words": words,
-                }
-            )
+            out_segments.append(segment(seg, words))
             if progress:
                 progress(i + 1, len(segments))
-        return {
-            "engine": self.name,
-            "segments": keep_order(out_segments),
-            "aligned_words": aligned,
-            "total_words": total,
-        }
+        return result(self.name, out_segments)
 
 
 def _cut_after(words: list) -> int:
@@ -199,7 +184,7 @@ class MmsAligner:
 
     def align(self, audio: np.ndarray, segments: list, progress=None) -> dict:
         torch = self.torch
-        out_segments, aligned, total = [], 0, 0
+        out_segments = []
         for i, seg in enumerate(segments):
             asr_words = seg.get("words") or []
             tokens = [" ".join(normalize(w["word"])).replace(" ", "") for w in asr_words]
@@ -218,31 +203,17 @@ class MmsAligner:
                 ratio = piece.shape[0] / emission.shape[1] / RATE
             it = iter(spans or [])
             for w, t in zip(asr_words, tokens):
-                total += 1
                 span = next(it) if (t and spans) else None
                 if span:
                     score = round(float(sum(s.score for s in span) / len(span)), 4)
                     a, b = start + span[0].start * ratio, start + span[-1].end * ratio
                     words.append(placed(w, a, b, score, True))
-                    aligned += 1
                 else:
                     words.append(placed(w, w["start"], w["end"], 0.0, False))
-            out_segments.append(
-                {
-                    "start": seg["start"],
-                    "end": seg["end"],
-                    "text": seg.get("text", ""),
-                    "words": words,
-                }
-            )
+            out_segments.append(segment(seg, words))
             if progress:
                 progress(i + 1, len(segments))
-        return {
-            "engine": self.name,
-            "segments": keep_order(out_segments),
-            "aligned_words": aligned,
-            "total_words": total,
-        }
+        return result(self.name, out_segments)
 
 
 def load(engine: str, options: dict):

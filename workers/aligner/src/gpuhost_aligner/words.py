@@ -1,6 +1,7 @@
 """The aligner's word entries and their times: what the worker returns for each ASR word
-(`placed`), the ASR's own times for a language without a model (`passthrough`), and the words'
-times kept in their order across pieces aligned apart (`keep_order`). No protocol code here."""
+(`placed`) and the answer made of them (`result`), the ASR's own times for a language without a
+model (`passthrough`), and the words' times kept in their order across pieces aligned apart
+(`keep_order`). No protocol code here."""
 
 from __future__ import annotations
 
@@ -18,27 +19,37 @@ def placed(word: dict, start: float, end: float, score: float, aligned: bool) ->
     }
 
 
+def segment(seg: dict, words: list) -> dict:
+    """The ASR's segment `seg` with its `words` placed."""
+    return {"start": seg["start"], "end": seg["end"], "text": seg.get("text", ""), "words": words}
+
+
+def result(engine: str, segments: list) -> dict:
+    """What the aligner answers: its segments, their words in order (`keep_order`), and how many
+    words it placed of how many."""
+    words = [w for seg in keep_order(segments) for w in seg["words"]]
+    return {
+        "engine": engine,
+        "segments": segments,
+        "aligned_words": sum(w["aligned"] for w in words),
+        "total_words": len(words),
+    }
+
+
 def passthrough(engine: str, segments: list, language: str) -> dict:
     """The ASR's segments with its own word times, for a language the aligner has no model for."""
     out = [
-        {
-            "start": seg["start"],
-            "end": seg["end"],
-            "text": seg.get("text", ""),
-            "words": [
+        segment(
+            seg,
+            [
                 placed(w, w["start"], w["end"], w.get("probability", 0.0), False)
                 for w in seg.get("words") or []
             ],
-        }
+        )
         for seg in segments
     ]
-    return {
-        "engine": engine,
-        "segments": out,
-        "aligned_words": 0,
-        "total_words": sum(len(s["words"]) for s in out),
-        "skipped": f"{engine} has no model for language {language!r}: word times are the ASR's",
-    }
+    skipped = f"{engine} has no model for language {language!r}: word times are the ASR's"
+    return {**result(engine, out), "skipped": skipped}
 
 
 def keep_order(segments: list) -> list:
