@@ -182,11 +182,7 @@ impl Pipeline {
                     by: by.clone(),
                 };
                 tracing::info!(code = %e.code(), "{e}");
-                let _ = events.try_send(ClientEvent::Stage {
-                    stage: stage.clone(),
-                    status: StageStatus::CalledOff,
-                    seconds: None,
-                });
+                tell(events, stage, StageStatus::CalledOff, None);
             }
         }
         if failure.is_none() && !called_off.is_empty() {
@@ -218,11 +214,7 @@ impl Pipeline {
             .get(stage)
             .ok_or_else(|| PipelineError::UnknownStage(stage.to_string()))?;
         task.stage = stage.to_string();
-        let _ = events.try_send(ClientEvent::Stage {
-            stage: stage.to_string(),
-            status: StageStatus::Started,
-            seconds: None,
-        });
+        tell(events, stage, StageStatus::Started, None);
         let started = Instant::now();
         let (tx, mut rx) = mpsc::channel(1024);
         let mut fields = task.into_fields();
@@ -257,11 +249,7 @@ impl Pipeline {
             stage: stage.to_string(),
             source,
         })?;
-        let _ = events.try_send(ClientEvent::Stage {
-            stage: stage.to_string(),
-            status: StageStatus::Done,
-            seconds: Some(seconds),
-        });
+        tell(events, stage, StageStatus::Done, Some(seconds));
         Ok((result, seconds))
     }
 }
@@ -270,6 +258,21 @@ impl Pipeline {
 /// before it is touched, so a burst of them (a chatty worker outruns even a prompt reader) cannot
 /// crowd out the `started` / `done` that clients and the CLI go by.
 const STAGE_EVENT_ROOM: usize = 32;
+
+/// A stage event to the client: into the room `forward` leaves, never waited for.
+fn tell(
+    events: &mpsc::Sender<ClientEvent>,
+    stage: &str,
+    status: StageStatus,
+    seconds: Option<f64>,
+) {
+    let stage = stage.to_string();
+    let _ = events.try_send(ClientEvent::Stage {
+        stage,
+        status,
+        seconds,
+    });
+}
 
 /// Passes a worker's event on to the client, or drops it when the client is that far behind (256
 /// events less `STAGE_EVENT_ROOM`): the job holds the GPU, and a client that stops reading must

@@ -73,12 +73,7 @@ impl Leases {
         ttl: Duration,
         events: mpsc::Sender<GrantEvent>,
     ) {
-        let core = Arc::clone(
-            self.cores
-                .iter()
-                .find(|c| c.device == device)
-                .unwrap_or(&self.cores[self.main]),
-        );
+        let core = Arc::clone(self.core(device));
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let label = if request.purpose.is_empty() {
             format!("lease {id} ({})", request.holder)

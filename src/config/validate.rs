@@ -10,26 +10,24 @@ pub(super) const MAX_SECONDS: f64 = 1e9;
 /// Every `(key, value)` of section `at` is a positive, finite number of seconds, at most
 /// `MAX_SECONDS`.
 pub(super) fn positive_seconds(at: &str, fields: &[(&str, f64)]) -> Result<(), String> {
-    match fields
-        .iter()
-        .find(|(_, value)| !(*value > 0.0 && *value <= MAX_SECONDS))
-    {
-        Some((key, value)) => Err(format!(
-            "{at} {key} must be a positive number of seconds (at most {MAX_SECONDS:e}), got {value}"
-        )),
-        None => Ok(()),
-    }
+    seconds(at, fields, false)
 }
 
 /// Every `(key, value)` of section `at` is 0 (what 0 means is the key's) or a positive number of
 /// seconds, at most `MAX_SECONDS`.
 pub(super) fn seconds_or_zero(at: &str, fields: &[(&str, f64)]) -> Result<(), String> {
+    seconds(at, fields, true)
+}
+
+fn seconds(at: &str, fields: &[(&str, f64)], zero: bool) -> Result<(), String> {
+    let low = |v: f64| if zero { v >= 0.0 } else { v > 0.0 };
     match fields
         .iter()
-        .find(|(_, value)| !(*value >= 0.0 && *value <= MAX_SECONDS))
+        .find(|(_, value)| !(low(*value) && *value <= MAX_SECONDS))
     {
         Some((key, value)) => Err(format!(
-            "{at} {key} must be 0 or a positive number of seconds (at most {MAX_SECONDS:e}), got {value}"
+            "{at} {key} must be {}a positive number of seconds (at most {MAX_SECONDS:e}), got {value}",
+            if zero { "0 or " } else { "" }
         )),
         None => Ok(()),
     }

@@ -185,17 +185,21 @@ impl Sampler {
             .into_iter()
             .filter_map(|s| Some((s.pid?, s.name)))
             .collect();
-        // `/proc` reads can block (a process stuck in the kernel): off the runtime threads.
+        // `/proc` reads can block (a process stuck in the kernel): off the runtime threads, in
+        // one hop per sample.
         let (procfs, watch, listed) = (
             self.procfs.clone(),
             self.watch.clone(),
             raw.processes.clone(),
         );
-        let processes =
-            tokio::task::spawn_blocking(move || describe(&procfs, &watch, &worker_pids, &listed))
-                .await
-                .unwrap_or_default();
-        let watched = self.watched(&processes).await;
+        let (processes, found) = tokio::task::spawn_blocking(move || {
+            let patterns: Vec<&str> = watch.iter().map(|w| w.pattern.as_str()).collect();
+            let found = procfs.find(&patterns, std::process::id());
+            (describe(&procfs, &watch, &worker_pids, &listed), found)
+        })
+        .await
+        .unwrap_or_default();
+        let watched = self.watched(&processes, found).await;
         let mut gpus = raw.gpus;
         reconcile(&mut gpus, &processes);
         let gpu = gpus.iter().find(|g| g.index == self.device);
@@ -224,17 +228,9 @@ impl Sampler {
         }
     }
 
-    /// Finds each watched service among all processes (a service may not have touched the GPU
-    /// yet) and asks its health URL.
-    async fn watched(&self, processes: &[GpuProcess]) -> Vec<WatchState> {
-        let patterns: Vec<String> = self.watch.iter().map(|w| w.pattern.clone()).collect();
-        let procfs = self.procfs.clone();
-        let found = tokio::task::spawn_blocking(move || {
-            let patterns: Vec<&str> = patterns.iter().map(String::as_str).collect();
-            procfs.find(&patterns, std::process::id())
-        })
-        .await
-        .unwrap_or_default();
+    /// Each watched service: its pids (`found` among all processes, since a service may not
+    /// have touched the GPU yet, plus those listed on it) and its health URL's answer.
+    async fn watched(&self, processes: &[GpuProcess], found: Vec<Vec<u32>>) -> Vec<WatchState> {
         let mut out = Vec::new();
         for (w, mut pids) in self.watch.iter().zip(found) {
             for p in processes

@@ -95,6 +95,11 @@ fn display(path: &Path) -> String {
     path.display().to_string()
 }
 
+/// The start of an odd line for an error message (a broken nvidia-smi may print megabytes).
+fn excerpt(line: &str) -> String {
+    line.chars().take(200).collect()
+}
+
 fn fields(line: &str) -> Vec<&str> {
     line.split(',').map(str::trim).collect()
 }
@@ -109,12 +114,12 @@ pub fn parse_gpus(csv: &str) -> Result<Vec<GpuInfo>, SampleError> {
     for line in csv.lines().filter(|l| !l.trim().is_empty()) {
         let f = fields(line);
         if f.len() < 8 {
-            return Err(SampleError::SmiLine(line.chars().take(200).collect()));
+            return Err(SampleError::SmiLine(excerpt(line)));
         }
         // Utilization, temperature and power may be absent (MIG, some boards) and are shown as
         // 0; memory decides idle or busy, so without it the sample says nothing.
         let (Some(used), Some(total)) = (number::<u64>(f[4]), number::<u64>(f[5])) else {
-            return Err(SampleError::SmiMemory(line.chars().take(200).collect()));
+            return Err(SampleError::SmiMemory(excerpt(line)));
         };
         gpus.push(GpuInfo {
             index: number(f[0]).unwrap_or(gpus.len() as u32),
@@ -145,9 +150,7 @@ pub fn parse_apps(csv: &str, gpus: &[GpuInfo]) -> Result<Vec<RawProcess>, Sample
         .map(|line| {
             let f = fields(line);
             let Some(pid) = f.first().and_then(|p| number(p)) else {
-                return Err(SampleError::SmiProcessLine(
-                    line.chars().take(200).collect(),
-                ));
+                return Err(SampleError::SmiProcessLine(excerpt(line)));
             };
             let gpu_index = f
                 .get(3)

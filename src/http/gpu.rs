@@ -13,10 +13,10 @@ use tokio::sync::mpsc;
 use super::error::{ApiError, ErrorBody};
 use crate::arbiter::leases::{LeaseRequest, LeaseView};
 use crate::protocol::{label, GrantEvent};
+use crate::AppState;
 
 /// Longest lease `holder` or `purpose`, in bytes: a name and a sentence.
 const LABEL_MAX: usize = 512;
-use crate::AppState;
 
 /// Asks for the GPU. Without `wait`: 200 with the lease, or 409 when the GPU is taken. With
 /// `wait`: an NDJSON stream of `queued` / `making_room` events ending in `granted` or `error`.

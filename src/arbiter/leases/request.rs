@@ -58,12 +58,17 @@ impl Leases {
         Ok(Duration::from_secs_f64(ttl))
     }
 
-    /// How many wait in `device`'s queue (jobs, services and leases alike).
-    pub fn waiting(&self, device: u32) -> usize {
+    /// `device`'s arbiter (`[gpu] device`'s when it has none).
+    pub(super) fn core(&self, device: u32) -> &Arc<Core> {
         self.cores
             .iter()
             .find(|c| c.device == device)
-            .map_or(0, |c| c.queue.waiting())
+            .unwrap_or(&self.cores[self.main])
+    }
+
+    /// How many wait in `device`'s queue (jobs, services and leases alike).
+    pub fn waiting(&self, device: u32) -> usize {
+        self.core(device).queue.waiting()
     }
 
     /// The device a request gets: the one it names, else `[gpu] device`; with `"any"`, the
