@@ -2,7 +2,8 @@
 
 - WER: word edit distance / reference words, on lowercase letters-and-digits tokens, with British
   spellings mapped to American ones and titles spelled out (as Whisper's English normalizer does:
-  "grey" = "gray", "Mr" = "mister") and numbers below 10 000 spelled out ("1" = "one").
+  "grey" = "gray", "Mr" = "mister"), numbers below 10 000 spelled out ("1" = "one"), and the
+  hesitations that normalizer drops ("uh", "um", "hmm", "mm", "mhm", "mmm") left out of both sides.
 - DER: (missed + false alarm + speaker confusion) / reference speech time, 10 ms frames, with a
   0.25 s collar around every reference turn boundary excluded, best speaker mapping.
 - Word boundary error: |start - true start| and |end - true end| of every correctly recognized word
@@ -23,6 +24,9 @@ FRAME = 0.01
 SPELLING = {"grey": "gray", "centre": "center", "colour": "color", "favourite": "favorite"}
 # Titles as Whisper's English normalizer spells them out ("st" left alone: saint or street).
 SPELLING.update(mr="mister", mrs="missus", dr="doctor", prof="professor", jr="junior", sr="senior")
+# Hesitations Whisper's English normalizer drops: the references leave them out, and whether a
+# model writes them down is a style, not an error.
+HESITATIONS = {"uh", "um", "hmm", "mm", "mhm", "mmm"}
 
 
 ONES = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen".split()
@@ -44,7 +48,7 @@ def tokens(text):
     words = re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).split()
     out = []
     for t in words:
-        if not t.strip("'"):
+        if not t.strip("'") or t in HESITATIONS:
             continue
         if t.isdigit() and len(t) <= 4:
             out += spoken(int(t))  # "press 1" and "press one" are the same words

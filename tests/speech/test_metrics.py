@@ -11,6 +11,14 @@ def test_numbers_are_scored_as_the_words_a_reference_reads():
     assert metrics.tokens("Mr. Dashwood") == metrics.tokens("mister dashwood")
 
 
+def test_hesitations_are_left_out_of_both_sides_as_whispers_normalizer_does():
+    assert metrics.tokens("Uh, and this was, um, the first time") == metrics.tokens(
+        "and this was the first time"
+    )
+    # Only those: a word that merely starts like one is kept.
+    assert metrics.tokens("umbrella hmmm ah") == ["umbrella", "hmmm", "ah"]
+
+
 def test_words_of_any_language_lose_accents_and_punctuation_only():
     # The Spanish references are written without accents; Whisper writes them.
     assert metrics.tokens_any("Número de agente, por favor.") == [

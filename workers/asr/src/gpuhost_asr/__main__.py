@@ -5,13 +5,18 @@ import sys
 import numpy as np
 from gpuhost_worker import Worker, engine, options, serve, synthetic_voices
 
-from .engine import AsrSettings, Transcriber
+from .engine import MOONSHINE, AsrSettings, Transcriber
 
 
 class AsrWorker(Worker):
     def load(self):
         settings = AsrSettings.from_options(engine("cpu"), options())
-        self.transcriber = Transcriber(settings)
+        if settings.model == MOONSHINE:
+            from .moonshine import MoonshineTranscriber
+
+            self.transcriber = MoonshineTranscriber(settings)
+        else:
+            self.transcriber = Transcriber(settings)
         self.model = self.transcriber.model_name
         self.device = f"{settings.device}/{settings.compute_type}"
         # The host refuses other languages before they queue (never silent English output).

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 BASE = "bundled:whisper-base"  # the multilingual base model put together by models.py
+MOONSHINE = "bundled:moonshine-base-en"  # Moonshine base-en, moonshine.py (not Whisper)
 # CTranslate2's sampling seed. A window decoded unsure is decoded again hotter, which samples;
 # CTranslate2 seeds each thread's generator once, at its first use, so the seed is set before the
 # model first decodes: a worker then gives the same transcripts for the same requests in the same
@@ -60,6 +61,12 @@ class AsrSettings:
     hallucination_silence_threshold: float | None = 2.0
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
+    # Moonshine only (it decodes the VAD's stretches of speech one by one): a pause this long
+    # ends a stretch, the VAD's padding around speech, and the longest stretch. Chosen on the
+    # tune splits (docs/benchmarks.md): shorter pauses cut sentences apart and cost words.
+    min_silence_ms: int = 1500
+    speech_pad_ms: int = 300
+    max_stretch_seconds: float = 20.0
 
     @classmethod
     def from_options(cls, engine: str, options: dict) -> AsrSettings:
@@ -74,8 +81,10 @@ class AsrSettings:
             base = cls()
         elif engine in ("base", "multilingual"):
             base = cls(model=BASE)
+        elif engine == "moonshine":
+            base = cls(model=MOONSHINE)
         else:
-            raise ValueError(f"unknown ASR engine {engine!r} (cpu, base, cuda)")
+            raise ValueError(f"unknown ASR engine {engine!r} (cpu, moonshine, base, cuda)")
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(options) - known
         if unknown:
