@@ -46,8 +46,9 @@ def test_silence_gives_no_segments_and_other_languages_are_refused(moon, tmp_pat
 def test_decoding_stops_at_the_token_limit(moon):
     # Noise has no end of speech the model is sure of; the limit bounds it either way.
     noise = np.random.default_rng(0).normal(0, 0.3, 16000 * 2).astype(np.float32)
-    ids, probs = moon.decode(noise, limit=3)
-    assert len(ids) <= 3 and len(probs) == len(ids)
+    ids, probs, ended = moon.decode(noise, limit=3)
+    assert len(probs) == len(ids) and (ended or len(ids) == 3) and len(ids) <= 3
+    assert all(2 < i < len(moon.pieces) for i in ids), "only text pieces"
 
 
 def test_pieces_make_words_and_words_share_their_time():
@@ -77,13 +78,47 @@ def test_conversion_folds_the_int8_weights_into_floats(tmp_path):
     import onnx
 
     folder = moonshine_model.prepare(folder=tmp_path / "converted")
-    encoder = onnx.load(str(folder / "encoder.onnx"), load_external_data=False)
+    encoder = onnx.load(str(folder / "encoder.onnx"))
     kinds = {i.data_type for i in encoder.graph.initializer}
     assert onnx.TensorProto.INT8 not in kinds and onnx.TensorProto.FLOAT in kinds
-    assert not any(n.op_type == "Cast" and n.input[0] in kinds for n in encoder.graph.node)
+    assert not any(
+        n.op_type == "Cast" and n.input[0] in {i.name for i in encoder.graph.initializer}
+        for n in encoder.graph.node
+    )
     assert (folder / "tokenizer.bin").read_bytes() == (
         moonshine_model.wheel_dir() / "tokenizer.bin"
     ).read_bytes()
+    assert (folder / "SOURCE").read_text() == moonshine_model.stamp()
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "SOURCE",
+        "decoder.onnx",
+        "encoder.onnx",
+        "tokenizer.bin",
+    ], "no temp files left"
+
+
+def test_a_conversion_cut_short_or_for_another_wheel_is_done_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUHOST_ASR_MODELS", str(tmp_path))
+    folder = moonshine_model.model_dir()
+    folder.mkdir(parents=True)
+    for name in ("encoder.onnx", "decoder.onnx", "tokenizer.bin"):
+        (folder / name).write_bytes(b"cut short")
+    (folder / "SOURCE").write_text("moonshine-cpp==0.1.3 models/base-en\n")
+    assert moonshine_model.model_files() == folder
+    assert (folder / "SOURCE").read_text() == moonshine_model.stamp()
+    assert (folder / "tokenizer.bin").read_bytes() != b"cut short"
+
+
+def test_repeats_are_kept_unless_the_decoding_ran_on(moon, speech_wav, monkeypatch):
+    ids = [moon.pieces.index(w.encode()) for w in ("\u2581one", "\u2581two", "\u2581three")]
+    said = ids * 2
+
+    def text(ended):
+        monkeypatch.setattr(moon, "decode", lambda audio: (said, [0.9] * len(said), ended))
+        return " ".join(s["text"] for s in moon.transcribe(speech_wav)["segments"])
+
+    assert text(True) == "one two three one two three"  # the model ended it: said twice
+    assert text(False) == "one two three"  # ran into the token limit: a run-on
 
 
 def test_worker_serves_the_moonshine_engine(tmp_path, speech_wav):

@@ -18,7 +18,9 @@ class AsrWorker(Worker):
         else:
             self.transcriber = Transcriber(settings)
         self.model = self.transcriber.model_name
-        self.device = f"{settings.device}/{settings.compute_type}"
+        self.device = getattr(
+            self.transcriber, "device", f"{settings.device}/{settings.compute_type}"
+        )
         # The host refuses other languages before they queue (never silent English output).
         return {
             "languages": self.transcriber.languages(),

