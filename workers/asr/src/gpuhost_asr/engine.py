@@ -112,6 +112,21 @@ class AsrSettings:
         return base
 
 
+def refuse_other_languages(model_name: str, language: str | None, translate: bool) -> None:
+    """An English-only model's refusal of another language or of translation, saying what to
+    configure (never English output for a request that asked for something else)."""
+    if translate:
+        raise ValueError(
+            f"the model {model_name} is English-only and cannot translate "
+            '(engine = "base" for the asr worker can)'
+        )
+    if language and language != "en":
+        raise ValueError(
+            f"the model {model_name} is English-only; language {language!r} is not "
+            'supported (engine = "base" for the asr worker transcribes ~100 languages)'
+        )
+
+
 def words_of(words) -> list:
     """faster-whisper's words, stripped; `joined` marks one Whisper wrote without a space before
     it (the rest of a hyphenated word, a French elision's "'êtes", every word of Chinese or
@@ -180,16 +195,8 @@ class Transcriber:
     ) -> dict:
         """Segments with word times; with `translate`, the speech translated to English (the
         result's `language` stays the spoken one)."""
-        if self.english_only and translate:
-            raise ValueError(
-                f"the model {self.model_name} is English-only and cannot translate "
-                '(engine = "base" for the asr worker can)'
-            )
-        if self.english_only and language and language != "en":
-            raise ValueError(
-                f"the model {self.model_name} is English-only; language {language!r} is not "
-                'supported (engine = "base" for the asr worker transcribes ~100 languages)'
-            )
+        if self.english_only:
+            refuse_other_languages(self.model_name, language, translate)
         segments, info = self.model.transcribe(
             audio_path,
             language=language or ("en" if self.english_only else None),

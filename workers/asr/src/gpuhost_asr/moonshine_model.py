@@ -11,12 +11,13 @@ files, writes each graph out as ONNX through ONNX Runtime, folds those nodes int
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import sys
 import tempfile
 from pathlib import Path
+
+from .models import models_root, sha256_of
 
 WHEEL = "moonshine-cpp==0.1.4"
 # name in the wheel's models/base-en: sha256
@@ -44,23 +45,14 @@ def wheel_dir() -> Path:
 
 
 def model_dir() -> Path:
-    root = os.environ.get("GPUHOST_ASR_MODELS") or Path(sys.prefix) / "share" / "gpuhost"
-    return Path(root) / "moonshine-base-en"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return models_root() / "moonshine-base-en"
 
 
 def checked(source: Path) -> Path:
     """`source` (a folder holding the wheel's three files), each checked against its sha256."""
     for name, sha in FILES.items():
         path = source / name
-        if not path.is_file() or _sha256(path) != sha:
+        if not path.is_file() or sha256_of(path) != sha:
             raise ModelError(
                 f"{path} does not match the pinned sha256 {sha[:12]}…: the installed wheel is "
                 f"not {WHEEL}. Run `gpuhost setup --force asr`."
