@@ -185,7 +185,11 @@ class MoonshineTranscriber:
         return [(s["start"], s["end"]) for s in spans]
 
     def warm_up(self, audio) -> None:
-        self.decode(np.asarray(audio, dtype=np.float32)[: 2 * RATE], limit=8)
+        """The VAD's model loaded and both sessions run once, so the first request is as fast
+        as the rest. A few tokens suffice."""
+        audio = np.asarray(audio, dtype=np.float32)
+        self.stretches(audio)
+        self.decode(audio[: 2 * RATE], limit=8)
 
     def transcribe(
         self,
