@@ -38,24 +38,34 @@ pub(crate) struct LeaseArgs {
     command: Vec<String>,
 }
 
-/// How long a program whose lease was lost gets between SIGTERM and SIGKILL.
+/// How long the program gets between SIGTERM and SIGKILL when its lease is lost or gpuhost is
+/// told to stop.
 const LOST_GRACE: Duration = Duration::from_secs(10);
 /// Exit status when the lease was lost under the program (EX_TEMPFAIL: try again).
 const LOST_EXIT: u8 = 75;
 
-/// Whether the lease was lost under the program, and how far stopping it has got.
+/// How far stopping the program has got (a lost lease, or gpuhost told to stop).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Lost {
+enum Stopping {
     No,
     /// SIGTERM sent; SIGKILL at this time.
-    Stopping(tokio::time::Instant),
+    Grace(tokio::time::Instant),
     Killed,
 }
 
-impl Lost {
+impl Stopping {
+    /// SIGTERM to the program and everything below it, once; SIGKILL follows after LOST_GRACE.
+    fn begin(&mut self, child: &tokio::process::Child, why: &str) {
+        eprintln!("gpuhost lease: {why}; stopping the program");
+        if *self == Stopping::No {
+            gpuhost::process::signal_foreground(child, libc::SIGTERM);
+            *self = Stopping::Grace(tokio::time::Instant::now() + LOST_GRACE);
+        }
+    }
+
     fn kill_at(self) -> tokio::time::Instant {
         match self {
-            Lost::Stopping(at) => at,
+            Stopping::Grace(at) => at,
             _ => tokio::time::Instant::now(),
         }
     }
@@ -84,18 +94,25 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let renewer = {
         let request = authed(client.post(renew_url));
         let every = Duration::from_secs_f64((args.ttl / 3.0).max(0.2));
-        // Ends when the server says the lease is gone (404): it expired, someone released it,
-        // or the server restarted; the GPU is someone else's now.
+        let ttl = Duration::from_secs_f64(args.ttl);
+        // Ends when the server says the lease is gone (404: it expired, someone released it, or
+        // the server restarted), or when no renewal got through for a whole TTL (the server is
+        // down or unreachable, and reclaims the lease after that long): the GPU is someone
+        // else's now.
         tokio::spawn(async move {
+            let mut renewed = tokio::time::Instant::now();
             loop {
                 tokio::time::sleep(every).await;
                 if let Some(r) = request.try_clone() {
                     match r.send().await {
-                        Ok(r) if r.status().is_success() => {}
+                        Ok(r) if r.status().is_success() => renewed = tokio::time::Instant::now(),
                         Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => return,
                         Ok(r) => eprintln!("gpuhost lease: renewal refused ({})", r.status()),
                         Err(e) => eprintln!("gpuhost lease: renewal failed: {e}"),
                     }
+                }
+                if renewed.elapsed() >= ttl {
+                    return;
                 }
             }
         })
@@ -103,26 +120,33 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let mut child = gpuhost::process::spawn_foreground(&args.command)
         .with_context(|| format!("cannot run {:?}", args.command))?;
     // Ctrl-C reaches the program too (same process group): wait for it to end, then release.
-    // A lost lease stops the program: SIGTERM, then SIGKILL after LOST_GRACE.
+    // SIGTERM or SIGHUP to gpuhost (a service manager, a closed terminal) is passed on to the
+    // program and everything below it, then the lease is released as at a normal end. A lost
+    // lease stops the program the same way. Either way SIGKILL follows after LOST_GRACE.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     let mut renewer = renewer;
-    let mut lost = Lost::No;
+    let mut lost = false;
+    let mut stopping = Stopping::No;
     let status = loop {
         tokio::select! {
             status = child.wait() => break status?,
             _ = tokio::signal::ctrl_c() => eprintln!("gpuhost lease: interrupted; waiting for the program to exit"),
-            _ = &mut renewer, if lost == Lost::No => {
-                eprintln!("gpuhost lease: lease {lease_id} is gone (expired, released, or the server restarted); stopping the program");
-                gpuhost::process::signal_foreground(&child, libc::SIGTERM);
-                lost = Lost::Stopping(tokio::time::Instant::now() + LOST_GRACE);
+            Some(()) = terminate.recv() => stopping.begin(&child, "terminated"),
+            Some(()) = hangup.recv() => stopping.begin(&child, "hung up"),
+            _ = &mut renewer, if !lost => {
+                lost = true;
+                stopping.begin(&child, &format!("lease {lease_id} is gone (expired, released, or the server is unreachable or restarted)"));
             }
-            _ = tokio::time::sleep_until(lost.kill_at()), if matches!(lost, Lost::Stopping(_)) => {
+            _ = tokio::time::sleep_until(stopping.kill_at()), if matches!(stopping, Stopping::Grace(_)) => {
                 gpuhost::process::signal_foreground(&child, libc::SIGKILL);
-                lost = Lost::Killed;
+                stopping = Stopping::Killed;
             }
         }
     };
     renewer.abort();
-    if lost != Lost::No {
+    if lost {
         return Ok(ExitCode::from(LOST_EXIT));
     }
     let release = authed(client.delete(base.join(&format!("gpu/lease/{lease_id}"))?));

@@ -104,6 +104,17 @@ impl Session {
                     }
                 },
                 Some(line) = recv_opt(&mut session.stderr) => session.log_line(&line, None),
+                // The process itself, not only its stdout: a child of the worker may hold the
+                // pipe open after the worker died, which would leave it `starting` until the
+                // load timeout.
+                status = session.group.wait() => {
+                    let exit = status.as_ref().map(describe_exit).unwrap_or_else(|e| e.to_string());
+                    session.drain_tail().await;
+                    return Err(TaskError::Unavailable {
+                        worker: session.name.clone(),
+                        reason: format!("exited before ready ({exit}); last stderr lines:\n{}", session.tail_text()),
+                    });
+                }
                 _ = tokio::time::sleep_until(deadline) => {
                     session.group.kill().await;
                     return Err(TaskError::Unavailable {

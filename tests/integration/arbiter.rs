@@ -707,6 +707,76 @@ async fn a_program_whose_lease_is_gone_is_stopped() {
     host.stop().await;
 }
 
+#[tokio::test]
+async fn a_terminated_lease_client_stops_its_program_and_releases_at_once() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("term");
+    let script = format!(
+        "trap 'echo got > {}; exit 9' TERM; sleep 6019 & wait",
+        marker.display()
+    );
+    // A long TTL: the lease gone right after proves a release, not a reclaim.
+    let child = lease_command(&host, &["--ttl", "600"], &["sh", "-c", &script])
+        .stderr(std::fs::File::create(dir.path().join("err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("the lease to show", Duration::from_secs(10), || {
+        let host = &host;
+        async move { !leases(host).await.is_empty() }
+    })
+    .await;
+    // SIGTERM, as a service manager or `kill` sends it.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let mut child = child;
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let err = std::fs::read_to_string(dir.path().join("err")).unwrap();
+    assert_eq!(status.code(), Some(9), "the program's own status: {err}");
+    assert!(marker.exists(), "the program got SIGTERM: {err}");
+    assert!(leases(&host).await.is_empty(), "released: {err}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_lease_client_that_cannot_reach_its_server_for_a_ttl_stops_the_program() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let child = lease_command(&host, &["--ttl", "1"], &["sleep", "6020"])
+        .stderr(std::fs::File::create(log.path()).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("the lease to show", Duration::from_secs(10), || {
+        let host = &host;
+        async move { !leases(host).await.is_empty() }
+    })
+    .await;
+    // The server goes away (crash, reboot): nobody answers the renewals any more, and a new
+    // server would not know the lease.
+    host.stop().await;
+    let child = std::sync::Mutex::new(child);
+    wait_for("the client to give up", Duration::from_secs(30), || {
+        let ended = child.lock().unwrap().try_wait().unwrap().is_some();
+        async move { ended }
+    })
+    .await;
+    let status = child.lock().unwrap().wait().unwrap();
+    let err = std::fs::read_to_string(log.path()).unwrap();
+    assert_eq!(status.code(), Some(75), "{err}");
+    assert!(err.contains("unreachable"), "{err}");
+}
+
 /// Runs `gpuhost ACTION NAME --server URL` and returns (exit code, stderr, stdout).
 async fn cli(host: &TestHost, args: &[&str]) -> (Option<i32>, String, String) {
     let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"));

@@ -49,6 +49,26 @@ async fn worker_that_dies_while_loading_reports_its_stderr() {
 }
 
 #[tokio::test]
+async fn worker_that_dies_while_loading_is_seen_at_once_when_its_child_holds_stdout() {
+    // The child (as a data loader would) keeps the stdout pipe open: the host must watch the
+    // process, not wait for the pipe to close or for the load timeout.
+    let extra =
+        "load_timeout_s = 120\nenv = { FAKE_EXIT_AT_LOAD = \"4\", FAKE_GRANDCHILD = \"1\" }";
+    let host = TestHost::start(&one_stage(extra)).await;
+    let started = std::time::Instant::now();
+    let events = host.transcribe("", wav(0.5, 16000, 1)).await;
+    let (code, message) = error_of(&events);
+    assert_eq!(code, "worker_unavailable");
+    assert!(message.contains("exit code 4"), "{message}");
+    assert!(message.contains("weights missing"), "{message}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "not the load timeout"
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn crash_mid_job_fails_that_job_and_the_next_works() {
     let host = TestHost::start(&one_stage("")).await.ready().await;
     let first_pid = host.worker("w").await["pid"].as_u64().unwrap();
