@@ -16,6 +16,7 @@ use super::error::ApiError;
 use crate::audio::Source;
 
 mod form;
+mod parts;
 pub(super) use form::{collect_field, text_field, Form};
 
 /// How much of a request body is read, and how long a pause in it may be.

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use tokio::io::AsyncBufReadExt;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::tcp::OwnedReadHalf;
 
 use super::event::write_event;
 use super::{Audio, Connection, ConnectionError};
@@ -17,11 +18,18 @@ impl Connection {
     /// `audio-stop`: runs the job and answers `transcript` or `error`.
     pub(super) async fn transcribe(&mut self) -> Result<Result<(), String>, ConnectionError> {
         let Audio::Receiving {
-            dir, path, writer, ..
+            dir,
+            path,
+            writer,
+            bytes,
+            ..
         } = std::mem::replace(&mut self.audio, Audio::Idle)
         else {
             return Ok(Err("`audio-stop` before `audio-start`".into()));
         };
+        if bytes == 0 {
+            return Ok(Err("no audio between `audio-start` and `audio-stop`".into()));
+        }
         if let Err(e) = writer.finalize() {
             return Ok(Err(format!("cannot store the audio: {e}")));
         }
@@ -54,7 +62,6 @@ impl Connection {
         };
         // Wait for the final event; a client that hangs up meanwhile cancels the job (the
         // receiver is dropped on return).
-        let mut watching = true;
         let last = loop {
             tokio::select! {
                 event = events.recv() => match event {
@@ -62,10 +69,7 @@ impl Connection {
                     Some(_) => {}
                     None => break None,
                 },
-                buffered = self.reader.fill_buf(), if watching => match buffered {
-                    Ok([]) | Err(_) => return Ok(Ok(())),
-                    Ok(_) => watching = false, // the next request came early: keep it
-                },
+                () = hung_up(&mut self.reader) => return Ok(Ok(())),
             }
         };
         match last {
@@ -86,5 +90,20 @@ impl Connection {
             }
         }
         Ok(Ok(()))
+    }
+}
+
+/// Completes when the client hangs up while its job runs. What it sent early (its next request)
+/// stays unread in the buffer; past that, the socket itself is watched for the hangup. Pending
+/// for good when even more is waiting in the socket (a client that keeps talking is there).
+async fn hung_up(reader: &mut BufReader<OwnedReadHalf>) {
+    match reader.fill_buf().await {
+        Ok([]) | Err(_) => return,
+        Ok(_) => {}
+    }
+    let mut one = [0u8; 1];
+    match reader.get_mut().peek(&mut one).await {
+        Ok(0) | Err(_) => {}
+        Ok(_) => std::future::pending().await,
     }
 }

@@ -67,6 +67,37 @@ async fn hostile_wav_headers_are_refused_and_the_host_lives_on() {
 }
 
 #[tokio::test]
+async fn a_form_part_whose_headers_never_end_is_refused_early() {
+    let host = TestHost::start(&one_stage("", "")).await.ready().await;
+    // 8 MiB of one header line: the parser would hold it all and search it again at every chunk.
+    let mut body = b"--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"".to_vec();
+    body.extend(std::iter::repeat(b'a').take(8 << 20));
+    for path in ["/transcribe", "/v1/audio/transcriptions"] {
+        let response = host
+            .post(path)
+            .header("content-type", "multipart/form-data; boundary=XX")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        // JSON either way: the OpenAI endpoints nest it under `error`, as OpenAI does.
+        let err: Value = response.json().await.expect("every error is JSON");
+        let message = err["message"].as_str().or(err["error"]["message"].as_str());
+        assert_eq!(status, 400, "{path}: {err}");
+        assert!(
+            message.is_some_and(|m| m.contains("16 KiB of headers")),
+            "{path}: {err}"
+        );
+        assert!(
+            err.to_string().contains("16 KiB of headers"),
+            "{path}: {err}"
+        );
+    }
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn form_fields_are_bounded() {
     let host = TestHost::start(&one_stage(
         "[limits]\nmax_upload_bytes = 1000000\nmax_field_bytes = 1024",

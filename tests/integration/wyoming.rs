@@ -151,6 +151,16 @@ async fn bad_audio_is_refused_and_the_connection_stays() {
             .contains("before `audio-start`"),
         "{error}"
     );
+    // No audio at all between start and stop: refused, as an empty HTTP upload is.
+    let format = json!({"rate": 16000, "width": 2, "channels": 1});
+    client.send("audio-start", format, &[]).await;
+    client.send("audio-stop", json!({}), &[]).await;
+    let (kind, error) = client.recv().await;
+    assert_eq!(kind, "error");
+    assert!(
+        error["text"].as_str().unwrap().contains("no audio"),
+        "{error}"
+    );
     // Longer than limits.max_audio_seconds.
     let host2 = TestHost::start(&config("[limits]\nmax_audio_seconds = 1.0\n"))
         .await
@@ -214,6 +224,35 @@ async fn a_wyoming_request_waits_in_the_same_gpu_queue() {
     waiting.await.unwrap();
     client.request("en", 0.2).await;
     assert_eq!(client.recv().await.0, "transcript");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_sends_its_next_request_early_and_hangs_up_cancels_its_job() {
+    let host = TestHost::start(&config("")).await.ready().await;
+    // A lease holds the GPU, so the Wyoming job waits in the queue.
+    let lease = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "t", "ttl_s": 60}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lease.status(), 200);
+    let mut client = Client::connect(&host).await;
+    client.request("en", 0.2).await;
+    wait_for("the job to wait", Duration::from_secs(10), || async {
+        host.state.queue.waiting() == 1
+    })
+    .await;
+    // The next request, early, then gone.
+    client.send("describe", json!({}), &[]).await;
+    drop(client);
+    wait_for(
+        "the job to leave the queue",
+        Duration::from_secs(10),
+        || async { host.state.queue.waiting() == 0 },
+    )
+    .await;
     host.stop().await;
 }
 

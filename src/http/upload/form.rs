@@ -2,32 +2,70 @@
 //! upload limits, its text fields refused past their own limit; every mistake a 400 or 413.
 
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::{FromRequest, Multipart, Request};
+use futures_util::StreamExt;
 
-use super::{collect, ApiError, Source};
+use super::{collect, parts, ApiError, Source};
 
 /// A multipart/form-data body read field by field, its mistakes as 400s (every form the API
 /// takes: `/transcribe`, the OpenAI endpoints, `/speakers`).
-pub(in crate::http) struct Form(Multipart);
+pub(in crate::http) struct Form {
+    fields: Multipart,
+    /// Why the part scan cut the body off, if it did (the parser only says the stream failed).
+    /// A lock-free cell: set once from the body stream, read after the parser gave up.
+    cut: Arc<OnceLock<&'static str>>,
+}
 
 impl Form {
     pub(in crate::http) async fn open(request: Request) -> Result<Form, ApiError> {
-        Multipart::from_request(request, &())
-            .await
-            .map(Form)
-            .map_err(|e| {
-                ApiError::bad_request(format!("send multipart/form-data: {}", e.body_text()))
-            })
+        let cut = Arc::new(OnceLock::new());
+        let request = bound_part_headers(request, Arc::clone(&cut));
+        match Multipart::from_request(request, &()).await {
+            Ok(fields) => Ok(Form { fields, cut }),
+            Err(e) => Err(ApiError::bad_request(format!(
+                "send multipart/form-data: {}",
+                e.body_text()
+            ))),
+        }
     }
 
     pub(in crate::http) async fn next(
         &mut self,
     ) -> Result<Option<axum::extract::multipart::Field<'_>>, ApiError> {
-        self.0.next_field().await.map_err(|e| {
-            ApiError::bad_request(format!("invalid multipart body: {}", e.body_text()))
+        let cut = &self.cut;
+        self.fields.next_field().await.map_err(|e| {
+            let why = cut
+                .get()
+                .map_or_else(|| e.body_text(), |why| why.to_string());
+            ApiError::bad_request(format!("invalid multipart body: {why}"))
         })
     }
+}
+
+/// The body of a multipart request with its part headers and preamble bounded as they stream in
+/// (`parts.rs`); what cut it off goes to `cut`. A request without a boundary is left for the
+/// parser to refuse.
+fn bound_part_headers(request: Request, cut: Arc<OnceLock<&'static str>>) -> Request {
+    let content_type = request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let Some(boundary) = content_type.and_then(parts::boundary) else {
+        return request;
+    };
+    let mut scan = parts::PartScan::new(&boundary);
+    let (head, body) = request.into_parts();
+    let checked = body.into_data_stream().map(move |chunk| {
+        let chunk = chunk.map_err(std::io::Error::other)?;
+        if let Err(why) = scan.feed(&chunk) {
+            let _ = cut.set(why);
+            return Err(std::io::Error::other(why));
+        }
+        Ok::<_, std::io::Error>(chunk)
+    });
+    Request::from_parts(head, axum::body::Body::from_stream(checked))
 }
 
 /// Receives one multipart field (the `file` of a form) with the same limits as `receive`.
