@@ -65,12 +65,14 @@ impl Leases {
 
     /// Waits for the GPU (reporting on `events`), makes room, and records the lease; the last
     /// event is `granted` or `error`. Dropping the future (the client left) leaves the queue.
-    /// `wait = false` fails at once when the GPU is not free.
+    /// `wait = false` fails at once when the GPU is not free; a waiting lease takes a place in
+    /// the queue only while fewer than `max_waiting` wait (checked under the queue's lock).
     pub async fn acquire(
         &self,
         request: LeaseRequest,
         device: u32,
         ttl: Duration,
+        max_waiting: usize,
         events: mpsc::Sender<GrantEvent>,
     ) {
         let core = Arc::clone(self.core(device));
@@ -86,7 +88,20 @@ impl Leases {
             priority: request.priority,
             need_mib: request.vram_mib,
         };
-        let Some(mut waiter) = core.queue.try_enqueue(ticket, usize::MAX) else {
+        let max_waiting = if request.wait {
+            max_waiting
+        } else {
+            usize::MAX
+        };
+        let Some(mut waiter) = core.queue.try_enqueue(ticket, max_waiting) else {
+            let _ = events
+                .send(GrantEvent::Error {
+                    code: "queue_full".into(),
+                    message: format!(
+                        "{max_waiting} requests already wait for this GPU (limits.max_queue); try again later"
+                    ),
+                })
+                .await;
             return;
         };
         let mut last = None;

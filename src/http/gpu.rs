@@ -78,7 +78,9 @@ pub(super) async fn lease(
     }
     let (tx, mut rx) = mpsc::channel(64);
     let arbiter = std::sync::Arc::clone(&app.arbiter);
-    tokio::spawn(async move { arbiter.leases.acquire(request, device, ttl, tx).await });
+    // The check above answers 429 before the stream starts; the queue checks again under its
+    // lock (`queue_full` in the stream), so leases racing past it cannot overfill it.
+    tokio::spawn(async move { arbiter.leases.acquire(request, device, ttl, max, tx).await });
     if wait {
         return Ok(super::ndjson::from_channel(rx));
     }

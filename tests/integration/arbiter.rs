@@ -1107,6 +1107,38 @@ async fn waiting_leases_are_bounded_by_the_queue_limit() {
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"], "queue_full", "{body}");
     drop(waiting);
+    wait_for("the waiters to leave", Duration::from_secs(10), || async {
+        host.state.queue.waiting() == 0
+    })
+    .await;
+    // Many at once race past the early check: the queue's own check still holds the bound,
+    // and those turned away there are told so in their stream.
+    let burst = (0..20).map(|i| {
+        let request = host
+            .post("/gpu/lease")
+            .json(&json!({"holder": format!("burst {i}"), "wait": true, "vram_mib": 1000}));
+        async move {
+            let r = request.send().await.unwrap();
+            let mut stream = r.bytes_stream();
+            let first = futures_util::StreamExt::next(&mut stream).await;
+            (
+                first.map(|b| String::from_utf8_lossy(&b.unwrap()).to_string()),
+                stream,
+            )
+        }
+    });
+    let answers = futures_util::future::join_all(burst).await;
+    assert!(
+        host.state.queue.waiting() <= 2,
+        "{}",
+        host.state.queue.waiting()
+    );
+    let queued = answers
+        .iter()
+        .filter(|(first, _)| first.as_deref().is_some_and(|f| f.contains("queued")))
+        .count();
+    assert!(queued <= 2, "{queued} queued");
+    drop(answers);
     host.stop().await;
 }
 
