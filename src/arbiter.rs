@@ -107,6 +107,13 @@ impl Core {
     }
 
     /// The device's memory and the residents' footprints, for `share = "vram"`.
+    /// The device's whole memory, as last sampled.
+    pub fn total_mib(&self) -> Option<u64> {
+        let snap = self.snapshot();
+        let gpu = snap.gpus.iter().find(|g| g.index == self.device)?;
+        Some(gpu.memory_total_mib).filter(|&t| t > 0)
+    }
+
     fn room(&self) -> Option<sharing::Room> {
         let snap = self.snapshot();
         let gpu = snap.gpus.iter().find(|g| g.index == self.device)?;

@@ -88,6 +88,19 @@ impl Leases {
             priority: request.priority,
             need_mib: request.vram_mib,
         };
+        // More than the whole GPU can never fit: refused before anything is unloaded for it.
+        if let Some(total) = core.total_mib().filter(|&t| request.vram_mib > Some(t)) {
+            let _ = events
+                .send(GrantEvent::Error {
+                    code: "no_room".into(),
+                    message: format!(
+                        "the lease asks for {} MiB, more than GPU {device} has in all ({total} MiB)",
+                        request.vram_mib.unwrap_or(0)
+                    ),
+                })
+                .await;
+            return;
+        }
         let max_waiting = if request.wait {
             max_waiting
         } else {

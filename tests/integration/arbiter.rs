@@ -1142,6 +1142,28 @@ async fn waiting_leases_are_bounded_by_the_queue_limit() {
     host.stop().await;
 }
 
+#[tokio::test]
+async fn a_lease_larger_than_the_gpu_is_refused_before_anything_unloads() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    wait_status(&host, "a sample", |s| s["gpu"]["memory_total_mib"] == 32607).await;
+    let pid = host.worker("w").await["pid"].as_u64();
+    let r = lease_now(&host, "greedy", 1 << 40).await;
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"], "no_room", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("32607 MiB"),
+        "{body}"
+    );
+    let w = host.worker("w").await;
+    assert_eq!(w["pid"].as_u64(), pid, "the resident was left loaded: {w}");
+    host.stop().await;
+}
+
 async fn lease_now(host: &TestHost, holder: &str, mib: u64) -> reqwest::Response {
     host.post("/gpu/lease")
         .json(&json!({"holder": holder, "vram_mib": mib}))
