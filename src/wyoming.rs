@@ -29,11 +29,20 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub async fn serve(listener: TcpListener, app: AppState, mut stop: watch::Receiver<bool>) {
     let slots = Arc::new(Semaphore::new(app.config.http.max_connections.max(1)));
     let mut connections = tokio::task::JoinSet::new();
+    let mut backoff = false;
     loop {
+        if std::mem::take(&mut backoff) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         tokio::select! {
             _ = stop.wait_for(|stopped| *stopped) => break,
             accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else { continue };
+                let Ok((stream, peer)) = accepted else {
+                    // Out of file descriptors, most likely: give it a moment (after the
+                    // select, which holds `stop`'s guard), do not spin.
+                    backoff = true;
+                    continue;
+                };
                 let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
                     tracing::warn!(%peer, "wyoming: too many connections; refused");
                     continue;
@@ -116,7 +125,11 @@ impl Connection {
                 Err(_) => return Err(ConnectionError::Idle),
                 Ok(Ok(Some(event))) => event,
                 Ok(Ok(None)) => return Ok(()),
-                Ok(Err(e @ (FrameError::BadHeader(_) | FrameError::TooLarge { .. }))) => {
+                Ok(Err(
+                    e @ (FrameError::BadHeader(_)
+                    | FrameError::TooLarge { .. }
+                    | FrameError::HeaderTooLong),
+                )) => {
                     let _ = self.error("bad_event", &e.to_string()).await;
                     return Err(e.into());
                 }

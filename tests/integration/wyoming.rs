@@ -272,6 +272,20 @@ async fn a_broken_frame_gets_an_error_and_the_connection_closes() {
     let mut rest = Vec::new();
     client.stream.read_to_end(&mut rest).await.unwrap();
     assert!(rest.is_empty(), "closed after the error");
+    // A header line past 64 KiB is answered too (exactly one byte too many is sent, so nothing
+    // is left unread when the server closes).
+    let mut long = Client::connect(&host).await;
+    let line = vec![b'x'; 64 * 1024 + 1];
+    long.stream.get_mut().write_all(&line).await.unwrap();
+    let (kind, error) = long.recv().await;
+    assert_eq!(
+        (kind.as_str(), &error["code"]),
+        ("error", &json!("bad_event"))
+    );
+    assert!(
+        error["text"].as_str().unwrap().contains("longer than"),
+        "{error}"
+    );
     // The server goes on.
     let mut next = Client::connect(&host).await;
     next.send("describe", json!({}), &[]).await;
