@@ -90,16 +90,11 @@ impl Leases {
         };
         // More than the whole GPU can never fit: refused before anything is unloaded for it.
         if let Some(total) = core.total_mib().filter(|&t| request.vram_mib > Some(t)) {
-            let _ = events
-                .send(GrantEvent::Error {
-                    code: "no_room".into(),
-                    message: format!(
-                        "the lease asks for {} MiB, more than GPU {device} has in all ({total} MiB)",
-                        request.vram_mib.unwrap_or(0)
-                    ),
-                })
-                .await;
-            return;
+            let asked = request.vram_mib.unwrap_or(0);
+            let why = format!(
+                "the lease asks for {asked} MiB, more than GPU {device} has in all ({total} MiB)"
+            );
+            return refuse(&events, "no_room", why).await;
         }
         let max_waiting = if request.wait {
             max_waiting
@@ -107,15 +102,10 @@ impl Leases {
             usize::MAX
         };
         let Some(mut waiter) = core.queue.try_enqueue(ticket, max_waiting) else {
-            let _ = events
-                .send(GrantEvent::Error {
-                    code: "queue_full".into(),
-                    message: format!(
-                        "{max_waiting} requests already wait for this GPU (limits.max_queue); try again later"
-                    ),
-                })
-                .await;
-            return;
+            let why = format!(
+                "{max_waiting} requests already wait for this GPU (limits.max_queue); try again later"
+            );
+            return refuse(&events, "queue_full", why).await;
         };
         let mut last = None;
         let permit = loop {
@@ -126,15 +116,10 @@ impl Leases {
                         .queue
                         .waiting_for()
                         .unwrap_or_else(|| "others waiting".into());
-                    let _ = events
-                        .send(GrantEvent::Error {
-                            code: "gpu_busy".into(),
-                            message: format!(
-                                "the GPU is taken ({holders}); send \"wait\": true to queue for it"
-                            ),
-                        })
-                        .await;
-                    return;
+                    let why = format!(
+                        "the GPU is taken ({holders}); send \"wait\": true to queue for it"
+                    );
+                    return refuse(&events, "gpu_busy", why).await;
                 }
                 if last != Some(position) {
                     last = Some(position);
@@ -158,13 +143,7 @@ impl Leases {
         };
         if let Err(why) = core.make_room(request.vram_mib, &notify).await {
             drop(permit); // the GPU goes to the next before the client is told
-            let _ = events
-                .send(GrantEvent::Error {
-                    code: "no_room".into(),
-                    message: why,
-                })
-                .await;
-            return;
+            return refuse(&events, "no_room", why).await;
         }
         if events.is_closed() {
             return; // the client left while room was made: no lease for nobody
@@ -253,4 +232,10 @@ fn view(lease: &Lease) -> LeaseView {
         ),
         ..lease.view.clone()
     }
+}
+
+/// A lease's last event when it is not granted: `code` and a message saying why.
+async fn refuse(events: &mpsc::Sender<GrantEvent>, code: &str, message: String) {
+    let code = code.to_string();
+    let _ = events.send(GrantEvent::Error { code, message }).await;
 }
