@@ -106,14 +106,12 @@ impl Core {
             .map(|g| g.memory_used_mib)
     }
 
-    /// The device's memory and the residents' footprints, for `share = "vram"`.
     /// The device's whole memory, as last sampled.
     pub fn total_mib(&self) -> Option<u64> {
-        let snap = self.snapshot();
-        let gpu = snap.gpus.iter().find(|g| g.index == self.device)?;
-        Some(gpu.memory_total_mib).filter(|&t| t > 0)
+        self.room().map(|r| r.total_mib).filter(|&t| t > 0)
     }
 
+    /// The device's memory and the residents' footprints, for `share = "vram"`.
     fn room(&self) -> Option<sharing::Room> {
         let snap = self.snapshot();
         let gpu = snap.gpus.iter().find(|g| g.index == self.device)?;

@@ -111,6 +111,35 @@ impl ProcFs {
         out
     }
 
+    /// Every visible pid, in order.
+    pub fn pids(&self) -> Vec<u32> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut pids: Vec<u32> = entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        pids.sort_unstable();
+        pids
+    }
+
+    /// `root` and every visible process below it, found in one pass over the tree.
+    pub fn descendants(&self, root: u32) -> Vec<u32> {
+        let parents: Vec<(u32, u32)> = self
+            .pids()
+            .into_iter()
+            .filter_map(|pid| Some((pid, self.ppid(pid)?)))
+            .collect();
+        let mut tree = vec![root];
+        let mut i = 0;
+        while i < tree.len() {
+            let pid = tree[i];
+            tree.extend(parents.iter().filter(|(_, p)| *p == pid).map(|(c, _)| *c));
+            i += 1;
+        }
+        tree
+    }
+
     /// For each pattern, the visible processes (but `skip`) whose command line contains it.
     /// One pass over the tree, however many patterns.
     pub fn find(&self, patterns: &[&str], skip: u32) -> Vec<Vec<u32>> {
@@ -118,15 +147,7 @@ impl ProcFs {
         if patterns.is_empty() {
             return found;
         }
-        let Ok(entries) = std::fs::read_dir(&self.root) else {
-            return found;
-        };
-        let mut pids: Vec<u32> = entries
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .filter(|&pid| pid != skip)
-            .collect();
-        pids.sort_unstable();
-        for pid in pids {
+        for pid in self.pids().into_iter().filter(|&pid| pid != skip) {
             let Some(cmdline) = self.cmdline(pid) else {
                 continue;
             };
@@ -153,6 +174,19 @@ mod tests {
         )
         .unwrap();
         std::fs::write(dir.join("status"), format!("Name:\tx\nPPid:\t{ppid}\n")).unwrap();
+    }
+
+    #[test]
+    fn descendants_are_found_at_any_depth_and_only_below() {
+        let dir = tempfile::tempdir().unwrap();
+        fake(dir.path(), 1, 0, &["init"]);
+        fake(dir.path(), 10, 1, &["sh", "-c", "train"]);
+        fake(dir.path(), 11, 10, &["python", "train.py"]);
+        fake(dir.path(), 12, 11, &["loader"]);
+        fake(dir.path(), 20, 1, &["other"]);
+        let mut below = ProcFs::new(dir.path()).descendants(10);
+        below.sort_unstable();
+        assert_eq!(below, [10, 11, 12]);
     }
 
     #[test]

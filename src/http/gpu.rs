@@ -67,22 +67,26 @@ pub(super) async fn lease(
         .device_for(&request)
         .map_err(ApiError::bad_request)?;
     let wait = request.wait;
-    // Waiting leases take places in the same queue as jobs: bounded by the same limit.
+    // Waiting leases take places in the same queue as jobs, bounded by the same limit (checked
+    // by the queue, under its lock).
     let max = app.config.limits.max_queue;
-    if wait && app.arbiter.leases.waiting(device) >= max {
-        return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "queue_full",
-            format!("{max} requests already wait for this GPU (limits.max_queue); try again later"),
-        ));
-    }
     let (tx, mut rx) = mpsc::channel(64);
     let arbiter = std::sync::Arc::clone(&app.arbiter);
-    // The check above answers 429 before the stream starts; the queue checks again under its
-    // lock (`queue_full` in the stream), so leases racing past it cannot overfill it.
     tokio::spawn(async move { arbiter.leases.acquire(request, device, ttl, max, tx).await });
     if wait {
-        return Ok(super::ndjson::from_channel(rx));
+        // The first event says whether the lease got a place: a full queue is a 429, as for
+        // jobs; anything else starts the stream.
+        let first = rx.recv().await;
+        if let Some(GrantEvent::Error { code, message }) = &first {
+            if code == "queue_full" {
+                return Err(ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "queue_full",
+                    message.clone(),
+                ));
+            }
+        }
+        return Ok(super::ndjson::from_first_and_channel(first, rx));
     }
     while let Some(event) = rx.recv().await {
         match event {

@@ -53,9 +53,24 @@ where
 /// The events of `rx` as they happen (events that are ready together go out as one chunk),
 /// ending with the final one: the client has its answer without waiting for whatever the
 /// sender still does afterwards (a job removing its folder).
-pub(super) fn from_channel<E: Event>(mut rx: mpsc::Receiver<E>) -> Response {
+pub(super) fn from_channel<E: Event>(rx: mpsc::Receiver<E>) -> Response {
+    from_first_and_channel(None, rx)
+}
+
+/// `from_channel`, with `first` (an event already taken from `rx`) going out first.
+pub(super) fn from_first_and_channel<E: Event>(
+    mut first: Option<E>,
+    mut rx: mpsc::Receiver<E>,
+) -> Response {
     response(async_stream::stream! {
-        while let Some(event) = rx.recv().await {
+        loop {
+            let event = match first.take() {
+                Some(event) => event,
+                None => match rx.recv().await {
+                    Some(event) => event,
+                    None => break,
+                },
+            };
             let mut last = event.is_final();
             let mut chunk = event.to_line();
             while !last {

@@ -6,21 +6,14 @@ use std::io;
 use tokio::process::{Child, Command};
 
 use super::SECRET_ENV;
+use crate::gpu::procfs::ProcFs;
 
 /// Sends `signal` to a program started by `spawn_foreground` and to every process below it (a
 /// wrapper's children: `sh -c`, `uv run`, `bash train.sh`), found through `/proc` at this moment.
 /// It shares gpuhost's process group (so Ctrl-C reaches it), so the group cannot be signalled.
 pub fn signal_foreground(child: &Child, signal: libc::c_int) {
     let Some(root) = child.id() else { return };
-    let mut tree = vec![root];
-    let parents = parent_pids();
-    let mut i = 0;
-    while i < tree.len() {
-        let pid = tree[i];
-        tree.extend(parents.iter().filter(|(_, p)| *p == pid).map(|(c, _)| *c));
-        i += 1;
-    }
-    for pid in tree {
+    for pid in ProcFs::new("/proc").descendants(root) {
         if let Ok(pid) = i32::try_from(pid) {
             // SAFETY: kill(2) on pids just read below our own child.
             unsafe {
@@ -28,24 +21,6 @@ pub fn signal_foreground(child: &Child, signal: libc::c_int) {
             }
         }
     }
-}
-
-/// (pid, parent pid) of every process in `/proc`.
-fn parent_pids() -> Vec<(u32, u32)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // "pid (comm) state ppid …": comm may hold spaces and parentheses.
-            let rest = &stat[stat.rfind(')')? + 1..];
-            let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
-            Some((pid, ppid))
-        })
-        .collect()
 }
 
 /// Runs a user's program in the foreground (`gpuhost lease -- CMD`): same terminal, same process

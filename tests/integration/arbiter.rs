@@ -612,11 +612,7 @@ async fn a_killed_lease_holder_is_reclaimed_after_its_ttl() {
     let mut child = lease_command(&host, &["--vram", "1000", "--ttl", "1"], &["sleep", "600"])
         .spawn()
         .unwrap();
-    wait_for("the lease to show", Duration::from_secs(10), || {
-        let host = &host;
-        async move { !leases(host).await.is_empty() }
-    })
-    .await;
+    lease_shows(&host).await;
     child.kill().unwrap();
     child.wait().unwrap();
     wait_for("the lease to be reclaimed", Duration::from_secs(5), || {
@@ -652,11 +648,7 @@ async fn a_program_whose_lease_is_gone_is_stopped() {
     .stderr(std::fs::File::create(log.path()).unwrap())
     .spawn()
     .unwrap();
-    wait_for("the lease to show", Duration::from_secs(10), || {
-        let host = &host;
-        async move { !leases(host).await.is_empty() }
-    })
-    .await;
+    lease_shows(&host).await;
     let below = || {
         std::fs::read_dir("/proc")
             .unwrap()
@@ -725,11 +717,7 @@ async fn a_terminated_lease_client_stops_its_program_and_releases_at_once() {
         .stderr(std::fs::File::create(dir.path().join("err")).unwrap())
         .spawn()
         .unwrap();
-    wait_for("the lease to show", Duration::from_secs(10), || {
-        let host = &host;
-        async move { !leases(host).await.is_empty() }
-    })
-    .await;
+    lease_shows(&host).await;
     // SIGTERM, as a service manager or `kill` sends it.
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -757,11 +745,7 @@ async fn a_lease_client_that_cannot_reach_its_server_for_a_ttl_stops_the_program
         .stderr(std::fs::File::create(log.path()).unwrap())
         .spawn()
         .unwrap();
-    wait_for("the lease to show", Duration::from_secs(10), || {
-        let host = &host;
-        async move { !leases(host).await.is_empty() }
-    })
-    .await;
+    lease_shows(&host).await;
     // The server goes away (crash, reboot): nobody answers the renewals any more, and a new
     // server would not know the lease.
     host.stop().await;
@@ -1162,6 +1146,14 @@ async fn a_lease_larger_than_the_gpu_is_refused_before_anything_unloads() {
     let w = host.worker("w").await;
     assert_eq!(w["pid"].as_u64(), pid, "the resident was left loaded: {w}");
     host.stop().await;
+}
+
+/// Waits until the server lists a lease (a `gpuhost lease` client got its grant).
+async fn lease_shows(host: &TestHost) {
+    wait_for("the lease to show", Duration::from_secs(10), || async {
+        !leases(host).await.is_empty()
+    })
+    .await;
 }
 
 async fn lease_now(host: &TestHost, holder: &str, mib: u64) -> reqwest::Response {

@@ -66,11 +66,6 @@ impl Leases {
             .unwrap_or(&self.cores[self.main])
     }
 
-    /// How many wait in `device`'s queue (jobs, services and leases alike).
-    pub fn waiting(&self, device: u32) -> usize {
-        self.core(device).queue.waiting()
-    }
-
     /// The device a request gets: the one it names, else `[gpu] device`; with `"any"`, the
     /// device with the most free memory among those nobody holds or waits for (else among all).
     pub fn device_for(&self, request: &LeaseRequest) -> Result<u32, String> {

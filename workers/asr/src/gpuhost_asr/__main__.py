@@ -5,22 +5,15 @@ import sys
 import numpy as np
 from gpuhost_worker import Worker, engine, options, serve, synthetic_voices
 
-from .engine import MOONSHINE, AsrSettings, Transcriber
+from .engine import AsrSettings, transcriber
 
 
 class AsrWorker(Worker):
     def load(self):
         settings = AsrSettings.from_options(engine("cpu"), options())
-        if settings.model == MOONSHINE:
-            from .moonshine import MoonshineTranscriber
-
-            self.transcriber = MoonshineTranscriber(settings)
-        else:
-            self.transcriber = Transcriber(settings)
+        self.transcriber = transcriber(settings)
         self.model = self.transcriber.model_name
-        self.device = getattr(
-            self.transcriber, "device", f"{settings.device}/{settings.compute_type}"
-        )
+        self.device = self.transcriber.device
         # The host refuses other languages before they queue (never silent English output).
         return {
             "languages": self.transcriber.languages(),

@@ -68,14 +68,10 @@ class AsrSettings:
     speech_pad_ms: int = 300
     max_stretch_seconds: float = 20.0
 
-    # The options each kind of engine reads; another is an error, not silently ignored.
-    MOONSHINE_OPTIONS = (
-        "cpu_threads",
-        "vad_filter",
-        "min_silence_ms",
-        "speech_pad_ms",
-        "max_stretch_seconds",
-    )
+    # Options only Moonshine reads, and the ones both kinds of engine read; Moonshine takes no
+    # other, Whisper none of its own: an option an engine would ignore is an error.
+    MOONSHINE_ONLY = ("min_silence_ms", "speech_pad_ms", "max_stretch_seconds")
+    SHARED = ("cpu_threads", "vad_filter")
 
     @classmethod
     def from_options(cls, engine: str, options: dict) -> AsrSettings:
@@ -94,13 +90,10 @@ class AsrSettings:
             base = cls(model=MOONSHINE)
         else:
             raise ValueError(f"unknown ASR engine {engine!r} (cpu, moonshine, base, cuda)")
-        moonshine = set(cls.MOONSHINE_OPTIONS)
-        known = set(cls.__dataclass_fields__)
-        known = (
-            moonshine
-            if engine == "moonshine"
-            else known - (moonshine - {"cpu_threads", "vad_filter"})
-        )
+        if engine == "moonshine":
+            known = {*cls.MOONSHINE_ONLY, *cls.SHARED}
+        else:
+            known = set(cls.__dataclass_fields__) - set(cls.MOONSHINE_ONLY)
         unknown = set(options) - known
         if unknown:
             raise ValueError(
@@ -110,6 +103,15 @@ class AsrSettings:
         for key, value in options.items():
             setattr(base, key, value)
         return base
+
+
+def transcriber(settings: AsrSettings):
+    """The engine `settings` ask for: Moonshine, or a Whisper model."""
+    if settings.model == MOONSHINE:
+        from .moonshine import MoonshineTranscriber
+
+        return MoonshineTranscriber(settings)
+    return Transcriber(settings)
 
 
 def refuse_other_languages(model_name: str, language: str | None, translate: bool) -> None:
@@ -154,6 +156,7 @@ class Transcriber:
 
         ctranslate2.set_random_seed(SEED)
         self.settings = settings
+        self.device = f"{settings.device}/{settings.compute_type}"
         self.model_path, self.model_name = model_path_and_name(settings.model)
         threads = settings.cpu_threads or min(4, os.cpu_count() or 1)
         self.model = WhisperModel(

