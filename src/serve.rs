@@ -1,22 +1,28 @@
-//! The accept loop: a cap on open connections, header and idle timeouts, JSON for requests
-//! hyper itself refuses, and a shutdown with a deadline after which open connections are dropped.
-//! (`axum::serve` has none of these knobs, so connections are served with hyper directly.)
+//! The accept loop: a cap on open connections with a few spare ones kept for the probes, header
+//! and idle timeouts, JSON for requests hyper itself refuses, and a shutdown with a deadline after
+//! which open connections are dropped. (`axum::serve` has none of these knobs, so connections are
+//! served with hyper directly.)
 
 mod parse_error;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::config::HttpConfig;
+use crate::http::ApiError;
 
 /// Serves `router` on `listener` until `stop` turns true; then open connections get
 /// `shutdown_grace_s` to finish before they are dropped.
@@ -32,12 +38,21 @@ pub async fn serve(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs_f64(config.header_timeout_s));
+    let mut one_request = builder.clone();
+    one_request.keep_alive(false);
     let slots = Arc::new(Semaphore::new(config.max_connections));
+    let spare = Arc::new(Semaphore::new(PROBE_SLOTS));
+    let probes = router.clone().layer(axum::middleware::from_fn_with_state(
+        config.max_connections,
+        probes_only,
+    ));
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
     loop {
-        let permit = tokio::select! {
-            permit = Arc::clone(&slots).acquire_owned() => permit.expect("the semaphore is never closed"),
+        let slot = tokio::select! {
+            biased;
+            permit = Arc::clone(&slots).acquire_owned() => Slot::Full { _permit: permit.expect("the semaphore is never closed") },
+            permit = Arc::clone(&spare).acquire_owned() => Slot::Spare { _permit: permit.expect("the semaphore is never closed") },
             _ = stopped(&mut stop) => break,
         };
         let (tcp, _peer) = tokio::select! {
@@ -57,13 +72,25 @@ pub async fn serve(
             tracing::warn!(error = %e, "cannot set TCP_NODELAY");
         }
         let io = TokioIo::new(parse_error::JsonParseErrors::new(tcp));
-        let service = TowerToHyperService::new(router.clone());
-        let watched = graceful.watch(builder.serve_connection(io, service));
+        // A slot freed while this client waited for its accept: served in full after all.
+        let slot = match slot {
+            Slot::Spare { _permit } => match Arc::clone(&slots).try_acquire_owned() {
+                Ok(full) => Slot::Full { _permit: full },
+                Err(_) => Slot::Spare { _permit },
+            },
+            full => full,
+        };
+        let watched = match &slot {
+            Slot::Full { .. } => graceful
+                .watch(builder.serve_connection(io, TowerToHyperService::new(router.clone()))),
+            Slot::Spare { .. } => graceful
+                .watch(one_request.serve_connection(io, TowerToHyperService::new(probes.clone()))),
+        };
         connections.spawn(async move {
             if let Err(e) = watched.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
-            drop(permit);
+            drop(slot);
         });
         // Reap finished connection tasks so the set does not grow.
         while connections.try_join_next().is_some() {}
@@ -82,6 +109,39 @@ pub async fn serve(
     }
     connections.shutdown().await;
     Ok(())
+}
+
+/// Connections accepted past `max_connections` to answer `/health` and `/ready` only (one request
+/// each): while every slot is held, by slow uploads or long streams, the probes still answer and
+/// other requests get a 503 instead of waiting unseen in the accept queue.
+const PROBE_SLOTS: usize = 16;
+
+/// The permit a connection holds while it is open.
+enum Slot {
+    /// One of `max_connections`: every route.
+    Full { _permit: OwnedSemaphorePermit },
+    /// One of [`PROBE_SLOTS`]: the probes, and a 503 for the rest.
+    Spare { _permit: OwnedSemaphorePermit },
+}
+
+/// The router of a spare connection: the probes pass, anything else is told the server is busy.
+async fn probes_only(
+    State(max_connections): State<usize>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if matches!(request.uri().path(), "/health" | "/ready") {
+        return next.run(request).await;
+    }
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "busy",
+        format!(
+            "all {max_connections} connection slots are in use (http.max_connections); retry in a moment"
+        ),
+    )
+    .with_retry_after(1)
+    .into_response()
 }
 
 /// Resolves once `stop` turns true (the `Ref` of `wait_for` is not `Send`, so it ends here).

@@ -20,6 +20,7 @@ mod integration {
     mod parallel;
     mod queue;
     mod setup;
+    mod slow_clients;
     mod speakers;
     mod style;
     mod wyoming;

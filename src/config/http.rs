@@ -15,6 +15,10 @@ pub struct HttpConfig {
     pub header_timeout_s: f64,
     /// Longest pause allowed while a request body streams in.
     pub body_idle_timeout_s: f64,
+    /// Slowest average pace of a request body, in bytes a second, once `body_idle_timeout_s`
+    /// has passed (as Apache's `mod_reqtimeout` `MinRate`): a body trickled a byte at a time
+    /// cannot hold a connection slot for hours. 0 turns the check off.
+    pub min_body_rate_bytes_per_s: u64,
     /// Connections served at once; further clients wait in the kernel's accept queue.
     pub max_connections: usize,
     /// After a shutdown signal, how long open connections may finish before they are dropped.
@@ -27,6 +31,7 @@ impl Default for HttpConfig {
             allowed_hosts: Vec::new(),
             header_timeout_s: 15.0,
             body_idle_timeout_s: 30.0,
+            min_body_rate_bytes_per_s: 500,
             max_connections: 512,
             shutdown_grace_s: 10.0,
         }

@@ -95,10 +95,13 @@ pub(super) async fn refused(State(app): State<AppState>, request: Request, next:
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let (Some(rest), Ok(permit)) = (rest, app.drains.0.clone().try_acquire_owned()) {
-            let idle = BodyLimits::from_config(&app.config).idle;
+            let limits = BodyLimits {
+                max_bytes: DRAIN_BYTES,
+                ..BodyLimits::from_config(&app.config)
+            };
             tokio::spawn(async move {
                 let _permit = permit;
-                drop_rest(rest, idle).await;
+                drop_rest(rest, limits).await;
             });
         }
     }
@@ -125,14 +128,10 @@ fn is_refusal(status: StatusCode) -> bool {
     (status.is_client_error() || status.is_server_error()) && status != StatusCode::REQUEST_TIMEOUT
 }
 
-/// Reads and drops `rest` until it ends, errs, passes [`DRAIN_BYTES`], pauses longer than
-/// `idle` (both through the upload's own body guard), or [`DRAIN_FOR`] has passed; then drops
+/// Reads and drops `rest` until it ends, errs, passes `limits` (through the upload's own body
+/// guard: [`DRAIN_BYTES`], the pause and pace limits), or [`DRAIN_FOR`] has passed; then drops
 /// it (the connection closes).
-async fn drop_rest(rest: BodyDataStream, idle: Duration) {
-    let limits = BodyLimits {
-        max_bytes: DRAIN_BYTES,
-        idle,
-    };
+async fn drop_rest(rest: BodyDataStream, limits: BodyLimits) {
     let (guarded, _) = guard(Request::new(Body::from_stream(rest)), limits);
     let mut data = guarded.into_body().into_data_stream();
     let _ = tokio::time::timeout(DRAIN_FOR, async {
@@ -190,7 +189,12 @@ mod tests {
             .chain(futures_util::stream::pending());
         let rest = Body::from_stream(stream).into_data_stream();
         let started = std::time::Instant::now();
-        drop_rest(rest, Duration::from_millis(50)).await;
+        let limits = BodyLimits {
+            max_bytes: DRAIN_BYTES,
+            idle: Duration::from_millis(50),
+            min_rate: 0,
+        };
+        drop_rest(rest, limits).await;
         assert!(started.elapsed() < Duration::from_secs(5));
     }
 }

@@ -59,7 +59,7 @@ impl ApiError {
         .with_retry_after(full.retry_after_s)
     }
 
-    fn with_retry_after(mut self, seconds: u64) -> ApiError {
+    pub fn with_retry_after(mut self, seconds: u64) -> ApiError {
         self.retry_after = Some(seconds);
         self
     }

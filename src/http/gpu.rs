@@ -3,7 +3,7 @@
 //! memory and utilization over time). The arbiter does the work.
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequest, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -11,6 +11,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::error::{ApiError, ErrorBody};
+use super::upload::{guard, BodyLimits};
 use crate::arbiter::leases::{LeaseRequest, LeaseView};
 use crate::protocol::{label, GrantEvent};
 use crate::AppState;
@@ -31,14 +32,23 @@ const LABEL_MAX: usize = 512;
 ), security(("bearer" = [])))]
 pub(super) async fn lease(
     State(app): State<AppState>,
-    body: Result<Json<LeaseRequest>, JsonRejection>,
+    request: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    let Json(request) = body.map_err(|e| match e.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(format!(
-            "a lease request is at most 64 KiB of JSON: {}",
-            e.body_text()
-        )),
-        _ => ApiError::bad_request(e.body_text()),
+    // Paced as uploads are (the 64 KiB cap is the route's body limit, applied by `Json`).
+    let limits = BodyLimits {
+        max_bytes: u64::MAX,
+        ..BodyLimits::from_config(&app.config)
+    };
+    let (request, tripwire) = guard(request, limits);
+    let body = Json::<LeaseRequest>::from_request(request, &()).await;
+    let Json(request) = body.map_err(|e: JsonRejection| {
+        tripwire.error(&limits).unwrap_or_else(|| match e.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large(format!(
+                "a lease request is at most 64 KiB of JSON: {}",
+                e.body_text()
+            )),
+            _ => ApiError::bad_request(e.body_text()),
+        })
     })?;
     if request.holder.trim().is_empty() {
         return Err(ApiError::bad_request(

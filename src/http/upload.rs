@@ -1,11 +1,12 @@
 //! Receives an upload (raw body or multipart field `file`). Every byte of the body, form fields
 //! included, counts against the size limit while streaming, and a body that stalls longer than
-//! the idle timeout is cut off, so neither a huge nor a trickled upload holds memory or a job
-//! folder. Uploads up to `SPILL_BYTES` stay in memory; larger ones go to `spill` as they arrive.
+//! the idle timeout, or arrives slower than the minimum pace, is cut off, so neither a huge nor a
+//! trickled upload holds memory, a job folder or a connection slot. Uploads up to `SPILL_BYTES`
+//! stay in memory; larger ones go to `spill` as they arrive.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -19,11 +20,14 @@ mod form;
 mod parts;
 pub(super) use form::{collect_field, text_field, Form};
 
-/// How much of a request body is read, and how long a pause in it may be.
+/// How much of a request body is read, how long a pause in it may be, and how slowly it may
+/// arrive.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct BodyLimits {
     pub max_bytes: u64,
     pub idle: Duration,
+    /// Bytes a second the body must average once `idle` has passed; 0: any pace.
+    pub min_rate: u64,
 }
 
 impl BodyLimits {
@@ -31,7 +35,16 @@ impl BodyLimits {
         BodyLimits {
             max_bytes: config.limits.max_upload_bytes,
             idle: Duration::from_secs_f64(config.http.body_idle_timeout_s),
+            min_rate: config.http.min_body_rate_bytes_per_s,
         }
+    }
+
+    /// When a body that started at `started` and has brought `seen` bytes so far is too slow:
+    /// `idle` of grace, plus a second for every `min_rate` bytes (`None`: no pace is required).
+    fn pace_deadline(&self, started: Instant, seen: u64) -> Option<Instant> {
+        (self.min_rate > 0).then(|| {
+            started + self.idle + Duration::from_secs_f64(seen as f64 / self.min_rate as f64)
+        })
     }
 }
 
@@ -40,6 +53,8 @@ impl BodyLimits {
 enum Cut {
     TooLarge,
     Idle,
+    /// The average pace, in bytes a second, when the body was given up.
+    Slow(u64),
 }
 
 /// Set by the guarded body when it cuts the body off.
@@ -64,21 +79,36 @@ impl Tripwire {
                     limits.idle.as_secs_f64()
                 ),
             ),
+            Cut::Slow(pace) => ApiError::new(
+                axum::http::StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                format!(
+                    "the request body arrived at {pace} bytes/s, below the minimum of {} bytes/s (http.min_body_rate_bytes_per_s); send it faster",
+                    limits.min_rate
+                ),
+            ),
         })
     }
 }
 
-/// Replaces the body of `request` with one that counts every byte against `limits.max_bytes`
-/// and gives up after `limits.idle` without data.
+/// Replaces the body of `request` with one that counts every byte against `limits.max_bytes`,
+/// gives up after `limits.idle` without data, and gives up on a body slower than
+/// `limits.min_rate` on average.
 pub(super) fn guard(request: Request, limits: BodyLimits) -> (Request, Tripwire) {
     let tripwire = Tripwire::default();
     let (parts, body) = request.into_parts();
     let mut data = body.into_data_stream();
     let wire = tripwire.clone();
     let guarded = async_stream::stream! {
+        let started = Instant::now();
         let mut seen = 0u64;
         loop {
-            match tokio::time::timeout(limits.idle, data.next()).await {
+            let deadline = limits.pace_deadline(started, seen);
+            let wait = deadline.map_or(limits.idle, |d| {
+                limits.idle.min(d.saturating_duration_since(Instant::now()))
+            });
+            // `timeout` polls the body before the clock: data already there is never refused.
+            match tokio::time::timeout(wait, data.next()).await {
                 Ok(Some(Ok(chunk))) => {
                     seen += chunk.len() as u64;
                     if seen > limits.max_bytes {
@@ -94,7 +124,9 @@ pub(super) fn guard(request: Request, limits: BodyLimits) -> (Request, Tripwire)
                 }
                 Ok(None) => break,
                 Err(_) => {
-                    wire.trip(Cut::Idle);
+                    let slow = deadline.is_some_and(|d| Instant::now() >= d);
+                    let pace = (seen as f64 / started.elapsed().as_secs_f64()) as u64;
+                    wire.trip(if slow { Cut::Slow(pace) } else { Cut::Idle });
                     yield Err(std::io::Error::other("the request body stalled"));
                     break;
                 }

@@ -89,8 +89,7 @@ pub(super) async fn read_event<R: AsyncBufRead + Unpin>(
     let data_length = length("data_length", MAX_HEADER_BYTES)?;
     let payload_length = length("payload_length", MAX_PAYLOAD_BYTES as u64)?;
     if data_length > 0 {
-        let mut extra = vec![0; data_length as usize];
-        r.read_exact(&mut extra).await?;
+        let extra = read_exactly(r, data_length).await?;
         match serde_json::from_slice(&extra) {
             Ok(Value::Object(more)) => data.extend(more),
             _ => {
@@ -100,13 +99,23 @@ pub(super) async fn read_event<R: AsyncBufRead + Unpin>(
             }
         }
     }
-    let mut payload = vec![0; payload_length as usize];
-    r.read_exact(&mut payload).await?;
+    let payload = read_exactly(r, payload_length).await?;
     Ok(Some(Event {
         kind,
         data,
         payload,
     }))
+}
+
+/// Reads `len` bytes, growing the buffer as they arrive: a header that announces a payload it
+/// never sends costs nothing.
+async fn read_exactly<R: AsyncBufRead + Unpin>(r: &mut R, len: u64) -> Result<Vec<u8>, FrameError> {
+    let mut out = Vec::new();
+    (&mut *r).take(len).read_to_end(&mut out).await?;
+    if (out.len() as u64) < len {
+        return Err(FrameError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+    }
+    Ok(out)
 }
 
 /// Writes one event with `data` (no payload).
@@ -158,6 +167,12 @@ mod tests {
         assert!(matches!(
             read_event(&mut &b"[1]\n"[..]).await,
             Err(FrameError::BadHeader(_))
+        ));
+        // A payload cut short is an error, not a zero-padded chunk.
+        let mut short: &[u8] = b"{\"type\":\"audio-chunk\",\"payload_length\":4194304}\n\x01\x02";
+        assert!(matches!(
+            read_event(&mut short).await,
+            Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof
         ));
     }
 
