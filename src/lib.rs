@@ -116,6 +116,12 @@ impl Server {
                 stop_rx.clone(),
             ))
         });
+        // Orphans adopted as subreaper (`gpuhost serve` only) are killed as they appear.
+        let sweeper = process::adopted::is_subreaper().then(|| {
+            tokio::spawn(process::adopted::sweep_forever(gpu::procfs::ProcFs::new(
+                "/proc",
+            )))
+        });
         let supervisor = Arc::clone(&state.supervisor);
         let arbiter = Arc::clone(&state.arbiter);
         let stopper = tokio::spawn(async move {
@@ -143,6 +149,12 @@ impl Server {
         }
         state.arbiter.stop().await;
         state.supervisor.stop_all().await;
+        if let Some(sweeper) = sweeper {
+            sweeper.abort();
+            // The workers' and services' groups are gone; what they left outside them goes now.
+            let procfs = gpu::procfs::ProcFs::new("/proc");
+            let _ = tokio::task::spawn_blocking(move || process::adopted::sweep(&procfs)).await;
+        }
         state.gpu.stop();
         served.map_err(ServeError::Serve)
     }

@@ -103,6 +103,11 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
     let config = load_config(args.config.as_deref())?;
     match args.command {
         Command::Serve => {
+            // Descendants that leave their worker's process group become ours when orphaned,
+            // and are swept (process/adopted.rs) instead of outliving the worker under init.
+            if let Err(e) = gpuhost::process::adopted::become_subreaper() {
+                tracing::warn!(error = %e, "cannot become a child subreaper; a worker's descendants that leave its process group may outlive it");
+            }
             gpuhost::setup::ensure(&config, &|line| eprintln!("{line}")).await?;
             let server = gpuhost::bind(config).await?;
             eprintln!("gpuhost listening on http://{}", server.local_addr());

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 
+pub mod adopted;
 mod foreground;
 mod group;
 use group::kill_group;
@@ -121,7 +122,7 @@ fn spawn_piped(
         .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn()?;
+    let mut child = adopted::recorded(|| cmd.spawn(), Child::id)?;
     let stdin = child.stdin.take();
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
@@ -173,10 +174,11 @@ pub async fn run_captured(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|source| RunError::Spawn {
-        program: name.clone(),
-        source,
-    })?;
+    let mut child =
+        adopted::recorded(|| cmd.spawn(), Child::id).map_err(|source| RunError::Spawn {
+            program: name.clone(),
+            source,
+        })?;
     let pid = child.id();
     if let Some(pid) = pid {
         guard::register(pid);

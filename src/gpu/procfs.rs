@@ -46,6 +46,15 @@ impl ProcFs {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// Whether `pid` has exited and waits to be reaped (`State: Z` in its status).
+    pub fn zombie(&self, pid: u32) -> bool {
+        std::fs::read_to_string(self.root.join(pid.to_string()).join("status")).is_ok_and(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("State:"))
+                .is_some_and(|v| v.trim_start().starts_with('Z'))
+        })
+    }
+
     pub fn comm(&self, pid: u32) -> Option<String> {
         let comm = std::fs::read_to_string(self.root.join(pid.to_string()).join("comm")).ok()?;
         Some(comm.trim().to_string()).filter(|c| !c.is_empty())

@@ -49,5 +49,5 @@ pub fn spawn_foreground(argv: &[String]) -> io::Result<Child> {
             Ok(())
         });
     }
-    cmd.spawn()
+    super::adopted::recorded(|| cmd.spawn(), Child::id)
 }

@@ -36,7 +36,8 @@ pub fn install() -> io::Result<()> {
             unsafe { libc::close(write_end) };
             run_guard(read_end)
         }
-        _ => {
+        guard => {
+            super::adopted::record(guard as u32);
             // SAFETY: the read end belongs to the guard now; the write end is ours alone.
             unsafe { libc::close(read_end) };
             let _ = GUARD.set(unsafe { OwnedFd::from_raw_fd(write_end) });

@@ -123,3 +123,74 @@ async fn sigkill_of_the_host_takes_workers_within_two_seconds() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The `.child` pids a fake worker wrote (its own child, `FAKE_GRANDCHILD`).
+fn child_pids(dir: &std::path::Path) -> Vec<u32> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.ok()?.file_name();
+            name.to_str()?.strip_suffix(".child")?.parse().ok()
+        })
+        .collect()
+}
+
+async fn until_dead(pid: u32, what: &str) {
+    wait_for(
+        what,
+        Duration::from_secs(10),
+        || async move { !pid_alive(pid) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_child_that_left_the_workers_group_goes_with_the_worker_and_with_the_host() {
+    // The worker's child calls setsid: no group kill reaches it, and the orphan guard's groups
+    // do not hold it. The host adopts it as subreaper when its worker dies and kills it.
+    let mut binary = Binary::start(
+        &format!(
+            "[pipeline]\nstages = [\"w\"]\n{}",
+            fake_worker(
+                "w",
+                "env = { FAKE_GRANDCHILD = \"session\", FAKE_PID_DIR = \"{DIR}\" }"
+            )
+        ),
+        &[],
+    );
+    binary.ready_workers(1).await;
+    let client = reqwest::Client::new();
+    let first = child_pids(binary.dir.path());
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(pid_alive(first[0]));
+    // The worker is unloaded: its group goes, and the child it left outside goes with it.
+    let unload = client
+        .post(format!("{}/workers/w/unload", binary.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unload.status(), 200, "{:?}", unload.text().await);
+    until_dead(first[0], "the unloaded worker's session child to be killed").await;
+    // Loaded again, with a new such child: SIGTERM to the host takes it too.
+    let load = client
+        .post(format!("{}/workers/w/load", binary.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(load.status(), 200, "{:?}", load.text().await);
+    binary.ready_workers(1).await;
+    let second: Vec<u32> = child_pids(binary.dir.path())
+        .into_iter()
+        .filter(|p| !first.contains(p))
+        .collect();
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert!(pid_alive(second[0]));
+    binary.signal(libc::SIGTERM);
+    let status = tokio::task::spawn_blocking(move || binary.child.wait().map(|s| (s, binary)))
+        .await
+        .unwrap()
+        .unwrap()
+        .0;
+    assert!(status.success(), "{status:?}");
+    assert!(!pid_alive(second[0]), "the session child outlived the host");
+}
