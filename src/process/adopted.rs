@@ -99,7 +99,7 @@ pub fn sweep(proc: &ProcFs) -> Vec<u32> {
     killed
 }
 
-/// Sweeps at every SIGCHLD and every [`SWEEP_EVERY`] until dropped (the server aborts it).
+/// Sweeps at every SIGCHLD and every 2 s until dropped (the server aborts it).
 /// A killed orphan's exit is the next SIGCHLD, whose sweep reaps it.
 pub async fn sweep_forever(proc: ProcFs) {
     use tokio::signal::unix::{signal, SignalKind};
