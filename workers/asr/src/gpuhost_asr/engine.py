@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import gaps
+
 BASE = "bundled:whisper-base"  # the multilingual base model put together by models.py
 MOONSHINE = "bundled:moonshine-base-en"  # Moonshine base-en, moonshine.py (not Whisper)
 # CTranslate2's sampling seed. A window decoded unsure is decoded again hotter, which samples;
@@ -61,6 +63,9 @@ class AsrSettings:
     hallucination_silence_threshold: float | None = 2.0
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
+    # Pauses of 3 s or more between words where the VAD hears speech are decoded again on
+    # their own (gaps.py): a window decoded short or aligned late otherwise loses its speech.
+    recover_gaps: bool = True
     # Moonshine only (it decodes the VAD's stretches of speech one by one): a pause this long
     # ends a stretch, the VAD's padding around speech, and the longest stretch. Chosen on the
     # tune splits (docs/benchmarks.md): shorter pauses cut sentences apart and cost words.
@@ -149,6 +154,28 @@ def words_of(words) -> list:
     return out
 
 
+def segment_of(seg, duration: float, on_segment) -> dict:
+    """One decoded segment as the result carries it, reported to `on_segment`."""
+    item = {
+        "start": round(seg.start, 3),
+        "end": round(seg.end, 3),
+        "text": seg.text.strip(),
+        "avg_logprob": round(seg.avg_logprob, 4),
+        "no_speech_prob": round(seg.no_speech_prob, 4),
+        "words": words_of(seg.words or []),
+    }
+    if on_segment is not None:
+        on_segment(item, duration)
+    return item
+
+
+def speech_in(clip) -> list:
+    """(start, end) sample offsets of speech in `clip` by faster-whisper's silero VAD."""
+    from faster_whisper.vad import VadOptions, get_speech_timestamps
+
+    return [(t["start"], t["end"]) for t in get_speech_timestamps(clip, VadOptions())]
+
+
 class Transcriber:
     def __init__(self, settings: AsrSettings):
         import ctranslate2
@@ -200,11 +227,11 @@ class Transcriber:
         result's `language` stays the spoken one)."""
         if self.english_only:
             refuse_other_languages(self.model_name, language, translate)
-        segments, info = self.model.transcribe(
-            audio_path,
-            language=language or ("en" if self.english_only else None),
+        from faster_whisper.audio import decode_audio
+
+        audio = decode_audio(audio_path, sampling_rate=gaps.RATE)
+        decoding = dict(
             beam_size=self.settings.beam_size,
-            vad_filter=self.settings.vad_filter,
             word_timestamps=True,
             initial_prompt=prompt,
             task="translate" if translate else "transcribe",
@@ -216,19 +243,21 @@ class Transcriber:
             repetition_penalty=self.settings.repetition_penalty,
             no_repeat_ngram_size=self.settings.no_repeat_ngram_size,
         )
-        out = []
-        for seg in segments:
-            item = {
-                "start": round(seg.start, 3),
-                "end": round(seg.end, 3),
-                "text": seg.text.strip(),
-                "avg_logprob": round(seg.avg_logprob, 4),
-                "no_speech_prob": round(seg.no_speech_prob, 4),
-                "words": words_of(seg.words or []),
-            }
-            out.append(item)
-            if on_segment is not None:
-                on_segment(item, info.duration)
+        segments, info = self.model.transcribe(
+            audio,
+            language=language or ("en" if self.english_only else None),
+            vad_filter=self.settings.vad_filter,
+            **decoding,
+        )
+        out = [segment_of(seg, info.duration, on_segment) for seg in segments]
+        if self.settings.recover_gaps:
+            recovered = []
+            for start, end in gaps.unheard(audio, out, info.duration, speech_in):
+                again, _ = self.model.transcribe(
+                    audio, language=info.language, clip_timestamps=[start, end], **decoding
+                )
+                recovered += [segment_of(seg, info.duration, on_segment) for seg in again]
+            out = gaps.merged(out, recovered)
         return {
             "language": info.language,
             "language_probability": round(info.language_probability, 4),

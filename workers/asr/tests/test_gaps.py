@@ -1,0 +1,104 @@
+"""Speech Whisper skipped is found: pauses between words, and the speech the VAD hears in them."""
+
+import numpy as np
+from gpuhost_asr import gaps
+
+
+def seg(start, end, words=None):
+    return {"start": start, "end": end, "text": "", "words": words or []}
+
+
+def word(start, end):
+    return {"word": "w", "start": start, "end": end}
+
+
+def test_pauses_are_the_long_stretches_no_word_covers():
+    segments = [
+        seg(0.5, 4.0, [word(0.5, 1.0), word(1.2, 4.0)]),
+        # A segment's own span is ignored when it has words: only the words count.
+        seg(4.0, 20.0, [word(9.0, 10.0)]),
+        seg(21.0, 22.0),  # no words: the segment's span counts
+    ]
+    assert gaps.pauses(segments, 30.0) == [(4.0, 9.0), (10.0, 21.0), (22.0, 30.0)]
+
+
+def test_short_pauses_and_overlapping_words_make_no_pause():
+    segments = [seg(0.0, 5.0, [word(0.0, 3.0), word(1.0, 2.0), word(4.5, 5.0)])]
+    assert gaps.pauses(segments, 6.0) == []
+    assert gaps.pauses([], 2.0) == []
+    assert gaps.pauses([], 10.0) == [(0.0, 10.0)]
+
+
+def test_unheard_keeps_pauses_with_enough_speech_padded_inside_the_pause():
+    audio = np.zeros(30 * gaps.RATE, dtype=np.float32)
+    segments = [seg(0.0, 2.0, [word(0.0, 2.0)]), seg(20.0, 21.0, [word(20.0, 21.0)])]
+    asked = []
+
+    def speech_in(clip):
+        asked.append(len(clip) / gaps.RATE)
+        if len(clip) == 18 * gaps.RATE:  # the pause 2-20 s: speech at 3-8 s of it
+            return [(3 * gaps.RATE, 5 * gaps.RATE), (6 * gaps.RATE, 8 * gaps.RATE)]
+        return [(0, gaps.RATE // 2)]  # the tail: half a second, a cough
+
+    assert gaps.unheard(audio, segments, 30.0, speech_in) == [(4.8, 10.2)]
+    assert asked == [18.0, 9.0]
+
+
+def test_recovered_segments_go_in_their_places():
+    a, b, c = seg(0.0, 1.0), seg(5.0, 6.0), seg(2.0, 3.0)
+    assert gaps.merged([a, b], [c]) == [a, c, b]
+
+
+def test_speech_a_lost_window_held_is_decoded_again(tmp_path, speech_wav):
+    """The real model and VAD, with the first pass made to lose the second sentence (as tiny.en
+    lost 27-47 s of a real telephone reading): the pause is found, decoded again, and its words
+    are in the result."""
+    import wave
+
+    from gpuhost_asr.engine import AsrSettings, Transcriber
+
+    with wave.open(speech_wav) as w:
+        rate, frames = w.getframerate(), w.readframes(w.getnframes())
+    twice = tmp_path / "twice.wav"
+    with wave.open(str(twice), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(frames + b"\0\0" * (4 * rate) + frames)
+    spoken = len(frames) / 2 / rate
+    transcriber = Transcriber(AsrSettings())
+    decode, clips = transcriber.model.transcribe, []
+
+    def losing_the_second_sentence(audio, **options):
+        clips.append(options.get("clip_timestamps"))
+        segments, info = decode(audio, **options)
+        if options.get("clip_timestamps") is None:
+            segments = [s for s in segments if s.start < spoken]
+        return segments, info
+
+    transcriber.model.transcribe = losing_the_second_sentence
+    result = transcriber.transcribe(str(twice))
+    assert len(clips) == 2 and clips[0] is None, clips
+    start, end = clips[1]
+    assert spoken + 3 < start < end <= 2 * spoken + 4 + 0.01, (clips, spoken)
+    later = " ".join(
+        w["word"] for s in result["segments"] for w in s["words"] if w["start"] > spoken + 3
+    ).lower()
+    assert "world" in later and "worker" in later, result["segments"]
+    starts = [s["start"] for s in result["segments"]]
+    assert starts == sorted(starts)
+
+
+def test_nothing_is_decoded_again_when_nothing_was_lost(tmp_path, speech_wav):
+    from gpuhost_asr.engine import AsrSettings, Transcriber
+
+    transcriber = Transcriber(AsrSettings())
+    decode, calls = transcriber.model.transcribe, []
+
+    def counted(audio, **options):
+        calls.append(options.get("clip_timestamps"))
+        return decode(audio, **options)
+
+    transcriber.model.transcribe = counted
+    transcriber.transcribe(speech_wav)
+    assert calls == [None]
