@@ -20,7 +20,7 @@ mod foreground;
 mod group;
 use group::kill_group;
 pub mod guard;
-pub use foreground::{signal_foreground, spawn_foreground};
+pub use foreground::{spawn_foreground, Foreground};
 
 /// Environment variables no child inherits (the API token must not leak to workers' logs).
 const SECRET_ENV: &[&str] = &["GPUHOST_TOKEN"];

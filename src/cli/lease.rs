@@ -55,10 +55,10 @@ enum Stopping {
 
 impl Stopping {
     /// SIGTERM to the program and everything below it, once; SIGKILL follows after LOST_GRACE.
-    fn begin(&mut self, child: &tokio::process::Child, why: &str) {
+    fn begin(&mut self, program: &gpuhost::process::Foreground, why: &str) {
         eprintln!("gpuhost lease: {why}; stopping the program");
         if *self == Stopping::No {
-            gpuhost::process::signal_foreground(child, libc::SIGTERM);
+            program.signal(libc::SIGTERM);
             *self = Stopping::Grace(tokio::time::Instant::now() + LOST_GRACE);
         }
     }
@@ -117,7 +117,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
             }
         })
     };
-    let mut child = gpuhost::process::spawn_foreground(&args.command)
+    let mut program = gpuhost::process::spawn_foreground(&args.command)
         .with_context(|| format!("cannot run {:?}", args.command))?;
     // Ctrl-C reaches the program too (same process group): wait for it to end, then release.
     // SIGTERM or SIGHUP to gpuhost (a service manager, a closed terminal) is passed on to the
@@ -131,16 +131,16 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let mut stopping = Stopping::No;
     let status = loop {
         tokio::select! {
-            status = child.wait() => break status?,
+            status = program.wait() => break status?,
             _ = tokio::signal::ctrl_c() => eprintln!("gpuhost lease: interrupted; waiting for the program to exit"),
-            Some(()) = terminate.recv() => stopping.begin(&child, "terminated"),
-            Some(()) = hangup.recv() => stopping.begin(&child, "hung up"),
+            Some(()) = terminate.recv() => stopping.begin(&program, "terminated"),
+            Some(()) = hangup.recv() => stopping.begin(&program, "hung up"),
             _ = &mut renewer, if !lost => {
                 lost = true;
-                stopping.begin(&child, &format!("lease {lease_id} is gone (expired, released, or the server is unreachable or restarted)"));
+                stopping.begin(&program, &format!("lease {lease_id} is gone (expired, released, or the server is unreachable or restarted)"));
             }
             _ = tokio::time::sleep_until(stopping.kill_at()), if matches!(stopping, Stopping::Grace(_)) => {
-                gpuhost::process::signal_foreground(&child, libc::SIGKILL);
+                program.signal(libc::SIGKILL);
                 stopping = Stopping::Killed;
             }
         }

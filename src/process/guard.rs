@@ -5,9 +5,11 @@
 //! relying on systemd.
 //!
 //! The host holds the write end of a pipe (close-on-exec, so no child inherits it) and writes
-//! `+PGID` / `-PGID` lines; the guard reads them. When the host dies, however it dies, the kernel
-//! closes the write end, the guard reads EOF, sends SIGTERM to each group still registered, gives
-//! them a moment, SIGKILLs what is left and exits.
+//! `+PGID` / `-PGID` lines for process groups and `>PID` / `<PID` for process trees (the
+//! foreground program of `gpuhost lease`, which shares the client's group); the guard reads them.
+//! When the host dies, however it dies, the kernel closes the write end, the guard reads EOF,
+//! sends SIGTERM to each group and to each tree's processes (found below its root in `/proc`)
+//! still registered, gives them a moment, SIGKILLs what is left and exits.
 //!
 //! The write end lives in a process-wide cell: like the pid, the guard belongs to the process,
 //! not to any one owner of children.
@@ -16,6 +18,8 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use crate::gpu::procfs::ProcFs;
 
 static GUARD: OnceLock<OwnedFd> = OnceLock::new();
 
@@ -54,6 +58,21 @@ pub(super) fn register(pgid: u32) {
 /// Forgets a process group that is gone.
 pub(super) fn unregister(pgid: u32) {
     send(&format!("-{pgid}\n"));
+}
+
+/// Records a process whose whole tree is to be stopped if the host dies.
+pub(super) fn register_tree(pid: u32) {
+    send(&format!(">{pid}\n"));
+}
+
+/// Forgets a tree's root that has been reaped.
+pub(super) fn unregister_tree(pid: u32) {
+    send(&format!("<{pid}\n"));
+}
+
+/// Whether a guard watches this process (then it, not a death signal, stops what is registered).
+pub(super) fn installed() -> bool {
+    GUARD.get().is_some()
 }
 
 fn send(line: &str) {
@@ -96,15 +115,23 @@ fn run_guard(read_end: RawFd) -> ! {
             }
         }
     }
-    let groups = read_registrations(3);
-    kill_groups(&groups);
+    let registered = read_registrations(3);
+    stop(&registered);
     // SAFETY: leave without running the host's atexit handlers or destructors.
     unsafe { libc::_exit(0) }
 }
 
-/// Reads `+PGID`/`-PGID` lines until EOF; returns the groups still registered.
-fn read_registrations(fd: RawFd) -> Vec<libc::pid_t> {
-    let mut groups: Vec<libc::pid_t> = Vec::new();
+/// What the guard stops when the host dies.
+#[derive(Debug, Default, PartialEq)]
+struct Registered {
+    groups: Vec<libc::pid_t>,
+    /// Roots of process trees.
+    trees: Vec<libc::pid_t>,
+}
+
+/// Reads registration lines until EOF; returns what is still registered.
+fn read_registrations(fd: RawFd) -> Registered {
+    let mut registered = Registered::default();
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -114,60 +141,93 @@ fn read_registrations(fd: RawFd) -> Vec<libc::pid_t> {
             continue;
         }
         if n <= 0 {
-            return groups;
+            return registered;
         }
         pending.extend_from_slice(&buf[..n as usize]);
         while let Some(end) = pending.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = pending.drain(..=end).collect();
-            apply(&mut groups, &line[..line.len() - 1]);
+            apply(&mut registered, &line[..line.len() - 1]);
         }
     }
 }
 
-fn apply(groups: &mut Vec<libc::pid_t>, line: &[u8]) {
+fn apply(registered: &mut Registered, line: &[u8]) {
     let Some((&op, digits)) = line.split_first() else {
         return;
     };
-    let Some(pgid) = std::str::from_utf8(digits)
+    let Some(id) = std::str::from_utf8(digits)
         .ok()
         .and_then(|d| d.parse::<libc::pid_t>().ok())
         .filter(|&p| p > 1)
     else {
         return;
     };
+    let Registered { groups, trees } = registered;
     match op {
-        b'+' => groups.push(pgid),
-        b'-' => groups.retain(|&g| g != pgid),
+        b'+' => groups.push(id),
+        b'-' => groups.retain(|&g| g != id),
+        b'>' => trees.push(id),
+        b'<' => trees.retain(|&t| t != id),
         _ => {}
     }
 }
 
-/// SIGTERM to every group, up to a second for them to go, then SIGKILL to what is left.
-fn kill_groups(groups: &[libc::pid_t]) {
-    // SAFETY: signals to process groups; a group that is gone yields ESRCH.
-    let alive = |g: libc::pid_t| unsafe { libc::killpg(g, 0) } == 0;
-    for &g in groups {
-        unsafe { libc::killpg(g, libc::SIGTERM) };
-    }
+/// SIGTERM to every group and every process of every tree, up to a second for them to go, then
+/// SIGKILL to what is left (the trees read again: a process that died meanwhile left its
+/// children to init, out of the tree, so the first reading's pids are signalled too).
+fn stop(registered: &Registered) {
+    let procfs = ProcFs::new("/proc");
+    let members = || -> Vec<libc::pid_t> {
+        let pids = registered
+            .trees
+            .iter()
+            .filter_map(|&t| u32::try_from(t).ok());
+        pids.flat_map(|t| procfs.descendants(t))
+            .filter_map(|p| libc::pid_t::try_from(p).ok())
+            .collect()
+    };
+    let first = members();
+    // SAFETY: signals to process groups and processes; one that is gone yields ESRCH.
+    let signal_all = |pids: &[libc::pid_t], signal| {
+        for &g in &registered.groups {
+            unsafe { libc::killpg(g, signal) };
+        }
+        for &p in pids {
+            unsafe { libc::kill(p, signal) };
+        }
+    };
+    signal_all(&first, libc::SIGTERM);
+    let alive_group = |g: libc::pid_t| unsafe { libc::killpg(g, 0) } == 0;
+    let alive = |p: libc::pid_t| !procfs.zombie(p as u32) && unsafe { libc::kill(p, 0) } == 0;
     let deadline = Instant::now() + Duration::from_secs(1);
-    while groups.iter().any(|&g| alive(g)) && Instant::now() < deadline {
+    while (registered.groups.iter().any(|&g| alive_group(g)) || first.iter().any(|&p| alive(p)))
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(20));
     }
-    for &g in groups {
-        unsafe { libc::killpg(g, libc::SIGKILL) };
-    }
+    let mut last = members();
+    last.extend(first.iter().filter(|&&p| alive(p)));
+    signal_all(&last, libc::SIGKILL);
 }
 
 #[cfg(test)]
 mod tests {
-    use super::apply;
+    use super::{apply, Registered};
 
     #[test]
     fn registrations_add_and_remove() {
-        let mut groups = Vec::new();
-        for line in ["+100", "+200", "-100", "+x", "+1", "?5", ""] {
-            apply(&mut groups, line.as_bytes());
+        let mut registered = Registered::default();
+        for line in [
+            "+100", "+200", "-100", "+x", "+1", "?5", "", ">300", ">400", "<300", ">1",
+        ] {
+            apply(&mut registered, line.as_bytes());
         }
-        assert_eq!(groups, [200]);
+        assert_eq!(
+            registered,
+            Registered {
+                groups: vec![200],
+                trees: vec![400]
+            }
+        );
     }
 }

@@ -631,6 +631,52 @@ async fn a_killed_lease_holder_is_reclaimed_after_its_ttl() {
 }
 
 #[tokio::test]
+async fn a_sigkilled_lease_client_takes_its_programs_whole_tree() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    // A wrapper that ignores SIGTERM, and a child that inherits that: a SIGKILLed client runs
+    // no code, so only the orphan guard can stop them (SIGTERM, a second, SIGKILL).
+    let script = format!(
+        "trap '' TERM; echo $$ > {0}/sh; sleep 6021 & echo $! > {0}/sleep; wait",
+        dir.path().display()
+    );
+    let mut child = lease_command(&host, &["--ttl", "600"], &["sh", "-c", &script])
+        .stderr(std::fs::File::create(dir.path().join("err")).unwrap())
+        .spawn()
+        .unwrap();
+    lease_shows(&host).await;
+    let pid = |name: &str| -> Option<u32> {
+        std::fs::read_to_string(dir.path().join(name))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    wait_for("the program to start", Duration::from_secs(10), || {
+        let started = pid("sh").is_some() && pid("sleep").is_some();
+        async move { started }
+    })
+    .await;
+    let (sh, sleep) = (pid("sh").unwrap(), pid("sleep").unwrap());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_for(
+        "the program and its child to be stopped",
+        Duration::from_secs(10),
+        || {
+            let gone = !pid_alive(sh) && !pid_alive(sleep);
+            async move { gone }
+        },
+    )
+    .await;
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_program_whose_lease_is_gone_is_stopped() {
     let gpu = FakeGpu::new(IDLE);
     let host = TestHost::start(&arbiter_config(&gpu, ""))
