@@ -215,3 +215,27 @@ def test_a_word_left_unaligned_moves_not_its_aligned_neighbours():
     out = keep_order([{"words": first}, {"words": second}])
     times = [(w["start"], w["end"]) for seg in out for w in seg["words"]]
     assert times == [(1.0, 1.0), (1.0, 1.2), (1.3, 1.5)]
+
+
+def test_a_request_starts_afresh_whatever_came_before(aligner, speech_wav, monkeypatch):
+    """The resident aligner's state (the beam setting that worked last, the padding noise's
+    generator) does not carry over from one request to the next: the same request gets the
+    same times whatever the worker aligned before it."""
+    audio = read_wav(speech_wav)
+    segments = rough_words(audio, "hello world, this is a test of the speech worker")
+    fresh = SphinxAligner()
+    seen = []
+    align_piece = SphinxAligner._align_piece
+
+    def recording(self, piece, tokens, tries=None):
+        seen.append((self._preferred, self._rng.bit_generator.state["state"]["state"]))
+        return align_piece(self, piece, tokens, tries)
+
+    monkeypatch.setattr(SphinxAligner, "_align_piece", recording)
+    first = fresh.align(audio, segments)
+    # Whatever the requests between did: another beam setting preferred, the noise drawn on.
+    aligner._preferred = len(aligner._decoders) - 1
+    aligner._rng.standard_normal(12345)
+    seen_before = len(seen)
+    assert aligner.align(audio, segments) == first
+    assert seen[seen_before] == seen[0], "the second request started where the first did"

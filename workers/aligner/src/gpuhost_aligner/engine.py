@@ -140,7 +140,11 @@ class SphinxAligner:
         return out
 
     def align(self, audio: np.ndarray, segments: list, progress=None) -> dict:
-        """Every ASR segment aligned (its words' times), `progress(done, of)` after each."""
+        """Every ASR segment aligned (its words' times), `progress(done, of)` after each. The
+        same request gets the same times whatever the worker aligned before it: the preferred
+        beam setting and the padding noise start afresh."""
+        self._preferred = 0
+        self._rng = np.random.default_rng(0)
         out_segments = []
         for i, seg in enumerate(segments):
             asr_words = seg.get("words") or []
