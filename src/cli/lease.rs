@@ -41,6 +41,8 @@ pub(crate) struct LeaseArgs {
 /// How long the program gets between SIGTERM and SIGKILL when its lease is lost or gpuhost is
 /// told to stop.
 const LOST_GRACE: Duration = Duration::from_secs(10);
+/// How long what the program left running gets between SIGTERM and SIGKILL once it has ended.
+const LEFT_GRACE: Duration = Duration::from_secs(2);
 /// Exit status when the lease was lost under the program (EX_TEMPFAIL: try again).
 const LOST_EXIT: u8 = 75;
 
@@ -117,6 +119,10 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
             }
         })
     };
+    // What the program double-forks away comes back to us when its parent exits, to be stopped.
+    if let Err(e) = gpuhost::process::adopted::become_subreaper() {
+        eprintln!("gpuhost lease: warning: cannot become a child subreaper ({e}); processes the program detaches may outlive it");
+    }
     let mut program = gpuhost::process::spawn_foreground(&args.command)
         .with_context(|| format!("cannot run {:?}", args.command))?;
     // Ctrl-C reaches the program too (same process group): wait for it to end, then release.
@@ -145,6 +151,10 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
             }
         }
     };
+    let left = program.stop_left_behind(LEFT_GRACE).await;
+    if left > 0 {
+        eprintln!("gpuhost lease: stopped {left} process(es) the program left running");
+    }
     renewer.abort();
     if lost {
         return Ok(ExitCode::from(LOST_EXIT));

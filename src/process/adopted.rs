@@ -1,4 +1,4 @@
-//! Adopted orphans: `gpuhost serve` is a child subreaper (`PR_SET_CHILD_SUBREAPER`), so a
+//! Adopted orphans: `gpuhost serve` (and `gpuhost lease`, for its program) is a child subreaper (`PR_SET_CHILD_SUBREAPER`), so a
 //! descendant that left its worker's or service's process group (`setsid`, `setpgid`, a daemon's
 //! double fork) becomes the host's child when its parent dies, not init's. The sweep finds the
 //! host's children it did not start and kills them (their groups too), and reaps those that have
@@ -60,6 +60,16 @@ pub(super) fn recorded<T>(
 /// Records a child started outside `recorded` (the orphan guard, forked before any thread).
 pub(super) fn record(pid: u32) {
     started().insert(pid);
+}
+
+/// The children of this process it did not start that still run: what it adopted as subreaper.
+pub fn adopted(proc: &ProcFs) -> Vec<u32> {
+    let me = std::process::id();
+    let started = started();
+    proc.pids()
+        .into_iter()
+        .filter(|&pid| proc.ppid(pid) == Some(me) && !started.contains(&pid) && !proc.zombie(pid))
+        .collect()
 }
 
 /// One sweep: kills every child of this process it did not start, reaps those that have exited,

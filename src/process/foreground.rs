@@ -1,6 +1,9 @@
 //! The user's program under `gpuhost lease -- CMD`: started in the foreground (same terminal and
 //! process group) and stopped together with everything below it — by the lease client when its
 //! lease is lost or it is told to stop, and by the orphan guard when the client itself is killed.
+//! The client is a child subreaper, so what the program double-forks away (a daemon) becomes the
+//! client's child when its parent exits, is stopped with the program, and is stopped when the
+//! program ends: nothing the program started runs on after its lease.
 
 use std::io;
 use std::process::ExitStatus;
@@ -21,13 +24,16 @@ pub struct Foreground {
 
 impl Foreground {
     /// Sends `signal` to the program and to every process below it (a wrapper's children:
-    /// `sh -c`, `uv run`, `bash train.sh`), found through `/proc` at this moment. It shares
-    /// gpuhost's process group (so Ctrl-C reaches it), so the group cannot be signalled.
+    /// `sh -c`, `uv run`, `bash train.sh`), and to what it left to the client (adopted, with
+    /// everything below), found through `/proc` at this moment. It shares gpuhost's process
+    /// group (so Ctrl-C reaches it), so the group cannot be signalled.
     pub fn signal(&self, signal: libc::c_int) {
-        let Some(root) = self.pid else { return };
-        for pid in ProcFs::new("/proc").descendants(root) {
+        let procfs = ProcFs::new("/proc");
+        let roots = self.pid.into_iter().chain(adopted::adopted(&procfs));
+        let tree: Vec<u32> = roots.flat_map(|root| procfs.descendants(root)).collect();
+        for pid in tree {
             if let Ok(pid) = i32::try_from(pid) {
-                // SAFETY: kill(2) on pids just read below our own unreaped child.
+                // SAFETY: kill(2) on pids just read below our own unreaped children.
                 unsafe {
                     libc::kill(pid, signal);
                 }
@@ -40,6 +46,24 @@ impl Foreground {
         let status = self.child.wait().await?;
         self.forget();
         Ok(status)
+    }
+
+    /// After the program has exited: what it left running (adopted by the client) gets
+    /// SIGTERM, up to `grace` to go, then SIGKILL, and is reaped. Returns how many there were.
+    pub async fn stop_left_behind(&self, grace: std::time::Duration) -> usize {
+        let procfs = ProcFs::new("/proc");
+        let left = adopted::adopted(&procfs).len();
+        if left == 0 {
+            return 0;
+        }
+        self.signal(libc::SIGTERM);
+        let deadline = tokio::time::Instant::now() + grace;
+        while !adopted::adopted(&procfs).is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        self.signal(libc::SIGKILL);
+        adopted::sweep(&procfs);
+        left
     }
 
     fn forget(&mut self) {

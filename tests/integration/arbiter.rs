@@ -677,6 +677,44 @@ async fn a_sigkilled_lease_client_takes_its_programs_whole_tree() {
 }
 
 #[tokio::test]
+async fn what_a_leased_program_detaches_is_stopped_when_it_ends() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    // A daemon: its own session, and its parent gone at once, so neither the program's group
+    // nor its tree holds it any more.
+    let script = format!(
+        "setsid sleep 6022 & echo $! > {}/daemon; exit 3",
+        dir.path().display()
+    );
+    let mut child = lease_command(&host, &["--ttl", "600"], &["sh", "-c", &script])
+        .stderr(std::fs::File::create(dir.path().join("err")).unwrap())
+        .spawn()
+        .unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let err = std::fs::read_to_string(dir.path().join("err")).unwrap();
+    assert_eq!(status.code(), Some(3), "the program's own status: {err}");
+    assert!(err.contains("left running"), "{err}");
+    let daemon: u32 = std::fs::read_to_string(dir.path().join("daemon"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !pid_alive(daemon),
+        "the detached process outlived its lease: {err}"
+    );
+    assert!(leases(&host).await.is_empty(), "released: {err}");
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_program_whose_lease_is_gone_is_stopped() {
     let gpu = FakeGpu::new(IDLE);
     let host = TestHost::start(&arbiter_config(&gpu, ""))
