@@ -46,6 +46,17 @@ impl ProcFs {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// The process group of `pid` (field 5 of its `stat`, after the command in parentheses).
+    pub fn pgid(&self, pid: u32) -> Option<u32> {
+        let stat = std::fs::read_to_string(self.root.join(pid.to_string()).join("stat")).ok()?;
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(2)?
+            .parse()
+            .ok()
+    }
+
     /// Whether `pid` has exited and waits to be reaped (`State: Z` in its status).
     pub fn zombie(&self, pid: u32) -> bool {
         std::fs::read_to_string(self.root.join(pid.to_string()).join("status")).is_ok_and(|s| {
@@ -230,5 +241,32 @@ mod tests {
             p.find(&["vllm", "init", "nothing"], 0),
             [vec![500], vec![1], vec![]]
         );
+    }
+
+    #[test]
+    fn zombies_and_process_groups_are_read_from_this_machine() {
+        let me = std::process::id();
+        let p = ProcFs::new("/proc");
+        // SAFETY: getpgrp has no preconditions.
+        let group = unsafe { libc::getpgrp() } as u32;
+        assert_eq!(p.pgid(me), Some(group));
+        assert!(!p.zombie(me));
+        // SAFETY: the child only calls _exit, which is async-signal-safe.
+        let pid = match unsafe { libc::fork() } {
+            0 => unsafe { libc::_exit(0) },
+            pid => pid as u32,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !p.zombie(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{pid} never became a zombie"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0) };
+        assert!(!p.zombie(pid));
+        assert_eq!(p.pgid(pid), None);
     }
 }

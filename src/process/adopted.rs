@@ -93,11 +93,13 @@ pub fn sweep(proc: &ProcFs) -> Vec<u32> {
             unsafe { libc::waitpid(raw, std::ptr::null_mut(), libc::WNOHANG) };
             continue;
         }
-        tracing::warn!(
-            pid,
-            command = %proc.cmdline(pid).unwrap_or_default(),
-            "killing an orphan a worker or service left outside its process group"
-        );
+        let command = proc.cmdline(pid).unwrap_or_default();
+        if proc.pgid(pid) == Some(pid) {
+            tracing::warn!(pid, %command, "killing an orphan a worker or service left outside its process group");
+        } else {
+            // Still in a worker's group, orphaned as its leader exited: the group kill's anyway.
+            tracing::debug!(pid, %command, "killing an orphan of an exited worker or service");
+        }
         // SAFETY: signals to our own unreaped child (its pid cannot be reused meanwhile) and to
         // the group it leads, if it leads one (a group id is never a pid in use elsewhere).
         unsafe {
