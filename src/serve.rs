@@ -4,6 +4,7 @@
 //! served with hyper directly.)
 
 mod parse_error;
+mod stall;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -71,6 +72,7 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!(error = %e, "cannot set TCP_NODELAY");
         }
+        let tcp = stall::WriteStall::new(tcp, Duration::from_secs_f64(config.send_timeout_s));
         let io = TokioIo::new(parse_error::JsonParseErrors::new(tcp));
         // A slot freed while this client waited for its accept: served in full after all.
         let slot = match slot {

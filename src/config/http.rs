@@ -19,6 +19,9 @@ pub struct HttpConfig {
     /// has passed (as Apache's `mod_reqtimeout` `MinRate`): a body trickled a byte at a time
     /// cannot hold a connection slot for hours. 0 turns the check off.
     pub min_body_rate_bytes_per_s: u64,
+    /// Longest a client may leave the answer unread (a write blocked on it) before its
+    /// connection is dropped: a client that sends requests and never reads holds no slot.
+    pub send_timeout_s: f64,
     /// Connections served at once; further clients wait in the kernel's accept queue.
     pub max_connections: usize,
     /// After a shutdown signal, how long open connections may finish before they are dropped.
@@ -32,6 +35,7 @@ impl Default for HttpConfig {
             header_timeout_s: 15.0,
             body_idle_timeout_s: 30.0,
             min_body_rate_bytes_per_s: 500,
+            send_timeout_s: 60.0,
             max_connections: 512,
             shutdown_grace_s: 10.0,
         }
@@ -45,6 +49,7 @@ impl HttpConfig {
             &[
                 ("header_timeout_s", self.header_timeout_s),
                 ("body_idle_timeout_s", self.body_idle_timeout_s),
+                ("send_timeout_s", self.send_timeout_s),
                 ("shutdown_grace_s", self.shutdown_grace_s),
             ],
         )?;

@@ -133,14 +133,31 @@ impl ProcFs {
 
     /// Every visible pid, in order.
     pub fn pids(&self) -> Vec<u32> {
-        let Ok(entries) = std::fs::read_dir(&self.root) else {
-            return Vec::new();
-        };
-        let mut pids: Vec<u32> = entries
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-            .collect();
+        self.try_pids().unwrap_or_default()
+    }
+
+    /// Every visible pid, in order; `None` when the tree cannot be read whole.
+    pub fn try_pids(&self) -> Option<Vec<u32>> {
+        let entries = std::fs::read_dir(&self.root).ok()?;
+        let mut pids = Vec::new();
+        for entry in entries {
+            if let Some(pid) = entry
+                .ok()?
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse().ok())
+            {
+                pids.push(pid);
+            }
+        }
         pids.sort_unstable();
-        pids
+        Some(pids)
+    }
+
+    /// Whether `pid` is positively gone: its entry does not exist (a failed read is not that).
+    pub fn gone(&self, pid: u32) -> bool {
+        std::fs::metadata(self.root.join(pid.to_string()))
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
     }
 
     /// `root` and every visible process below it, found in one pass over the tree.

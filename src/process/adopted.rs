@@ -62,42 +62,83 @@ pub(super) fn record(pid: u32) {
     started().insert(pid);
 }
 
+/// This process's children it did not start, as (pid, exited), by what `/proc` positively says:
+/// `None` when `/proc` cannot be listed (no descriptors left, say), and a process whose parent
+/// cannot be read is left out. Prunes the record of started pids that are gone.
+fn strays(proc: &ProcFs, started: &mut BTreeSet<u32>) -> Option<Vec<(u32, bool)>> {
+    let me = std::process::id();
+    let pids = proc.try_pids()?;
+    // Forgotten only once its /proc entry is gone (reaped), never because a read failed.
+    started.retain(|&pid| !proc.gone(pid));
+    let strays = pids
+        .into_iter()
+        .filter(|pid| !started.contains(pid) && proc.ppid(*pid) == Some(me))
+        .map(|pid| (pid, proc.zombie(pid)))
+        .collect();
+    Some(strays)
+}
+
 /// The children of this process it did not start that still run: what it adopted as subreaper.
 pub fn adopted(proc: &ProcFs) -> Vec<u32> {
-    let me = std::process::id();
-    let started = started();
-    proc.pids()
+    let mut started = started();
+    let strays = strays(proc, &mut started).unwrap_or_default();
+    strays
         .into_iter()
-        .filter(|&pid| proc.ppid(pid) == Some(me) && !started.contains(&pid) && !proc.zombie(pid))
+        .filter(|&(_, exited)| !exited)
+        .map(|(pid, _)| pid)
         .collect()
 }
 
-/// One sweep: kills every child of this process it did not start, reaps those that have exited,
-/// and forgets started pids that are no longer its children. Returns the pids killed.
+/// Reaps the adopted children that have exited (zombies; none of them ours to wait for).
+pub fn reap(proc: &ProcFs) {
+    let mut started = started();
+    for (pid, _) in strays(proc, &mut started)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|s| s.1)
+    {
+        if let Ok(raw) = libc::pid_t::try_from(pid) {
+            // SAFETY: waits for this one pid only, an adopted child no other code waits for.
+            unsafe { libc::waitpid(raw, std::ptr::null_mut(), libc::WNOHANG) };
+        }
+    }
+}
+
+/// One sweep: reaps the adopted children that have exited and kills those still running, unless
+/// they are still in the process group of a live child the host started (a worker's helper whose
+/// own parent exited: the worker's group kill takes it when the time comes). Only what `/proc`
+/// positively shows is acted on. Returns the pids killed.
 pub fn sweep(proc: &ProcFs) -> Vec<u32> {
     let me = std::process::id();
     let mut started = started();
-    let children: Vec<u32> = proc
-        .pids()
-        .into_iter()
-        .filter(|&pid| proc.ppid(pid) == Some(me))
-        .collect();
-    started.retain(|pid| children.contains(pid));
+    let Some(strays) = strays(proc, &mut started) else {
+        return Vec::new();
+    };
     let mut killed = Vec::new();
-    for pid in children.into_iter().filter(|pid| !started.contains(pid)) {
+    for (pid, exited) in strays {
         let Ok(raw) = libc::pid_t::try_from(pid) else {
             continue;
         };
-        if proc.zombie(pid) {
+        if exited {
             // SAFETY: waits for this one pid only, an adopted child no other code waits for.
             unsafe { libc::waitpid(raw, std::ptr::null_mut(), libc::WNOHANG) };
             continue;
         }
+        let Some(group) = proc.pgid(pid) else {
+            continue; // unreadable: left for the next sweep
+        };
+        let in_live_group = group != pid
+            && started.contains(&group)
+            && proc.ppid(group) == Some(me)
+            && !proc.zombie(group);
+        if in_live_group {
+            continue;
+        }
         let command = proc.cmdline(pid).unwrap_or_default();
-        if proc.pgid(pid) == Some(pid) {
+        if group == pid {
             tracing::warn!(pid, %command, "killing an orphan a worker or service left outside its process group");
         } else {
-            // Still in a worker's group, orphaned as its leader exited: the group kill's anyway.
+            // In the group of a worker that has exited: the group kill's anyway.
             tracing::debug!(pid, %command, "killing an orphan of an exited worker or service");
         }
         // SAFETY: signals to our own unreaped child (its pid cannot be reused meanwhile) and to
@@ -130,5 +171,24 @@ pub async fn sweep_forever(proc: ProcFs) {
         }
         let proc = proc.clone();
         let _ = tokio::task::spawn_blocking(move || sweep(&proc)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_proc_forgets_nothing_and_kills_nothing() {
+        // A started pid that no longer exists (pids stay below 2^22 on Linux).
+        let ghost = 999_999_999;
+        record(ghost);
+        assert!(sweep(&ProcFs::new("/nonexistent/proc")).is_empty());
+        assert!(adopted(&ProcFs::new("/nonexistent/proc")).is_empty());
+        assert!(started().contains(&ghost), "forgotten on a failed read");
+        // Once /proc says it is gone, it is forgotten (an empty tree: nothing else is touched).
+        let empty = tempfile::tempdir().unwrap();
+        sweep(&ProcFs::new(empty.path()));
+        assert!(!started().contains(&ghost));
     }
 }

@@ -194,3 +194,48 @@ async fn a_child_that_left_the_workers_group_goes_with_the_worker_and_with_the_h
     assert!(status.success(), "{status:?}");
     assert!(!pid_alive(second[0]), "the session child outlived the host");
 }
+
+#[tokio::test]
+async fn a_live_workers_helper_whose_parent_exited_is_left_alone() {
+    // Worker `b` starts a helper through a shell that exits at once (`sh -c 'x &'`): the helper
+    // is orphaned to the host but stays in b's process group while b runs. Worker `a` leaves a
+    // child in a session of its own, killed once `a` is unloaded: a sweep that ran after the
+    // helper was orphaned.
+    let b = format!(
+        "[workers.b]\ncommand = [\"sh\", \"-c\", \"sh -c 'sleep 6023 & echo $! > {{DIR}}/helper'; exec {} {} b\"]\nstop_grace_s = 1\n",
+        python(),
+        fixture("fake_worker.py").display()
+    );
+    let binary = Binary::start(
+        &format!(
+            "[pipeline]\nstages = [\"a\", \"b\"]\n{}{b}",
+            fake_worker(
+                "a",
+                "env = { FAKE_GRANDCHILD = \"session\", FAKE_PID_DIR = \"{DIR}\" }"
+            )
+        ),
+        &[],
+    );
+    binary.ready_workers(2).await;
+    let helper: u32 = std::fs::read_to_string(binary.dir.path().join("helper"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let session = child_pids(binary.dir.path());
+    assert_eq!(session.len(), 1, "{session:?}");
+    let unload = reqwest::Client::new()
+        .post(format!("{}/workers/a/unload", binary.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unload.status(), 200);
+    until_dead(
+        session[0],
+        "the unloaded worker's session child to be killed",
+    )
+    .await;
+    assert!(pid_alive(helper), "the live worker's helper was killed");
+    drop(binary);
+    until_dead(helper, "the helper to go with its worker's group").await;
+}

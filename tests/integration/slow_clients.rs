@@ -135,3 +135,94 @@ async fn a_trickled_lease_request_is_cut_off() {
     assert!(took < Duration::from_secs(10), "{took:?}");
     host.stop().await;
 }
+
+/// A TCP connection to `addr` with a 1 KiB receive buffer (set before connecting, so the window
+/// stays small): a client that stops reading fills it at once.
+fn small_window(addr: std::net::SocketAddr) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let std::net::SocketAddr::V4(v4) = addr else {
+        panic!("the test server listens on IPv4")
+    };
+    // SAFETY: plain socket calls on a descriptor this function owns until it is wrapped.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0);
+        let size: libc::c_int = 1024;
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*v4.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let rc = libc::connect(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        TcpStream::from_raw_fd(fd)
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_its_answers_loses_its_slot() {
+    let host = TestHost::start(&config(
+        "header_timeout_s = 1\nsend_timeout_s = 1\nmax_connections = 1",
+    ))
+    .await
+    .ready()
+    .await;
+    let addr: std::net::SocketAddr = host.url.trim_start_matches("http://").parse().unwrap();
+    // Pipelined requests, their answers never read: the server's writes block.
+    let flood = std::thread::spawn(move || {
+        // On the one full slot, not a spare one (an idle keep-alive connection of the test's
+        // client may hold the slot a moment longer): the first answer is read, and is not a 503.
+        let request = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n";
+        let mut tcp = loop {
+            let mut tcp = small_window(addr);
+            tcp.write_all(request).unwrap();
+            let mut head = [0u8; 12];
+            tcp.read_exact(&mut head).unwrap();
+            if &head != b"HTTP/1.1 503" {
+                break tcp;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let requests = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(2000);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if tcp.write_all(&requests).is_err() {
+                return started.elapsed(); // the server dropped the connection
+            }
+        }
+        started.elapsed()
+    });
+    // While the flood holds the one slot, other requests are told the server is busy; once
+    // the blocked write has waited send_timeout_s, the slot is free and they are served.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut busy = 0;
+    loop {
+        let reply = host.get("/status").send().await.unwrap();
+        match reply.status().as_u16() {
+            503 => busy += 1,
+            200 if busy > 0 => break,
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "the slot was never freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let held = tokio::task::spawn_blocking(move || flood.join().unwrap())
+        .await
+        .unwrap();
+    assert!(held < Duration::from_secs(20), "{held:?}");
+    host.stop().await;
+}
