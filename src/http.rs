@@ -11,6 +11,7 @@ mod openai;
 pub mod openapi;
 mod origin;
 mod services;
+mod spare;
 mod speakers;
 mod status;
 mod transcribe;
@@ -23,6 +24,7 @@ use axum::Router;
 pub use auth::token_matches;
 pub use drain::Drains;
 pub use error::ApiError;
+pub use spare::SpareConnection;
 pub use transcribe::TranscribeQuery;
 
 use crate::AppState;
@@ -70,6 +72,8 @@ pub fn router(state: AppState) -> Router {
         .merge(browsed)
         // Uploads are limited while streaming (limits.max_upload_bytes), not by axum's buffer cap.
         .layer(axum::extract::DefaultBodyLimit::disable())
+        // Requests on the spare connections: the probes, or a 503 (drained like any refusal).
+        .layer(middleware::from_fn(spare::probes_only))
         // Outermost: every refusal, the token check's and the browser defences' included.
         .layer(middleware::from_fn_with_state(
             state.clone(),

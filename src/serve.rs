@@ -9,10 +9,6 @@ mod stall;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
-use axum::http::StatusCode;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -23,7 +19,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::config::HttpConfig;
-use crate::http::ApiError;
+use crate::http::SpareConnection;
 
 /// Serves `router` on `listener` until `stop` turns true; then open connections get
 /// `shutdown_grace_s` to finish before they are dropped.
@@ -43,10 +39,10 @@ pub async fn serve(
     one_request.keep_alive(false);
     let slots = Arc::new(Semaphore::new(config.max_connections));
     let spare = Arc::new(Semaphore::new(PROBE_SLOTS));
-    let probes = router.clone().layer(axum::middleware::from_fn_with_state(
-        config.max_connections,
-        probes_only,
-    ));
+    // Requests on spare connections are marked; the router answers only the probes on them.
+    let probes = router.clone().layer(axum::Extension(SpareConnection {
+        max_connections: config.max_connections,
+    }));
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
     loop {
@@ -124,26 +120,6 @@ enum Slot {
     Full { _permit: OwnedSemaphorePermit },
     /// One of [`PROBE_SLOTS`]: the probes, and a 503 for the rest.
     Spare { _permit: OwnedSemaphorePermit },
-}
-
-/// The router of a spare connection: the probes pass, anything else is told the server is busy.
-async fn probes_only(
-    State(max_connections): State<usize>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if matches!(request.uri().path(), "/health" | "/ready") {
-        return next.run(request).await;
-    }
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "busy",
-        format!(
-            "all {max_connections} connection slots are in use (http.max_connections); retry in a moment"
-        ),
-    )
-    .with_retry_after(1)
-    .into_response()
 }
 
 /// Resolves once `stop` turns true (the `Ref` of `wait_for` is not `Send`, so it ends here).

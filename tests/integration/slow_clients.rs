@@ -16,15 +16,17 @@ fn config(http: &str) -> String {
 }
 
 /// Sends `head`, then `chunk` every 200 ms until the server answers; returns the answer and how
-/// long the body had been trickling. A connection told at once that the server is busy (an idle
-/// keep-alive connection of the test's client still holds a slot) is tried again.
+/// long the body had been trickling. `held` hears once the server has taken the body for 600 ms
+/// without an answer (it holds a full slot). A connection told at once that the server is busy
+/// (a connection of the test's client still holds a slot) is tried again.
 fn trickle(
     addr: String,
     head: &'static str,
     chunk: &'static [u8],
+    held: std::sync::mpsc::Sender<()>,
 ) -> JoinHandle<(String, Duration)> {
     std::thread::spawn(move || loop {
-        let (reply, took) = trickle_once(&addr, head, chunk);
+        let (reply, took) = trickle_once(&addr, head, chunk, &held);
         if !reply.starts_with("HTTP/1.1 503") {
             return (reply, took);
         }
@@ -32,14 +34,20 @@ fn trickle(
     })
 }
 
-fn trickle_once(addr: &str, head: &str, chunk: &[u8]) -> (String, Duration) {
+fn trickle_once(
+    addr: &str,
+    head: &str,
+    chunk: &[u8],
+    held: &std::sync::mpsc::Sender<()>,
+) -> (String, Duration) {
     let mut tcp = TcpStream::connect(addr).unwrap();
     tcp.write_all(head.as_bytes()).unwrap();
     tcp.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let started = Instant::now();
+    let mut told = false;
     let mut got = Vec::new();
-    while started.elapsed() < Duration::from_secs(30) {
+    while started.elapsed() < Duration::from_secs(60) {
         let mut buf = [0u8; 4096];
         match tcp.read(&mut buf) {
             Ok(0) => break,
@@ -50,6 +58,10 @@ fn trickle_once(addr: &str, head: &str, chunk: &[u8]) -> (String, Duration) {
                 }
             }
             Err(_) => {
+                if !told && got.is_empty() && started.elapsed() > Duration::from_millis(600) {
+                    told = true;
+                    let _ = held.send(());
+                }
                 if tcp.write_all(chunk).is_err() {
                     break;
                 }
@@ -61,9 +73,10 @@ fn trickle_once(addr: &str, head: &str, chunk: &[u8]) -> (String, Duration) {
 
 #[tokio::test]
 async fn a_trickled_upload_is_cut_off_and_probes_answer_while_it_holds_every_slot() {
-    // 40 bytes every 200 ms is 200 bytes/s: never a pause of a second, but a tenth of the pace.
+    // 40 bytes every 200 ms is 200 bytes/s: never a pause of 8 s, but a tenth of the pace (cut
+    // off after about 9 s: the checks below run while both uploads still hold their slots).
     let host = TestHost::start(&config(
-        "header_timeout_s = 1\nbody_idle_timeout_s = 3\nmin_body_rate_bytes_per_s = 2000\nmax_connections = 2",
+        "header_timeout_s = 1\nbody_idle_timeout_s = 8\nmin_body_rate_bytes_per_s = 2000\nmax_connections = 2",
     ))
     .await
     .ready()
@@ -72,21 +85,27 @@ async fn a_trickled_upload_is_cut_off_and_probes_answer_while_it_holds_every_slo
     let head =
         "POST /transcribe HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000000\r\n\r\nRIFF";
     let chunk: &[u8] = &[0u8; 40];
-    let slow: Vec<_> = (0..2).map(|_| trickle(addr.clone(), head, chunk)).collect();
-    // Both slots are taken once a third upload is told the server is busy.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let busy = loop {
-        let reply = host
-            .post("/transcribe")
-            .body(wav(0.2, 16000, 1))
-            .send()
-            .await;
-        match reply {
-            Ok(reply) if reply.status() == 503 => break reply,
-            _ => assert!(Instant::now() < deadline, "the slots were never all held"),
+    let (held, holding) = std::sync::mpsc::channel();
+    let slow: Vec<_> = (0..2)
+        .map(|_| trickle(addr.clone(), head, chunk, held.clone()))
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        for _ in 0..2 {
+            holding
+                .recv_timeout(Duration::from_secs(30))
+                .expect("both uploads hold a slot");
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await
+    .unwrap();
+    // Both slots are taken: a third upload is told the server is busy.
+    let busy = host
+        .post("/transcribe")
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(busy.status(), 503);
     assert_eq!(busy.headers()["retry-after"], "1");
     let body: serde_json::Value = busy.json().await.unwrap();
     assert_eq!(body["error"], "busy", "{body}");
@@ -97,6 +116,32 @@ async fn a_trickled_upload_is_cut_off_and_probes_answer_while_it_holds_every_slo
             .contains("max_connections"),
         "{body}"
     );
+    // A client that sends its whole upload before reading gets the 503 too, not a reset.
+    let whole = std::thread::spawn({
+        let addr = addr.clone();
+        move || {
+            let mut tcp = TcpStream::connect(&addr).unwrap();
+            let body = vec![0u8; 2 << 20];
+            tcp.write_all(
+                format!(
+                    "POST /transcribe HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+            tcp.write_all(&body).map_err(|e| e.to_string())?;
+            let mut reply = String::new();
+            tcp.read_to_string(&mut reply).map_err(|e| e.to_string())?;
+            Ok::<_, String>(reply)
+        }
+    });
+    let reply = tokio::task::spawn_blocking(move || whole.join().unwrap())
+        .await
+        .unwrap()
+        .expect("the whole upload was sent and the answer read");
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    assert!(reply.contains("\"busy\""), "{reply}");
     // The probes answer on the spare connections meanwhile.
     for probe in ["/health", "/ready"] {
         let reply = host.get(probe).send().await.unwrap();
@@ -108,7 +153,7 @@ async fn a_trickled_upload_is_cut_off_and_probes_answer_while_it_holds_every_slo
             .unwrap();
         assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
         assert!(reply.contains("min_body_rate_bytes_per_s"), "{reply}");
-        assert!(took < Duration::from_secs(10), "{took:?}");
+        assert!(took < Duration::from_secs(20), "{took:?}");
     }
     // The slots are free again: uploads are served in full.
     let events = host.transcribe("", wav(0.2, 16000, 1)).await;
@@ -126,8 +171,9 @@ async fn a_trickled_lease_request_is_cut_off() {
     .await;
     let addr = host.url.trim_start_matches("http://").to_string();
     let head = "POST /gpu/lease HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 60000\r\n\r\n{\"holder\": \"";
+    let (held, _holding) = std::sync::mpsc::channel();
     let (reply, took) =
-        tokio::task::spawn_blocking(move || trickle(addr, head, b"x").join().unwrap())
+        tokio::task::spawn_blocking(move || trickle(addr, head, b"x", held).join().unwrap())
             .await
             .unwrap();
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
@@ -175,14 +221,13 @@ fn small_window(addr: std::net::SocketAddr) -> TcpStream {
 
 #[tokio::test]
 async fn a_client_that_never_reads_its_answers_loses_its_slot() {
-    let host = TestHost::start(&config(
-        "header_timeout_s = 1\nsend_timeout_s = 1\nmax_connections = 1",
-    ))
-    .await
-    .ready()
-    .await;
+    let host = TestHost::start(&config("send_timeout_s = 1\nmax_connections = 1"))
+        .await
+        .ready()
+        .await;
     let addr: std::net::SocketAddr = host.url.trim_start_matches("http://").parse().unwrap();
     // Pipelined requests, their answers never read: the server's writes block.
+    let (held, holding) = std::sync::mpsc::channel();
     let flood = std::thread::spawn(move || {
         // On the one full slot, not a spare one (an idle keep-alive connection of the test's
         // client may hold the slot a moment longer): the first answer is read, and is not a 503.
@@ -197,6 +242,7 @@ async fn a_client_that_never_reads_its_answers_loses_its_slot() {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
+        held.send(()).unwrap();
         let requests = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n".repeat(2000);
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(30) {
@@ -206,9 +252,13 @@ async fn a_client_that_never_reads_its_answers_loses_its_slot() {
         }
         started.elapsed()
     });
+    tokio::task::spawn_blocking(move || holding.recv_timeout(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("the flood holds the slot");
     // While the flood holds the one slot, other requests are told the server is busy; once
     // the blocked write has waited send_timeout_s, the slot is free and they are served.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(30);
     let mut busy = 0;
     loop {
         let reply = host.get("/status").send().await.unwrap();
@@ -223,6 +273,6 @@ async fn a_client_that_never_reads_its_answers_loses_its_slot() {
     let held = tokio::task::spawn_blocking(move || flood.join().unwrap())
         .await
         .unwrap();
-    assert!(held < Duration::from_secs(20), "{held:?}");
+    assert!(held < Duration::from_secs(30), "{held:?}");
     host.stop().await;
 }

@@ -40,13 +40,44 @@ def test_unheard_keeps_pauses_with_enough_speech_padded_inside_the_pause():
             return [(3 * gaps.RATE, 5 * gaps.RATE), (6 * gaps.RATE, 8 * gaps.RATE)]
         return [(0, gaps.RATE // 2)]  # the tail: half a second, a cough
 
-    assert gaps.unheard(audio, segments, 30.0, speech_in) == [(4.8, 10.2)]
+    # Each stretch of speech on its own, padded; the silence between them is not decoded.
+    assert gaps.unheard(audio, segments, 30.0, speech_in) == [(4.8, 7.2), (7.8, 10.2)]
     assert asked == [18.0, 9.0]
 
 
 def test_recovered_segments_go_in_their_places():
     a, b, c = seg(0.0, 1.0), seg(5.0, 6.0), seg(2.0, 3.0)
     assert gaps.merged([a, b], [c]) == [a, c, b]
+
+
+def said(start, end, text):
+    words = text.split()
+    step = (end - start) / len(words)
+    return {
+        "start": start,
+        "end": end,
+        "text": text,
+        "words": [
+            word(start + i * step, start + (i + 1) * step) | {"word": w}
+            for i, w in enumerate(words)
+        ],
+    }
+
+
+def test_a_segment_that_recovered_speech_says_again_is_a_suspect():
+    misplaced = said(47.0, 57.0, "If you'd like to test out the voice over IP capabilities")
+    kept = said(60.0, 62.0, "press one to continue")
+    recovered = said(
+        27.2, 37.4, "if you'd like to test out the VoiceOverIP capabilities of asterisk"
+    )
+    assert gaps.repeats(misplaced, [recovered])
+    assert not gaps.repeats(kept, [recovered])
+    # Short phrases said twice are speech said twice.
+    assert not gaps.repeats(said(40.0, 41.0, "yes yes"), [said(30.0, 31.0, "yes yes")])
+    # Far away, the same words are another occurrence.
+    assert not gaps.repeats(said(90.0, 95.0, misplaced["text"]), [recovered])
+    assert gaps.says(kept, [said(0.0, 3.0, "please press one to continue now")])
+    assert not gaps.says(kept, [said(0.0, 3.0, "a 28.8 kilobit modem")])
 
 
 def test_speech_a_lost_window_held_is_decoded_again(tmp_path, speech_wav):
@@ -78,15 +109,66 @@ def test_speech_a_lost_window_held_is_decoded_again(tmp_path, speech_wav):
 
     transcriber.model.transcribe = losing_the_second_sentence
     result = transcriber.transcribe(str(twice))
-    assert len(clips) == 2 and clips[0] is None, clips
+    # The full pass, the lost sentence, and the first one checked (the same words said twice
+    # within 30 s are a suspect until its own span is decoded again: it stays).
+    assert len(clips) == 3 and clips[0] is None, clips
+    assert clips[2][0] == 0.0 and clips[2][1] < spoken + 0.5, clips
     start, end = clips[1]
     assert spoken + 3 < start < end <= 2 * spoken + 4 + 0.01, (clips, spoken)
     later = " ".join(
         w["word"] for s in result["segments"] for w in s["words"] if w["start"] > spoken + 3
     ).lower()
     assert "world" in later and "worker" in later, result["segments"]
+    text = " ".join(s["text"] for s in result["segments"]).lower()
+    assert text.count("worker") == 2, result["segments"]
     starts = [s["start"] for s in result["segments"]]
     assert starts == sorted(starts)
+
+
+def test_words_kept_at_the_wrong_time_are_not_said_twice(tmp_path, speech_wav):
+    """The first pass keeps the second sentence but squeezes it into the pause before it (the
+    other way a window goes wrong): the sentence decoded again where it is replaces it."""
+    import dataclasses
+    import wave
+
+    from gpuhost_asr.engine import AsrSettings, Transcriber
+
+    with wave.open(speech_wav) as w:
+        rate, frames = w.getframerate(), w.readframes(w.getnframes())
+    twice = tmp_path / "twice.wav"
+    with wave.open(str(twice), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(frames + b"\0\0" * (4 * rate) + frames)
+    spoken = len(frames) / 2 / rate
+    transcriber = Transcriber(AsrSettings())
+    decode = transcriber.model.transcribe
+
+    def misaligned(audio, **options):
+        segments, info = decode(audio, **options)
+        if options.get("clip_timestamps") is not None:
+            return segments, info
+        out, base = [], spoken + 0.2
+        for s in segments:
+            if s.start > spoken + 1:
+                k = 0.8 / max(1e-3, s.end - s.start)
+                words = [
+                    dataclasses.replace(
+                        w, start=base + (w.start - s.start) * k, end=base + (w.end - s.start) * k
+                    )
+                    for w in s.words
+                ]
+                s = dataclasses.replace(s, start=base, end=base + 0.8, words=words)
+            out.append(s)
+        return out, info
+
+    transcriber.model.transcribe = misaligned
+    result = transcriber.transcribe(str(twice))
+    text = " ".join(s["text"] for s in result["segments"]).lower()
+    assert text.count("worker") == 2, result["segments"]
+    later = [w for s in result["segments"] for w in s["words"] if w["start"] > spoken + 3]
+    assert any("worker" in w["word"].lower() for w in later), result["segments"]
 
 
 def test_nothing_is_decoded_again_when_nothing_was_lost(tmp_path, speech_wav):

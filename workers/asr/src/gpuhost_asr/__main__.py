@@ -24,8 +24,14 @@ class AsrWorker(Worker):
         self.transcriber.warm_up(np.asarray(synthetic_voices(16000), dtype=np.float32))
 
     def run(self, task, progress):
+        furthest = [0.0]
+
         def on_segment(segment, duration):
-            fraction = segment["end"] / duration if duration else None
+            # Speech decoded again (gaps.py) comes after the rest: the fraction never goes back.
+            fraction = None
+            if duration:
+                furthest[0] = max(furthest[0], segment["end"] / duration)
+                fraction = furthest[0]
             progress(
                 fraction,
                 segment["text"],

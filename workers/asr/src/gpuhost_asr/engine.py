@@ -251,13 +251,37 @@ class Transcriber:
         )
         out = [segment_of(seg, info.duration, on_segment) for seg in segments]
         if self.settings.recover_gaps:
-            recovered = []
-            for start, end in gaps.unheard(audio, out, info.duration, speech_in):
+            tried: list = []
+            for _ in range(gaps.ROUNDS):
+                clips = [
+                    c
+                    for c in gaps.unheard(audio, out, info.duration, speech_in)
+                    if not any(a <= (c[0] + c[1]) / 2 <= b for a, b in tried)
+                ]
+                if not clips:
+                    break
+                tried += clips
                 again, _ = self.model.transcribe(
-                    audio, language=info.language, clip_timestamps=[start, end], **decoding
+                    audio,
+                    language=info.language,
+                    clip_timestamps=[t for clip in clips for t in clip],
+                    **decoding,
                 )
-                recovered += [segment_of(seg, info.duration, on_segment) for seg in again]
-            out = gaps.merged(out, recovered)
+                recovered = [segment_of(seg, info.duration, on_segment) for seg in again]
+                for suspect in [s for s in out if gaps.repeats(s, recovered)]:
+                    check, _ = self.model.transcribe(
+                        audio,
+                        language=info.language,
+                        clip_timestamps=[suspect["start"], suspect["end"]],
+                        **decoding,
+                    )
+                    check = [segment_of(seg, info.duration, None) for seg in check]
+                    if not gaps.says(suspect, check):
+                        # Misplaced: what its span really holds takes its place.
+                        out.remove(suspect)
+                        recovered += check
+                        tried.append((suspect["start"], suspect["end"]))
+                out = gaps.merged(out, recovered)
         return {
             "language": info.language,
             "language_probability": round(info.language_probability, 4),
