@@ -135,6 +135,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let mut renewer = renewer;
     let mut lost = false;
     let mut stopping = Stopping::No;
+    let mut reap = tokio::time::interval(Duration::from_secs(1));
     let status = loop {
         tokio::select! {
             status = program.wait() => break status?,
@@ -144,6 +145,10 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
             _ = &mut renewer, if !lost => {
                 lost = true;
                 stopping.begin(&program, &format!("lease {lease_id} is gone (expired, released, or the server is unreachable or restarted)"));
+            }
+            // What the program detached and that exited since is reaped (no zombies pile up).
+            _ = reap.tick() => {
+                let _ = tokio::task::spawn_blocking(|| gpuhost::process::adopted::reap(&gpuhost::gpu::procfs::ProcFs::new("/proc"))).await;
             }
             _ = tokio::time::sleep_until(stopping.kill_at()), if matches!(stopping, Stopping::Grace(_)) => {
                 program.signal(libc::SIGKILL);

@@ -48,11 +48,22 @@ impl ProcFs {
 
     /// The process group of `pid` (field 5 of its `stat`, after the command in parentheses).
     pub fn pgid(&self, pid: u32) -> Option<u32> {
+        self.stat_field(pid, 5)
+    }
+
+    /// When `pid` started, in clock ticks since boot (field 22 of its `stat`): with the pid, it
+    /// names one process, even after the pid is reused.
+    pub fn start_time(&self, pid: u32) -> Option<u64> {
+        self.stat_field(pid, 22)
+    }
+
+    /// Field `n` (counted from 1, as in proc(5)) of `pid`'s `stat`, from the 3rd on.
+    fn stat_field<T: std::str::FromStr>(&self, pid: u32, n: usize) -> Option<T> {
         let stat = std::fs::read_to_string(self.root.join(pid.to_string()).join("stat")).ok()?;
         stat.rsplit_once(')')?
             .1
             .split_whitespace()
-            .nth(2)?
+            .nth(n - 3)?
             .parse()
             .ok()
     }
@@ -162,16 +173,24 @@ impl ProcFs {
 
     /// `root` and every visible process below it, found in one pass over the tree.
     pub fn descendants(&self, root: u32) -> Vec<u32> {
+        self.descendants_of(&[root])
+    }
+
+    /// `roots` and every visible process below any of them, each once.
+    pub fn descendants_of(&self, roots: &[u32]) -> Vec<u32> {
         let parents: Vec<(u32, u32)> = self
             .pids()
             .into_iter()
             .filter_map(|pid| Some((pid, self.ppid(pid)?)))
             .collect();
-        let mut tree = vec![root];
+        let mut seen = std::collections::HashSet::new();
+        let mut tree: Vec<u32> = roots.iter().copied().filter(|r| seen.insert(*r)).collect();
         let mut i = 0;
         while i < tree.len() {
             let pid = tree[i];
-            tree.extend(parents.iter().filter(|(_, p)| *p == pid).map(|(c, _)| *c));
+            let children = parents.iter().filter(|(_, p)| *p == pid).map(|(c, _)| *c);
+            let new: Vec<u32> = children.filter(|c| seen.insert(*c)).collect();
+            tree.extend(new);
             i += 1;
         }
         tree

@@ -80,11 +80,10 @@ impl Drop for Foreground {
 }
 
 /// Runs a user's program in the foreground (`gpuhost lease -- CMD`): same terminal, same process
-/// group (Ctrl-C reaches it), inherited stdio. If gpuhost dies, the orphan guard stops the
-/// program's whole tree (SIGTERM, a second, SIGKILL), since the lease it runs under ends then
-/// too; without a guard the program itself gets SIGTERM (`PR_SET_PDEATHSIG`). (With a guard the
-/// death signal is left off: the program would die at once and orphan its children before the
-/// guard could find them below it.)
+/// group (Ctrl-C reaches it), inherited stdio. If gpuhost dies, the program gets SIGTERM
+/// (`PR_SET_PDEATHSIG`), and the orphan guard stops its whole tree and what the client had
+/// adopted (SIGTERM, a second, SIGKILL: from its last look a second before, so children the
+/// program's death orphans are not missed), since the lease it runs under ends then too.
 pub fn spawn_foreground(argv: &[String]) -> io::Result<Foreground> {
     let (program, args) = argv
         .split_first()
@@ -95,20 +94,18 @@ pub fn spawn_foreground(argv: &[String]) -> io::Result<Foreground> {
     for key in SECRET_ENV {
         cmd.env_remove(key);
     }
-    if !guard::installed() {
-        // SAFETY: only async-signal-safe calls (prctl) between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGTERM as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                );
-                Ok(())
-            });
-        }
+    // SAFETY: only async-signal-safe calls (prctl) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGTERM as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            Ok(())
+        });
     }
     let child = adopted::recorded(|| cmd.spawn(), Child::id)?;
     let pid = child.id();

@@ -7,9 +7,12 @@
 //! The host holds the write end of a pipe (close-on-exec, so no child inherits it) and writes
 //! `+PGID` / `-PGID` lines for process groups and `>PID` / `<PID` for process trees (the
 //! foreground program of `gpuhost lease`, which shares the client's group); the guard reads them.
-//! When the host dies, however it dies, the kernel closes the write end, the guard reads EOF,
-//! sends SIGTERM to each group and to each tree's processes (found below its root in `/proc`)
-//! still registered, gives them a moment, SIGKILLs what is left and exits.
+//! Between lines, once a second, the guard notes every process below the host with its start
+//! time: a descendant that left its group (`setsid`) or was orphaned a moment before the host
+//! died is in that look. When the host dies, however it dies, the kernel closes the write end,
+//! the guard reads EOF, sends SIGTERM to each group still registered, to each tree's processes
+//! and to those of its last look that are still the same processes (with everything below
+//! them), gives them a moment, SIGKILLs what is left and exits.
 //!
 //! The write end lives in a process-wide cell: like the pid, the guard belongs to the process,
 //! not to any one owner of children.
@@ -32,13 +35,14 @@ pub fn install() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     let (read_end, write_end) = (fds[0], fds[1]);
+    let host = std::process::id();
     // SAFETY: the caller guarantees a single-threaded process, so the child may run any code.
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
         0 => {
             // SAFETY: closing our copy of the write end; the host keeps its own.
             unsafe { libc::close(write_end) };
-            run_guard(read_end)
+            run_guard(read_end, host)
         }
         guard => {
             super::adopted::record(guard as u32);
@@ -70,11 +74,6 @@ pub(super) fn unregister_tree(pid: u32) {
     send(&format!("<{pid}\n"));
 }
 
-/// Whether a guard watches this process (then it, not a death signal, stops what is registered).
-pub(super) fn installed() -> bool {
-    GUARD.get().is_some()
-}
-
 fn send(line: &str) {
     let Some(fd) = GUARD.get() else {
         return; // no guard (library use, tests in-process): PR_SET_PDEATHSIG still applies
@@ -88,7 +87,7 @@ fn send(line: &str) {
 }
 
 /// The guard's whole life. Never returns.
-fn run_guard(read_end: RawFd) -> ! {
+fn run_guard(read_end: RawFd, host: u32) -> ! {
     // SAFETY: plain syscalls in the freshly forked, single-threaded child.
     unsafe {
         // Its own session: a Ctrl-C or SIGHUP aimed at the host's terminal group passes it by.
@@ -115,8 +114,8 @@ fn run_guard(read_end: RawFd) -> ! {
             }
         }
     }
-    let registered = read_registrations(3);
-    stop(&registered);
+    let (registered, seen) = watch(3, host);
+    stop(&registered, &seen);
     // SAFETY: leave without running the host's atexit handlers or destructors.
     unsafe { libc::_exit(0) }
 }
@@ -129,19 +128,45 @@ struct Registered {
     trees: Vec<libc::pid_t>,
 }
 
-/// Reads registration lines until EOF; returns what is still registered.
-fn read_registrations(fd: RawFd) -> Registered {
+/// How often the guard notes the host's descendants.
+const LOOK_EVERY_MS: libc::c_int = 1000;
+
+/// A process as the guard saw it: its pid and start time (so a reused pid is never taken for it).
+type Seen = Vec<(u32, u64)>;
+
+/// Reads registration lines until EOF, and between them, every second, notes every process
+/// below the host. Returns what is still registered and the last such look: a process that
+/// left its group (`setsid`) or whose parent died just before the host (a SIGTERMed wrapper,
+/// its children gone to init) is in it.
+fn watch(fd: RawFd, host: u32) -> (Registered, Seen) {
+    let procfs = ProcFs::new("/proc");
+    let me = std::process::id();
     let mut registered = Registered::default();
+    let mut seen = Seen::new();
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
+        let mut poll = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polls one descriptor of ours.
+        let ready = unsafe { libc::poll(&mut poll, 1, LOOK_EVERY_MS) };
+        if ready == 0 {
+            // SAFETY: getppid has no preconditions.
+            if unsafe { libc::getppid() } as u32 == host {
+                seen = below(&procfs, &[host], me);
+            }
+            continue;
+        }
         // SAFETY: reading into a local buffer.
         let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
             continue;
         }
         if n <= 0 {
-            return registered;
+            return (registered, seen);
         }
         pending.extend_from_slice(&buf[..n as usize]);
         while let Some(end) = pending.iter().position(|&b| b == b'\n') {
@@ -149,6 +174,16 @@ fn read_registrations(fd: RawFd) -> Registered {
             apply(&mut registered, &line[..line.len() - 1]);
         }
     }
+}
+
+/// `roots` and every process below them but `me`, with their start times.
+fn below(procfs: &ProcFs, roots: &[u32], me: u32) -> Seen {
+    let pids = procfs
+        .descendants_of(roots)
+        .into_iter()
+        .filter(|&p| p != me && p > 1);
+    pids.filter_map(|p| Some((p, procfs.start_time(p)?)))
+        .collect()
 }
 
 fn apply(registered: &mut Registered, line: &[u8]) {
@@ -172,42 +207,43 @@ fn apply(registered: &mut Registered, line: &[u8]) {
     }
 }
 
-/// SIGTERM to every group and every process of every tree, up to a second for them to go, then
-/// SIGKILL to what is left (the trees read again: a process that died meanwhile left its
-/// children to init, out of the tree, so the first reading's pids are signalled too).
-fn stop(registered: &Registered) {
+/// SIGTERM to every group, and to every process of every tree and of the last look below the
+/// host (with all below them now), up to a second for them to go, then SIGKILL to what is left
+/// (read again: a process that died meanwhile left its children to init). A process is signalled
+/// only while its start time is the one seen, so a reused pid is never hit.
+fn stop(registered: &Registered, seen: &Seen) {
     let procfs = ProcFs::new("/proc");
-    let members = || -> Vec<libc::pid_t> {
-        let pids = registered
-            .trees
-            .iter()
-            .filter_map(|&t| u32::try_from(t).ok());
-        pids.flat_map(|t| procfs.descendants(t))
-            .filter_map(|p| libc::pid_t::try_from(p).ok())
-            .collect()
+    let me = std::process::id();
+    let targets = |also: &Seen| -> Seen {
+        let same = |&(p, start): &(u32, u64)| procfs.start_time(p) == Some(start);
+        let mut roots: Vec<u32> = registered.trees.iter().map(|&t| t as u32).collect();
+        roots.extend(seen.iter().chain(also).filter(|s| same(s)).map(|s| s.0));
+        below(&procfs, &roots, me)
     };
-    let first = members();
-    // SAFETY: signals to process groups and processes; one that is gone yields ESRCH.
-    let signal_all = |pids: &[libc::pid_t], signal| {
+    let signal = |targets: &Seen, signal| {
         for &g in &registered.groups {
+            // SAFETY: signals a process group; one that is gone yields ESRCH.
             unsafe { libc::killpg(g, signal) };
         }
-        for &p in pids {
-            unsafe { libc::kill(p, signal) };
+        for &(p, start) in targets {
+            if procfs.start_time(p) == Some(start) {
+                // SAFETY: signals the process just checked to be the one seen.
+                unsafe { libc::kill(p as libc::pid_t, signal) };
+            }
         }
     };
-    signal_all(&first, libc::SIGTERM);
-    let alive_group = |g: libc::pid_t| unsafe { libc::killpg(g, 0) } == 0;
-    let alive = |p: libc::pid_t| !procfs.zombie(p as u32) && unsafe { libc::kill(p, 0) } == 0;
+    let first = targets(&Seen::new());
+    signal(&first, libc::SIGTERM);
+    // SAFETY: signal 0 only checks that a group exists.
+    let group_alive = |g: libc::pid_t| unsafe { libc::killpg(g, 0) } == 0;
+    let alive = |&(p, start): &(u32, u64)| procfs.start_time(p) == Some(start) && !procfs.zombie(p);
     let deadline = Instant::now() + Duration::from_secs(1);
-    while (registered.groups.iter().any(|&g| alive_group(g)) || first.iter().any(|&p| alive(p)))
+    while (registered.groups.iter().any(|&g| group_alive(g)) || first.iter().any(alive))
         && Instant::now() < deadline
     {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let mut last = members();
-    last.extend(first.iter().filter(|&&p| alive(p)));
-    signal_all(&last, libc::SIGKILL);
+    signal(&targets(&first), libc::SIGKILL);
 }
 
 #[cfg(test)]

@@ -676,6 +676,117 @@ async fn a_sigkilled_lease_client_takes_its_programs_whole_tree() {
     host.stop().await;
 }
 
+/// The children of `parent` as (pid, comm, zombie), read from /proc.
+fn children_of(parent: u32) -> Vec<(u32, String, bool)> {
+    let procfs = gpuhost::gpu::procfs::ProcFs::new("/proc");
+    procfs
+        .pids()
+        .into_iter()
+        .filter(|&p| procfs.ppid(p) == Some(parent))
+        .map(|p| (p, procfs.comm(p).unwrap_or_default(), procfs.zombie(p)))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_sigkilled_lease_client_takes_what_it_had_adopted_and_reaps_meanwhile() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    // Fifty short-lived detached helpers (zombies of the client once they exit, until reaped)
+    // and one long one, orphaned to the client: outside the program's tree.
+    let script = format!(
+        "for i in $(seq 50); do (true &); done; (sleep 6024 & echo $! > {}/detached); sleep 600",
+        dir.path().display()
+    );
+    let mut child = lease_command(&host, &["--ttl", "600"], &["sh", "-c", &script])
+        .stderr(std::fs::File::create(dir.path().join("err")).unwrap())
+        .spawn()
+        .unwrap();
+    let client = child.id();
+    let detached = || -> Option<u32> {
+        std::fs::read_to_string(dir.path().join("detached"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    wait_for(
+        "the detached helper to be adopted and the exited ones reaped",
+        Duration::from_secs(10),
+        || {
+            let under = children_of(client);
+            let adopted = detached().is_some_and(|d| under.iter().any(|c| c.0 == d));
+            let zombies = under.iter().filter(|c| c.2).count();
+            async move { adopted && zombies == 0 }
+        },
+    )
+    .await;
+    let detached = detached().unwrap();
+    // The guard notes what is below the client once a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_for(
+        "what the client had adopted to be stopped with it",
+        Duration::from_secs(10),
+        || {
+            let gone = !pid_alive(detached);
+            async move { gone }
+        },
+    )
+    .await;
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_leased_program_still_gets_sigterm_when_its_client_and_guard_are_killed() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = lease_command(&host, &["--ttl", "600"], &["sleep", "6025"])
+        .stderr(std::fs::File::create(dir.path().join("err")).unwrap())
+        .spawn()
+        .unwrap();
+    lease_shows(&host).await;
+    let client = child.id();
+    let mut program = None;
+    wait_for("the program to start", Duration::from_secs(10), || {
+        program = children_of(client)
+            .into_iter()
+            .find(|c| c.1 == "sleep")
+            .map(|c| c.0);
+        let started = program.is_some();
+        async move { started }
+    })
+    .await;
+    let program = program.unwrap();
+    // `pkill -9 gpuhost` takes both (the guard's name is gpuhost-guard).
+    for (pid, comm, _) in children_of(client) {
+        if comm == "gpuhost-guard" {
+            // SAFETY: kill(2) on the guard, a child of our child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_for(
+        "the program to get its death signal",
+        Duration::from_secs(10),
+        || {
+            let gone = !pid_alive(program);
+            async move { gone }
+        },
+    )
+    .await;
+    host.stop().await;
+}
+
 #[tokio::test]
 async fn what_a_leased_program_detaches_is_stopped_when_it_ends() {
     let gpu = FakeGpu::new(IDLE);

@@ -239,3 +239,28 @@ async fn a_live_workers_helper_whose_parent_exited_is_left_alone() {
     drop(binary);
     until_dead(helper, "the helper to go with its worker's group").await;
 }
+
+#[tokio::test]
+async fn a_child_that_left_the_workers_group_goes_with_a_sigkilled_host() {
+    let binary = Binary::start(
+        &format!(
+            "[pipeline]\nstages = [\"w\"]\n{}",
+            fake_worker(
+                "w",
+                "env = { FAKE_GRANDCHILD = \"session\", FAKE_PID_DIR = \"{DIR}\" }"
+            )
+        ),
+        &[],
+    );
+    binary.ready_workers(1).await;
+    let children = child_pids(binary.dir.path());
+    assert_eq!(children.len(), 1, "{children:?}");
+    // The orphan guard notes what is below the host once a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    binary.signal(libc::SIGKILL);
+    until_dead(
+        children[0],
+        "the session child to go with the SIGKILLed host",
+    )
+    .await;
+}
