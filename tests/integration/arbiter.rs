@@ -729,13 +729,9 @@ async fn a_sigkilled_lease_client_takes_what_it_had_adopted_and_reaps_meanwhile(
     std::thread::sleep(Duration::from_millis(1500));
     child.kill().unwrap();
     child.wait().unwrap();
-    wait_for(
+    until_dead(
+        detached,
         "what the client had adopted to be stopped with it",
-        Duration::from_secs(10),
-        || {
-            let gone = !pid_alive(detached);
-            async move { gone }
-        },
     )
     .await;
     host.stop().await;
@@ -775,15 +771,7 @@ async fn a_leased_program_still_gets_sigterm_when_its_client_and_guard_are_kille
     }
     child.kill().unwrap();
     child.wait().unwrap();
-    wait_for(
-        "the program to get its death signal",
-        Duration::from_secs(10),
-        || {
-            let gone = !pid_alive(program);
-            async move { gone }
-        },
-    )
-    .await;
+    until_dead(program, "the program to get its death signal").await;
     host.stop().await;
 }
 

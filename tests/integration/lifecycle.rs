@@ -135,20 +135,10 @@ fn child_pids(dir: &std::path::Path) -> Vec<u32> {
         .collect()
 }
 
-async fn until_dead(pid: u32, what: &str) {
-    wait_for(
-        what,
-        Duration::from_secs(10),
-        || async move { !pid_alive(pid) },
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_child_that_left_the_workers_group_goes_with_the_worker_and_with_the_host() {
-    // The worker's child calls setsid: no group kill reaches it, and the orphan guard's groups
-    // do not hold it. The host adopts it as subreaper when its worker dies and kills it.
-    let mut binary = Binary::start(
+/// The binary with one worker whose child runs in a session of its own (`setsid`, outside the
+/// worker's process group); the child's pid is in `DIR/<pid>.child`.
+fn with_a_session_child() -> Binary {
+    Binary::start(
         &format!(
             "[pipeline]\nstages = [\"w\"]\n{}",
             fake_worker(
@@ -157,7 +147,14 @@ async fn a_child_that_left_the_workers_group_goes_with_the_worker_and_with_the_h
             )
         ),
         &[],
-    );
+    )
+}
+
+#[tokio::test]
+async fn a_child_that_left_the_workers_group_goes_with_the_worker_and_with_the_host() {
+    // The worker's child calls setsid: no group kill reaches it, and the orphan guard's groups
+    // do not hold it. The host adopts it as subreaper when its worker dies and kills it.
+    let mut binary = with_a_session_child();
     binary.ready_workers(1).await;
     let client = reqwest::Client::new();
     let first = child_pids(binary.dir.path());
@@ -242,16 +239,7 @@ async fn a_live_workers_helper_whose_parent_exited_is_left_alone() {
 
 #[tokio::test]
 async fn a_child_that_left_the_workers_group_goes_with_a_sigkilled_host() {
-    let binary = Binary::start(
-        &format!(
-            "[pipeline]\nstages = [\"w\"]\n{}",
-            fake_worker(
-                "w",
-                "env = { FAKE_GRANDCHILD = \"session\", FAKE_PID_DIR = \"{DIR}\" }"
-            )
-        ),
-        &[],
-    );
+    let binary = with_a_session_child();
     binary.ready_workers(1).await;
     let children = child_pids(binary.dir.path());
     assert_eq!(children.len(), 1, "{children:?}");

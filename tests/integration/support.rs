@@ -88,6 +88,16 @@ where
     }
 }
 
+/// Waits up to 10 s for `pid` to be gone (exited, or a zombie); panics with `what` otherwise.
+pub async fn until_dead(pid: u32, what: &str) {
+    wait_for(
+        what,
+        Duration::from_secs(10),
+        || async move { !pid_alive(pid) },
+    )
+    .await;
+}
+
 pub fn pid_alive(pid: u32) -> bool {
     // A zombie still answers kill(0); read its state instead.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

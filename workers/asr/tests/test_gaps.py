@@ -80,13 +80,9 @@ def test_a_segment_that_recovered_speech_says_again_is_a_suspect():
     assert not gaps.says(kept, [said(0.0, 3.0, "a 28.8 kilobit modem")])
 
 
-def test_speech_a_lost_window_held_is_decoded_again(tmp_path, speech_wav):
-    """The real model and VAD, with the first pass made to lose the second sentence (as tiny.en
-    lost 27-47 s of a real telephone reading): the pause is found, decoded again, and its words
-    are in the result."""
+def said_twice(tmp_path, speech_wav):
+    """The sentence of `speech_wav`, 4 s of silence, the sentence again; and its length (s)."""
     import wave
-
-    from gpuhost_asr.engine import AsrSettings, Transcriber
 
     with wave.open(speech_wav) as w:
         rate, frames = w.getframerate(), w.readframes(w.getnframes())
@@ -96,7 +92,16 @@ def test_speech_a_lost_window_held_is_decoded_again(tmp_path, speech_wav):
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes(frames + b"\0\0" * (4 * rate) + frames)
-    spoken = len(frames) / 2 / rate
+    return twice, len(frames) / 2 / rate
+
+
+def test_speech_a_lost_window_held_is_decoded_again(tmp_path, speech_wav):
+    """The real model and VAD, with the first pass made to lose the second sentence (as tiny.en
+    lost 27-47 s of a real telephone reading): the pause is found, decoded again, and its words
+    are in the result."""
+    from gpuhost_asr.engine import AsrSettings, Transcriber
+
+    twice, spoken = said_twice(tmp_path, speech_wav)
     transcriber = Transcriber(AsrSettings())
     decode, clips = transcriber.model.transcribe, []
 
@@ -129,19 +134,10 @@ def test_words_kept_at_the_wrong_time_are_not_said_twice(tmp_path, speech_wav):
     """The first pass keeps the second sentence but squeezes it into the pause before it (the
     other way a window goes wrong): the sentence decoded again where it is replaces it."""
     import dataclasses
-    import wave
 
     from gpuhost_asr.engine import AsrSettings, Transcriber
 
-    with wave.open(speech_wav) as w:
-        rate, frames = w.getframerate(), w.readframes(w.getnframes())
-    twice = tmp_path / "twice.wav"
-    with wave.open(str(twice), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(frames + b"\0\0" * (4 * rate) + frames)
-    spoken = len(frames) / 2 / rate
+    twice, spoken = said_twice(tmp_path, speech_wav)
     transcriber = Transcriber(AsrSettings())
     decode = transcriber.model.transcribe
 
