@@ -165,6 +165,15 @@ impl ProcFs {
         Some(pids)
     }
 
+    /// Whether this tree is this process's own PID namespace's (`self` names our pid): only then
+    /// do its pids name the processes this process can signal.
+    pub fn is_own(&self) -> bool {
+        std::fs::read_link(self.root.join("self"))
+            .ok()
+            .and_then(|l| l.to_str()?.parse::<u32>().ok())
+            == Some(std::process::id())
+    }
+
     /// Whether `pid` is positively gone: its entry does not exist (a failed read is not that).
     pub fn gone(&self, pid: u32) -> bool {
         std::fs::metadata(self.root.join(pid.to_string()))

@@ -30,6 +30,8 @@ use crate::AppState;
 const DRAIN_BYTES: u64 = 32 * 1024 * 1024;
 /// How long a refused body is read for, pauses included.
 const DRAIN_FOR: Duration = Duration::from_secs(30);
+/// How long a refused body on a spare connection is read for.
+const SPARE_DRAIN_FOR: Duration = Duration::from_secs(2);
 /// How many refused bodies are read at once; past that, the connection is closed on the body.
 const DRAINS_AT_ONCE: usize = 16;
 
@@ -64,6 +66,17 @@ pub(super) async fn refused(State(app): State<AppState>, request: Request, next:
         return next.run(request).await;
     }
     let expects = expects_continue(request.headers());
+    // A spare connection (past `max_connections`) is drained briefly: it must be free again
+    // soon for the probes.
+    let drain_for = if request
+        .extensions()
+        .get::<super::SpareConnection>()
+        .is_some()
+    {
+        SPARE_DRAIN_FOR
+    } else {
+        DRAIN_FOR
+    };
     let (parts, body) = request.into_parts();
     let shared = Arc::new(Shared {
         stream: Mutex::new(Some(body.into_data_stream())),
@@ -101,7 +114,7 @@ pub(super) async fn refused(State(app): State<AppState>, request: Request, next:
             };
             tokio::spawn(async move {
                 let _permit = permit;
-                drop_rest(rest, limits).await;
+                drop_rest(rest, limits, drain_for).await;
             });
         }
     }
@@ -129,12 +142,12 @@ fn is_refusal(status: StatusCode) -> bool {
 }
 
 /// Reads and drops `rest` until it ends, errs, passes `limits` (through the upload's own body
-/// guard: [`DRAIN_BYTES`], the pause and pace limits), or [`DRAIN_FOR`] has passed; then drops
+/// guard: [`DRAIN_BYTES`], the pause and pace limits), or `drain_for` has passed; then drops
 /// it (the connection closes).
-async fn drop_rest(rest: BodyDataStream, limits: BodyLimits) {
+async fn drop_rest(rest: BodyDataStream, limits: BodyLimits, drain_for: Duration) {
     let (guarded, _) = guard(Request::new(Body::from_stream(rest)), limits);
     let mut data = guarded.into_body().into_data_stream();
-    let _ = tokio::time::timeout(DRAIN_FOR, async {
+    let _ = tokio::time::timeout(drain_for, async {
         while let Some(Ok(_)) = data.next().await {}
     })
     .await;
@@ -194,7 +207,7 @@ mod tests {
             idle: Duration::from_millis(50),
             min_rate: 0,
         };
-        drop_rest(rest, limits).await;
+        drop_rest(rest, limits, DRAIN_FOR).await;
         assert!(started.elapsed() < Duration::from_secs(5));
     }
 }

@@ -67,6 +67,9 @@ pub(super) fn record(pid: u32) {
 /// cannot be read is left out. Prunes the record of started pids that are gone.
 fn strays(proc: &ProcFs, started: &mut BTreeSet<u32>) -> Option<Vec<(u32, bool)>> {
     let me = std::process::id();
+    if !proc.is_own() {
+        return None; // another PID namespace's /proc: its pids are not our processes
+    }
     let pids = proc.try_pids()?;
     // Forgotten only once its /proc entry is gone (reaped), never because a read failed.
     started.retain(|&pid| !proc.gone(pid));
@@ -186,8 +189,15 @@ mod tests {
         assert!(sweep(&ProcFs::new("/nonexistent/proc")).is_empty());
         assert!(adopted(&ProcFs::new("/nonexistent/proc")).is_empty());
         assert!(started().contains(&ghost), "forgotten on a failed read");
+        // Another PID namespace's /proc (its `self` is not us) is not read at all.
+        let foreign = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("1", foreign.path().join("self")).unwrap();
+        assert!(sweep(&ProcFs::new(foreign.path())).is_empty());
+        assert!(started().contains(&ghost), "forgotten on a foreign /proc");
         // Once /proc says it is gone, it is forgotten (an empty tree: nothing else is touched).
         let empty = tempfile::tempdir().unwrap();
+        let me = std::process::id().to_string();
+        std::os::unix::fs::symlink(&me, empty.path().join("self")).unwrap();
         sweep(&ProcFs::new(empty.path()));
         assert!(!started().contains(&ghost));
     }

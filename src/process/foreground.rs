@@ -29,8 +29,17 @@ impl Foreground {
     /// group (so Ctrl-C reaches it), so the group cannot be signalled.
     pub fn signal(&self, signal: libc::c_int) {
         let procfs = ProcFs::new("/proc");
-        let roots = self.pid.into_iter().chain(adopted::adopted(&procfs));
-        let tree: Vec<u32> = roots.flat_map(|root| procfs.descendants(root)).collect();
+        let roots: Vec<u32> = self
+            .pid
+            .into_iter()
+            .chain(adopted::adopted(&procfs))
+            .collect();
+        // Another PID namespace's /proc names other processes: the program alone then.
+        let tree = if procfs.is_own() {
+            procfs.descendants_of(&roots)
+        } else {
+            roots
+        };
         for pid in tree {
             if let Ok(pid) = i32::try_from(pid) {
                 // SAFETY: kill(2) on pids just read below our own unreaped children.

@@ -141,23 +141,40 @@ type Seen = Vec<(u32, u64)>;
 fn watch(fd: RawFd, host: u32) -> (Registered, Seen) {
     let procfs = ProcFs::new("/proc");
     let me = std::process::id();
+    // A /proc of another PID namespace would name other processes: no looks then.
+    let looks = procfs.is_own();
+    let every = Duration::from_millis(LOOK_EVERY_MS as u64);
+    let mut next_look = Instant::now() + every;
     let mut registered = Registered::default();
     let mut seen = Seen::new();
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
+        // The look keeps its own clock: registration lines (a helper every second) never
+        // postpone it.
+        let now = Instant::now();
+        if looks && now >= next_look {
+            // SAFETY: getppid has no preconditions.
+            if unsafe { libc::getppid() } as u32 == host {
+                seen = below(&procfs, &[host], me);
+            }
+            next_look = now + every;
+        }
+        let wait = if looks {
+            next_look
+                .saturating_duration_since(Instant::now())
+                .as_millis() as libc::c_int
+        } else {
+            -1
+        };
         let mut poll = libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         };
         // SAFETY: polls one descriptor of ours.
-        let ready = unsafe { libc::poll(&mut poll, 1, LOOK_EVERY_MS) };
+        let ready = unsafe { libc::poll(&mut poll, 1, wait) };
         if ready == 0 {
-            // SAFETY: getppid has no preconditions.
-            if unsafe { libc::getppid() } as u32 == host {
-                seen = below(&procfs, &[host], me);
-            }
             continue;
         }
         // SAFETY: reading into a local buffer.
@@ -214,6 +231,23 @@ fn apply(registered: &mut Registered, line: &[u8]) {
 fn stop(registered: &Registered, seen: &Seen) {
     let procfs = ProcFs::new("/proc");
     let me = std::process::id();
+    if !procfs.is_own() {
+        // Another PID namespace's /proc names other processes: the registered ids alone.
+        for signal in [libc::SIGTERM, libc::SIGKILL] {
+            for &g in &registered.groups {
+                // SAFETY: signals a registered process group; one that is gone yields ESRCH.
+                unsafe { libc::killpg(g, signal) };
+            }
+            for &t in &registered.trees {
+                // SAFETY: signals a registered program; one that is gone yields ESRCH.
+                unsafe { libc::kill(t, signal) };
+            }
+            if signal == libc::SIGTERM {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        return;
+    }
     let targets = |also: &Seen| -> Seen {
         let same = |&(p, start): &(u32, u64)| procfs.start_time(p) == Some(start);
         let mut roots: Vec<u32> = registered.trees.iter().map(|&t| t as u32).collect();

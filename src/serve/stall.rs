@@ -3,6 +3,11 @@
 //! hyper closes the connection. Without it, a client that pipelines requests and never reads the
 //! answers holds its connection slot forever. Only a blocked write counts: a stream that is
 //! quiet because it has nothing to send (a job waiting in the queue) is not timed.
+//!
+//! A slow reader that keeps reading must not look stalled: with a large send buffer the kernel
+//! wakes a blocked writer only once much of it has drained, which at 20 KB/s can take longer
+//! than the limit. `wake_in_small_steps` sets `TCP_NOTSENT_LOWAT`, so the writer is woken as soon
+//! as less than 128 KiB waits unsent: every bit of reading the client does lets a write proceed.
 
 use std::future::Future;
 use std::io;
@@ -46,10 +51,31 @@ impl<T> WriteStall<T> {
         match clock.as_mut().poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                "the client read nothing of the answer for send_timeout_s",
+                "the client took in nothing of the answer for send_timeout_s",
             ))),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+/// Unsent bytes below which a blocked writer is woken.
+const NOTSENT_LOWAT: libc::c_int = 128 * 1024;
+
+/// Sets `TCP_NOTSENT_LOWAT` on an accepted connection (see the module comment).
+pub(super) fn wake_in_small_steps(tcp: &tokio::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setsockopt on a socket we own, with a pointer to a local int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            tcp.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            (&NOTSENT_LOWAT as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "cannot set TCP_NOTSENT_LOWAT");
     }
 }
 

@@ -90,7 +90,7 @@ impl FakeGpu {
     }
 }
 
-const IDLE: &str = "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\n";
+pub const IDLE: &str = "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\n";
 
 async fn status(host: &TestHost) -> Value {
     let r = host.get("/status").send().await.unwrap();

@@ -136,11 +136,11 @@ fn child_pids(dir: &std::path::Path) -> Vec<u32> {
 }
 
 /// The binary with one worker whose child runs in a session of its own (`setsid`, outside the
-/// worker's process group); the child's pid is in `DIR/<pid>.child`.
-fn with_a_session_child() -> Binary {
+/// worker's process group); the child's pid is in `DIR/<pid>.child`. `extra`: more config.
+fn with_a_session_child(extra: &str) -> Binary {
     Binary::start(
         &format!(
-            "[pipeline]\nstages = [\"w\"]\n{}",
+            "{extra}\n[pipeline]\nstages = [\"w\"]\n{}",
             fake_worker(
                 "w",
                 "env = { FAKE_GRANDCHILD = \"session\", FAKE_PID_DIR = \"{DIR}\" }"
@@ -154,7 +154,7 @@ fn with_a_session_child() -> Binary {
 async fn a_child_that_left_the_workers_group_goes_with_the_worker_and_with_the_host() {
     // The worker's child calls setsid: no group kill reaches it, and the orphan guard's groups
     // do not hold it. The host adopts it as subreaper when its worker dies and kills it.
-    let mut binary = with_a_session_child();
+    let mut binary = with_a_session_child("");
     binary.ready_workers(1).await;
     let client = reqwest::Client::new();
     let first = child_pids(binary.dir.path());
@@ -239,7 +239,10 @@ async fn a_live_workers_helper_whose_parent_exited_is_left_alone() {
 
 #[tokio::test]
 async fn a_child_that_left_the_workers_group_goes_with_a_sigkilled_host() {
-    let binary = with_a_session_child();
+    // A GPU sampled every 0.1 s through nvidia-smi: a helper registered with the orphan guard
+    // ten times a second, which must not keep it from looking.
+    let gpu = super::gpu_status::FakeGpu::new(super::gpu_status::IDLE);
+    let binary = with_a_session_child(&gpu.config(""));
     binary.ready_workers(1).await;
     let children = child_pids(binary.dir.path());
     assert_eq!(children.len(), 1, "{children:?}");
