@@ -185,8 +185,46 @@ impl ProcFs {
         self.descendants_of(&[root])
     }
 
-    /// `roots` and every visible process below any of them, each once.
+    /// The children of `pid`, from `task/*/children` (one file per thread): reads only what is
+    /// below `pid`, not the whole tree. `None` when any of it cannot be read (or the kernel
+    /// lacks `CONFIG_PROC_CHILDREN`).
+    pub fn children(&self, pid: u32) -> Option<Vec<u32>> {
+        let mut out = Vec::new();
+        for task in std::fs::read_dir(self.root.join(pid.to_string()).join("task")).ok()? {
+            let list = std::fs::read_to_string(task.ok()?.path().join("children")).ok()?;
+            for child in list.split_whitespace() {
+                out.push(child.parse().ok()?);
+            }
+        }
+        Some(out)
+    }
+
+    /// `roots` and every visible process below any of them, each once: through the children
+    /// lists when the kernel has them, else in one pass over the whole tree.
     pub fn descendants_of(&self, roots: &[u32]) -> Vec<u32> {
+        self.descendants_by_children(roots)
+            .unwrap_or_else(|| self.descendants_by_scan(roots))
+    }
+
+    fn descendants_by_children(&self, roots: &[u32]) -> Option<Vec<u32>> {
+        let mut seen = std::collections::HashSet::new();
+        let mut tree: Vec<u32> = roots.iter().copied().filter(|r| seen.insert(*r)).collect();
+        let mut i = 0;
+        while i < tree.len() {
+            let pid = tree[i];
+            // A root or child that is gone has no children left; any other failure: scan.
+            let children = match self.children(pid) {
+                Some(c) => c,
+                None if self.gone(pid) => Vec::new(),
+                None => return None,
+            };
+            tree.extend(children.into_iter().filter(|c| seen.insert(*c)));
+            i += 1;
+        }
+        Some(tree)
+    }
+
+    fn descendants_by_scan(&self, roots: &[u32]) -> Vec<u32> {
         let parents: Vec<(u32, u32)> = self
             .pids()
             .into_iter()
@@ -308,6 +346,11 @@ mod tests {
                 "{pid} never became a zombie"
             );
             std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // The children lists, where the kernel has them, hold it too (a zombie until reaped).
+        if let Some(children) = p.children(me) {
+            assert!(children.contains(&pid), "{children:?}");
+            assert!(p.descendants_of(&[me]).contains(&pid));
         }
         // SAFETY: reaps our own child.
         unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0) };

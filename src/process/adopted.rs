@@ -70,12 +70,22 @@ fn strays(proc: &ProcFs, started: &mut BTreeSet<u32>) -> Option<Vec<(u32, bool)>
     if !proc.is_own() {
         return None; // another PID namespace's /proc: its pids are not our processes
     }
-    let pids = proc.try_pids()?;
+    // Our children: from our own children lists when the kernel has them (no whole-tree scan),
+    // else every pid whose parent reads as us.
+    let children = match proc.children(me) {
+        Some(children) => children,
+        None => {
+            let pids = proc.try_pids()?;
+            pids.into_iter()
+                .filter(|&pid| proc.ppid(pid) == Some(me))
+                .collect()
+        }
+    };
     // Forgotten only once its /proc entry is gone (reaped), never because a read failed.
     started.retain(|&pid| !proc.gone(pid));
-    let strays = pids
+    let strays = children
         .into_iter()
-        .filter(|pid| !started.contains(pid) && proc.ppid(*pid) == Some(me))
+        .filter(|pid| !started.contains(pid))
         .map(|pid| (pid, proc.zombie(pid)))
         .collect();
     Some(strays)
