@@ -68,7 +68,6 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!(error = %e, "cannot set TCP_NODELAY");
         }
-        stall::wake_in_small_steps(&tcp);
         let tcp = stall::WriteStall::new(tcp, Duration::from_secs_f64(config.send_timeout_s));
         let io = TokioIo::new(parse_error::JsonParseErrors::new(tcp));
         // A slot freed while this client waited for its accept: served in full after all.

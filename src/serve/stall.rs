@@ -6,8 +6,9 @@
 //!
 //! A slow reader that keeps reading must not look stalled: with a large send buffer the kernel
 //! wakes a blocked writer only once much of it has drained, which at 20 KB/s can take longer
-//! than the limit. `wake_in_small_steps` sets `TCP_NOTSENT_LOWAT`, so the writer is woken as soon
-//! as less than 128 KiB waits unsent: every bit of reading the client does lets a write proceed.
+//! than the limit. So when the clock runs out, the socket's send queue is asked (`TIOCOUTQ`): if
+//! it shrank since the clock started, the client is reading, and the clock starts again. (The
+//! kernel keeps its large buffer: an answer handed to it is delivered even after hyper closes.)
 
 use std::future::Future;
 use std::io;
@@ -18,14 +19,30 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
+/// How much of what was written still waits in the kernel for the client, if that can be known.
+pub(super) trait Backlog {
+    fn backlog(&self) -> Option<u64>;
+}
+
+impl Backlog for tokio::net::TcpStream {
+    fn backlog(&self) -> Option<u64> {
+        use std::os::fd::AsRawFd;
+        let mut queued: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ writes one int through the pointer; the socket is ours.
+        let rc = unsafe { libc::ioctl(self.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+        (rc == 0).then_some(queued.max(0) as u64)
+    }
+}
+
 pub(super) struct WriteStall<T> {
     inner: T,
     limit: Duration,
-    /// Running while a write waits on the client: set at the first `Pending`, cleared by progress.
-    blocked: Option<Pin<Box<Sleep>>>,
+    /// Running while a write waits on the client: set at the first `Pending` (with the send
+    /// queue's length then), cleared by progress.
+    blocked: Option<(Pin<Box<Sleep>>, Option<u64>)>,
 }
 
-impl<T> WriteStall<T> {
+impl<T: Backlog> WriteStall<T> {
     pub(super) fn new(inner: T, limit: Duration) -> WriteStall<T> {
         WriteStall {
             inner,
@@ -45,41 +62,29 @@ impl<T> WriteStall<T> {
             return result;
         }
         let limit = self.limit;
-        let clock = self
-            .blocked
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
-        match clock.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client took in nothing of the answer for send_timeout_s",
-            ))),
-            Poll::Pending => Poll::Pending,
+        loop {
+            let backlog = self.inner.backlog();
+            let (clock, queued) = self
+                .blocked
+                .get_or_insert_with(|| (Box::pin(tokio::time::sleep(limit)), backlog));
+            if clock.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            match (*queued, backlog) {
+                // The client took some in meanwhile: slow, not stalled.
+                (Some(then), Some(now)) if now < then => self.blocked = None,
+                _ => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client took in nothing of the answer for send_timeout_s",
+                    )))
+                }
+            }
         }
     }
 }
 
-/// Unsent bytes below which a blocked writer is woken.
-const NOTSENT_LOWAT: libc::c_int = 128 * 1024;
-
-/// Sets `TCP_NOTSENT_LOWAT` on an accepted connection (see the module comment).
-pub(super) fn wake_in_small_steps(tcp: &tokio::net::TcpStream) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: setsockopt on a socket we own, with a pointer to a local int and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            tcp.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_NOTSENT_LOWAT,
-            (&NOTSENT_LOWAT as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        tracing::debug!(error = %io::Error::last_os_error(), "cannot set TCP_NOTSENT_LOWAT");
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for WriteStall<T> {
+impl<T: AsyncRead + Unpin + Backlog> AsyncRead for WriteStall<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -89,7 +94,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for WriteStall<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for WriteStall<T> {
+impl<T: AsyncWrite + Unpin + Backlog> AsyncWrite for WriteStall<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -114,6 +119,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WriteStall<T> {
 mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
+
+    /// An in-memory pipe has no kernel queue to ask.
+    impl Backlog for tokio::io::DuplexStream {
+        fn backlog(&self) -> Option<u64> {
+            None
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_write_the_peer_never_reads_fails_after_the_limit() {
