@@ -199,6 +199,19 @@ impl ProcFs {
         Some(out)
     }
 
+    /// The children of `pid`: from its children lists when the kernel has them, else every
+    /// visible pid whose parent reads as `pid` (`None` when the tree cannot be listed).
+    pub fn children_or_scan(&self, pid: u32) -> Option<Vec<u32>> {
+        self.children(pid).or_else(|| {
+            let pids = self.try_pids()?;
+            Some(
+                pids.into_iter()
+                    .filter(|&p| self.ppid(p) == Some(pid))
+                    .collect(),
+            )
+        })
+    }
+
     /// `roots` and every visible process below any of them, each once: through the children
     /// lists when the kernel has them, else in one pass over the whole tree.
     pub fn descendants_of(&self, roots: &[u32]) -> Vec<u32> {

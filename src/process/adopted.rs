@@ -70,17 +70,7 @@ fn strays(proc: &ProcFs, started: &mut BTreeSet<u32>) -> Option<Vec<(u32, bool)>
     if !proc.is_own() {
         return None; // another PID namespace's /proc: its pids are not our processes
     }
-    // Our children: from our own children lists when the kernel has them (no whole-tree scan),
-    // else every pid whose parent reads as us.
-    let children = match proc.children(me) {
-        Some(children) => children,
-        None => {
-            let pids = proc.try_pids()?;
-            pids.into_iter()
-                .filter(|&pid| proc.ppid(pid) == Some(me))
-                .collect()
-        }
-    };
+    let children = proc.children_or_scan(me)?;
     // Forgotten only once its /proc entry is gone (reaped), never because a read failed.
     started.retain(|&pid| !proc.gone(pid));
     let strays = children
@@ -105,15 +95,17 @@ pub fn adopted(proc: &ProcFs) -> Vec<u32> {
 /// Reaps the adopted children that have exited (zombies; none of them ours to wait for).
 pub fn reap(proc: &ProcFs) {
     let mut started = started();
-    for (pid, _) in strays(proc, &mut started)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|s| s.1)
-    {
-        if let Ok(raw) = libc::pid_t::try_from(pid) {
-            // SAFETY: waits for this one pid only, an adopted child no other code waits for.
-            unsafe { libc::waitpid(raw, std::ptr::null_mut(), libc::WNOHANG) };
-        }
+    let strays = strays(proc, &mut started).unwrap_or_default();
+    for (pid, _) in strays.into_iter().filter(|&(_, exited)| exited) {
+        reap_one(pid);
+    }
+}
+
+/// Reaps one adopted child that has exited (a zombie).
+fn reap_one(pid: u32) {
+    if let Ok(raw) = libc::pid_t::try_from(pid) {
+        // SAFETY: waits for this one pid only, an adopted child no other code waits for.
+        unsafe { libc::waitpid(raw, std::ptr::null_mut(), libc::WNOHANG) };
     }
 }
 
@@ -129,14 +121,13 @@ pub fn sweep(proc: &ProcFs) -> Vec<u32> {
     };
     let mut killed = Vec::new();
     for (pid, exited) in strays {
+        if exited {
+            reap_one(pid);
+            continue;
+        }
         let Ok(raw) = libc::pid_t::try_from(pid) else {
             continue;
         };
-        if exited {
-            // SAFETY: waits for this one pid only, an adopted child no other code waits for.
-            unsafe { libc::waitpid(raw, std::ptr::null_mut(), libc::WNOHANG) };
-            continue;
-        }
         let Some(group) = proc.pgid(pid) else {
             continue; // unreadable: left for the next sweep
         };

@@ -251,37 +251,7 @@ class Transcriber:
         )
         out = [segment_of(seg, info.duration, on_segment) for seg in segments]
         if self.settings.recover_gaps:
-            tried: list = []
-            for _ in range(gaps.ROUNDS):
-                clips = [
-                    c
-                    for c in gaps.unheard(audio, out, info.duration, speech_in)
-                    if not any(a <= (c[0] + c[1]) / 2 <= b for a, b in tried)
-                ]
-                if not clips:
-                    break
-                tried += clips
-                again, _ = self.model.transcribe(
-                    audio,
-                    language=info.language,
-                    clip_timestamps=[t for clip in clips for t in clip],
-                    **decoding,
-                )
-                recovered = [segment_of(seg, info.duration, on_segment) for seg in again]
-                for suspect in [s for s in out if gaps.repeats(s, recovered)]:
-                    check, _ = self.model.transcribe(
-                        audio,
-                        language=info.language,
-                        clip_timestamps=[suspect["start"], suspect["end"]],
-                        **decoding,
-                    )
-                    check = [segment_of(seg, info.duration, None) for seg in check]
-                    if not gaps.says(suspect, check):
-                        # Misplaced: what its span really holds takes its place.
-                        out.remove(suspect)
-                        recovered += check
-                        tried.append((suspect["start"], suspect["end"]))
-                out = gaps.merged(out, recovered)
+            out = self._recover(audio, out, info, decoding, on_segment)
         return {
             "language": info.language,
             "language_probability": round(info.language_probability, 4),
@@ -290,3 +260,38 @@ class Transcriber:
             "task": "translate" if translate else "transcribe",
             "segments": out,
         }
+
+    def _decode_clips(self, audio, clips, info, decoding, on_segment=None) -> list:
+        """The segments of `audio` within `clips` ((start, end) seconds) alone."""
+        segments, _ = self.model.transcribe(
+            audio,
+            language=info.language,
+            clip_timestamps=[t for clip in clips for t in clip],
+            **decoding,
+        )
+        return [segment_of(seg, info.duration, on_segment) for seg in segments]
+
+    def _recover(self, audio, out: list, info, decoding, on_segment) -> list:
+        """`out` with the speech it skipped decoded again (gaps.py), and each segment that
+        speech repeats checked on its own span: replaced when that says something else."""
+        tried: list = []
+        for _ in range(gaps.ROUNDS):
+            clips = [
+                c
+                for c in gaps.unheard(audio, out, info.duration, speech_in)
+                if not any(a <= (c[0] + c[1]) / 2 <= b for a, b in tried)
+            ]
+            if not clips:
+                break
+            tried += clips
+            recovered = self._decode_clips(audio, clips, info, decoding, on_segment)
+            for suspect in [s for s in out if gaps.repeats(s, recovered)]:
+                span = (suspect["start"], suspect["end"])
+                check = self._decode_clips(audio, [span], info, decoding)
+                if not gaps.says(suspect, check):
+                    # Misplaced: what its span really holds takes its place.
+                    out.remove(suspect)
+                    recovered += check
+                    tried.append(span)
+            out = gaps.merged(out, recovered)
+        return out
