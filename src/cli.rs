@@ -8,6 +8,22 @@ pub(crate) mod speakers;
 pub(crate) mod status;
 pub(crate) mod transcribe;
 
+/// Makes a one-shot command the subreaper of the workers it starts, so that what they detach
+/// (`setsid`, a double fork) is adopted and can be swept by [`sweep_orphans`] at the end.
+pub(crate) fn adopt_orphans() {
+    if let Err(e) = gpuhost::process::adopted::become_subreaper() {
+        tracing::warn!(error = %e, "cannot become a child subreaper; a worker's detached children may outlive this command");
+    }
+}
+
+/// Once the workers have stopped: kills what they left behind (see [`adopt_orphans`]).
+pub(crate) async fn sweep_orphans() {
+    let procfs = gpuhost::gpu::procfs::ProcFs::new("/proc");
+    let _ =
+        tokio::task::spawn_blocking(move || gpuhost::process::adopted::sweep_before_exit(&procfs))
+            .await;
+}
+
 /// `text` from a server as the terminal should show it: control and invisible characters (an
 /// escape sequence in a command line or a lease holder could retitle or redraw the terminal)
 /// written as `\u{..}`, line breaks kept.

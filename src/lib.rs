@@ -153,7 +153,9 @@ impl Server {
             sweeper.abort();
             // The workers' and services' groups are gone; what they left outside them goes now.
             let procfs = gpu::procfs::ProcFs::new("/proc");
-            let _ = tokio::task::spawn_blocking(move || process::adopted::sweep(&procfs)).await;
+            let _ =
+                tokio::task::spawn_blocking(move || process::adopted::sweep_before_exit(&procfs))
+                    .await;
         }
         state.gpu.stop();
         served.map_err(ServeError::Serve)

@@ -36,7 +36,9 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs_f64(config.header_timeout_s));
     let mut one_request = builder.clone();
-    one_request.keep_alive(false);
+    one_request.keep_alive(false).header_read_timeout(
+        SPARE_HEAD_TIMEOUT.min(Duration::from_secs_f64(config.header_timeout_s)),
+    );
     let slots = Arc::new(Semaphore::new(config.max_connections));
     let spare = Arc::new(Semaphore::new(PROBE_SLOTS));
     // Requests on spare connections are marked; the router answers only the probes on them.
@@ -113,6 +115,11 @@ pub async fn serve(
 /// each): while every slot is held, by slow uploads or long streams, the probes still answer and
 /// other requests get a 503 instead of waiting unseen in the accept queue.
 const PROBE_SLOTS: usize = 16;
+
+/// How long a spare connection waits for its request head: a probe sends its few bytes at once,
+/// and idle or trickling clients must not keep the spares from the probes for
+/// `header_timeout_s`.
+const SPARE_HEAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The permit a connection holds while it is open.
 enum Slot {

@@ -29,6 +29,7 @@ pub(crate) async fn run(
         bail!("the task must be a JSON object");
     };
     let dir = tempfile::tempdir()?;
+    super::adopt_orphans();
     let (handle, task) = WorkerHandle::spawn(spec);
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let printer = tokio::spawn(async move {
@@ -46,6 +47,7 @@ pub(crate) async fn run(
         .await;
     handle.stop().await;
     let _ = task.await;
+    super::sweep_orphans().await;
     let _ = printer.await;
     let result = outcome?;
     println!("{}", serde_json::to_string_pretty(&result)?);

@@ -96,6 +96,7 @@ async fn local(
         .map_err(anyhow::Error::msg)?;
     let opts = options(args).validated(config.limits.max_field_bytes)?;
     gpuhost::setup::ensure(&config, &|line| eprintln!("{line}")).await?;
+    super::adopt_orphans();
     let app = gpuhost::App::start_oneshot(config);
     let dir = job::job_dir(&app.config)?;
     let prepared = PreparedJob::from_upload(
@@ -115,6 +116,7 @@ async fn local(
         last = Some(event);
     }
     app.supervisor.stop_all().await;
+    super::sweep_orphans().await;
     last.context("the job ended without a final event")
 }
 

@@ -5,9 +5,11 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde_json::json;
 
+use super::SpareConnection;
 use crate::worker::WorkerState;
 use crate::AppState;
 
@@ -58,13 +60,23 @@ pub(super) struct Readiness {
 }
 
 /// Readiness for a load balancer or a Kubernetes probe: 503 while a resident worker is loading
-/// or down, the queue is full, or the temp dir is unusable, with the reasons.
+/// or down, the queue is full, every connection slot is held (the probe came on a spare
+/// connection), or the temp dir is unusable, with the reasons.
 #[utoipa::path(get, path = "/ready", responses(
     (status = 200, description = "Ready for traffic", body = Readiness),
     (status = 503, description = "Not ready now", body = Readiness),
 ))]
-pub(super) async fn ready(State(app): State<AppState>) -> Response {
+pub(super) async fn ready(
+    State(app): State<AppState>,
+    spare: Option<Extension<SpareConnection>>,
+) -> Response {
     let mut reasons = Vec::new();
+    if let Some(Extension(spare)) = spare {
+        reasons.push(format!(
+            "all {} connection slots are in use (http.max_connections)",
+            spare.max_connections
+        ));
+    }
     for s in app.supervisor.statuses() {
         let up = match s.mode {
             crate::config::Mode::Resident => {

@@ -1,4 +1,5 @@
-//! Adopted orphans: `gpuhost serve` (and `gpuhost lease`, for its program) is a child subreaper (`PR_SET_CHILD_SUBREAPER`), so a
+//! Adopted orphans: `gpuhost serve` (and `gpuhost lease` for its program, `gpuhost run` and a local
+//! `gpuhost transcribe` for their workers) is a child subreaper (`PR_SET_CHILD_SUBREAPER`), so a
 //! descendant that left its worker's or service's process group (`setsid`, `setpgid`, a daemon's
 //! double fork) becomes the host's child when its parent dies, not init's. The sweep finds the
 //! host's children it did not start and kills them (their groups too), and reaps those that have
@@ -22,8 +23,9 @@ static STARTED: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
 /// How often the host looks for adopted children besides each SIGCHLD (a reparenting sends none).
 const SWEEP_EVERY: Duration = Duration::from_secs(2);
 
-/// Makes this process the subreaper of everything it starts. Call once, from `main`, for the
-/// long-running server only (a library or test process must not adopt its callers' orphans).
+/// Makes this process the subreaper of everything it starts. Call once, from the command that
+/// starts workers or a leased program (a library or test process must not adopt its callers'
+/// orphans).
 pub fn become_subreaper() -> io::Result<()> {
     // SAFETY: plain prctl on this process.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
@@ -154,6 +156,20 @@ pub fn sweep(proc: &ProcFs) -> Vec<u32> {
         killed.push(pid);
     }
     killed
+}
+
+/// For a one-shot command (`gpuhost run`, `gpuhost transcribe` without a server) whose workers
+/// have stopped: kills what they left behind and waits, 2 s at most, until it is gone and reaped.
+/// Without it a daemon a worker detached would outlive the command unless the orphan guard had
+/// happened to see it.
+pub fn sweep_before_exit(proc: &ProcFs) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    sweep(proc);
+    while !adopted(proc).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        sweep(proc);
+    }
+    reap(proc);
 }
 
 /// Sweeps at every SIGCHLD and every 2 s until dropped (the server aborts it).

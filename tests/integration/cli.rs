@@ -83,6 +83,76 @@ fn transcribe_locally_runs_every_stage_oneshot() {
     );
 }
 
+#[test]
+fn one_shot_commands_leave_no_detached_child_behind() {
+    // The worker's child calls setsid: the worker's group kill misses it. `gpuhost run` and a
+    // local `gpuhost transcribe` adopt it once the worker is gone and kill it before they exit.
+    let dir = tempfile::tempdir().unwrap();
+    let env = format!(
+        "env = {{ FAKE_GRANDCHILD = \"session\", FAKE_PID_DIR = {:?} }}",
+        dir.path().display().to_string()
+    );
+    let config = dir.path().join("gpuhost.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\n[pipeline]\nstages = [\"w\"]\n{}",
+            fake_worker("w", &env)
+        ),
+    )
+    .unwrap();
+    let job = dir.path().join("job.json");
+    std::fs::write(&job, r#"{"audio_path": "/x.wav"}"#).unwrap();
+    let audio = fixture("audio/tone.flac");
+    let commands: [&[&std::ffi::OsStr]; 2] = [
+        &[
+            "run".as_ref(),
+            "w".as_ref(),
+            "--task".as_ref(),
+            job.as_os_str(),
+        ],
+        &["transcribe".as_ref(), audio.as_os_str()],
+    ];
+    for args in commands {
+        let out = gpuhost()
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let children: Vec<u32> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| {
+                let path = e.ok()?.path();
+                let pid = path
+                    .file_name()?
+                    .to_str()?
+                    .strip_suffix(".child")?
+                    .parse()
+                    .ok()?;
+                std::fs::remove_file(&path).ok()?;
+                Some(pid)
+            })
+            .collect();
+        assert_eq!(children.len(), 1, "{children:?}");
+        let alive = pid_alive(children[0]);
+        if alive {
+            // SAFETY: the test's own stray `sleep`, killed so that it does not outlive the test.
+            unsafe { libc::kill(children[0] as i32, libc::SIGKILL) };
+        }
+        assert!(
+            !alive,
+            "`gpuhost {:?}` left its worker's detached child running",
+            args[0]
+        );
+    }
+}
+
 #[tokio::test]
 async fn transcribe_through_a_server() {
     let host = TestHost::start(&format!(

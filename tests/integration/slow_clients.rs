@@ -142,11 +142,19 @@ async fn a_trickled_upload_is_cut_off_and_probes_answer_while_it_holds_every_slo
         .expect("the whole upload was sent and the answer read");
     assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
     assert!(reply.contains("\"busy\""), "{reply}");
-    // The probes answer on the spare connections meanwhile.
-    for probe in ["/health", "/ready"] {
-        let reply = host.get(probe).send().await.unwrap();
-        assert_eq!(reply.status(), 200, "{probe}");
-    }
+    // The probes answer on the spare connections meanwhile: alive, but not ready for traffic.
+    let health = host.get("/health").send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let ready = host.get("/ready").send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let ready: serde_json::Value = ready.json().await.unwrap();
+    assert!(
+        ready["reasons"][0]
+            .as_str()
+            .unwrap()
+            .contains("connection slots are in use"),
+        "{ready}"
+    );
     for handle in slow {
         let (reply, took) = tokio::task::spawn_blocking(move || handle.join().unwrap())
             .await
@@ -158,6 +166,33 @@ async fn a_trickled_upload_is_cut_off_and_probes_answer_while_it_holds_every_slo
     // The slots are free again: uploads are served in full.
     let events = host.transcribe("", wav(0.2, 16000, 1)).await;
     result_of(&events);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn idle_connections_hold_the_probes_spares_only_briefly() {
+    // One idle connection takes the only slot (for header_timeout_s, 60 s), sixteen more every
+    // spare one: the probe behind them is answered once a spare's 2 s head timeout frees it.
+    let host = TestHost::start(&config("header_timeout_s = 60\nmax_connections = 1"))
+        .await
+        .ready()
+        .await;
+    let addr = host.url.trim_start_matches("http://").to_string();
+    let idle: Vec<TcpStream> = (0..17)
+        .map(|_| TcpStream::connect(&addr).unwrap())
+        .collect();
+    let started = Instant::now();
+    let health = tokio::time::timeout(Duration::from_secs(20), host.get("/health").send())
+        .await
+        .expect("the probe is answered long before header_timeout_s")
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(idle);
     host.stop().await;
 }
 
