@@ -1,6 +1,7 @@
 //! Audio intake: decode any upload (symphonia, then `ffmpeg` for what it cannot read), downmix
 //! and resample to the 16 kHz mono PCM16 WAV every worker receives.
 
+mod child;
 mod decode;
 mod limits;
 mod resample;
@@ -10,6 +11,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use crate::process::find_program;
+pub use child::child_main;
 use decode::{decode_with_ffmpeg, decode_with_symphonia};
 pub(crate) use limits::check_format;
 pub use resample::Resampler;
@@ -48,17 +50,12 @@ impl Source {
         }
     }
 
-    /// The first `n` bytes (fewer when the upload is shorter).
-    fn head(&self, n: usize) -> std::io::Result<std::borrow::Cow<'_, [u8]>> {
-        match self {
-            Source::Memory(b) => Ok(std::borrow::Cow::Borrowed(&b[..b.len().min(n)])),
-            Source::File(p) => {
-                use std::io::Read;
-                let mut head = Vec::with_capacity(n);
-                File::open(p)?.take(n as u64).read_to_end(&mut head)?;
-                Ok(std::borrow::Cow::Owned(head))
-            }
-        }
+    /// The upload, to read and seek in (a file is read through a buffer).
+    fn reader(&self) -> std::io::Result<Box<dyn ReadSeek + '_>> {
+        Ok(match self {
+            Source::Memory(b) => Box::new(std::io::Cursor::new(&b[..])),
+            Source::File(p) => Box::new(std::io::BufReader::new(File::open(p)?)),
+        })
     }
 
     fn open(&self) -> std::io::Result<Box<dyn symphonia::core::io::MediaSource>> {
@@ -68,6 +65,9 @@ impl Source {
         })
     }
 }
+
+trait ReadSeek: std::io::Read + std::io::Seek {}
+impl<T: std::io::Read + std::io::Seek> ReadSeek for T {}
 
 /// What was decoded.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,13 +96,18 @@ pub fn is_small_and_normalized(source: &Source) -> bool {
 /// Decodes `input` into a 16 kHz mono WAV at `output`. Input that already is 16 kHz mono
 /// PCM16 WAV is copied as it is.
 ///
+/// `decoder` is a `gpuhost` executable: symphonia then runs in its `decode-audio` child, so a
+/// hostile file costs that child, not this process (see `child.rs`). `None` decodes here, on a
+/// blocking thread (for library use and the fuzz test of the decoder itself).
+///
 /// At most `decodes`' permits decode at once. Dropping the future (the client left, the server
-/// stops) stops the decoder at its next packet: it runs on a blocking thread, which would
-/// otherwise write hours of audio for nobody and hold up shutdown.
+/// stops) stops the decoder: the child is killed, a decode here stops at its next packet (it
+/// would otherwise write hours of audio for nobody and hold up shutdown).
 pub async fn normalize(
     input: Source,
     output: &Path,
     max_seconds: f64,
+    decoder: Option<&Path>,
     ffmpeg: &str,
     decodes: &tokio::sync::Semaphore,
 ) -> Result<AudioInfo, AudioError> {
@@ -110,7 +115,7 @@ pub async fn normalize(
         return Err(AudioError::Empty);
     }
     // A short upload (a voice command, a test clip) is checked, and copied when it already is
-    // 16 kHz mono PCM16, right here: a hop to the blocking pool and back would cost more.
+    // 16 kHz mono PCM16, right here: a hop to the blocking pool or a child would cost more.
     let small = matches!(&input, Source::Memory(bytes) if bytes.len() <= INLINE_COPY_MAX);
     if small {
         if let Some(info) = check_and_copy(&input, output, max_seconds)? {
@@ -121,31 +126,22 @@ pub async fn normalize(
         .acquire()
         .await
         .map_err(|_| std::io::Error::other("the server is stopping"))?;
-    let abandoned = AbandonOnDrop::default();
-    let stop = std::sync::Arc::clone(&abandoned.0);
-    let (inp, out) = (input.clone(), output.to_path_buf());
-    let decoded = tokio::task::spawn_blocking(move || {
-        if !small {
-            if let Some(info) = check_and_copy(&inp, &out, max_seconds)? {
-                return Ok(info);
-            }
+    let decoded = match decoder {
+        Some(program) => child::decode_in_child(program, &input, output, max_seconds).await,
+        None => {
+            let abandoned = AbandonOnDrop::default();
+            let stop = std::sync::Arc::clone(&abandoned.0);
+            let (inp, out) = (input.clone(), output.to_path_buf());
+            tokio::task::spawn_blocking(move || decode_here(&inp, &out, max_seconds, &stop))
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "the audio intake task failed");
+                    Err(AudioError::Undecodable(
+                        "the decoder failed on this file (it is corrupt or not audio)".into(),
+                    ))
+                })
         }
-        // A decoder bug must cost this request only, and its message stays in the server log.
-        std::panic::catch_unwind(|| decode_with_symphonia(&inp, &out, max_seconds, &stop))
-            .unwrap_or_else(|_| {
-                tracing::warn!("the audio decoder panicked on an upload");
-                Err(AudioError::Undecodable(
-                    "the decoder failed on this file (it is corrupt or not audio)".into(),
-                ))
-            })
-    })
-    .await
-    .unwrap_or_else(|e| {
-        tracing::warn!(error = %e, "the audio intake task failed");
-        Err(AudioError::Undecodable(
-            "the decoder failed on this file (it is corrupt or not audio)".into(),
-        ))
-    });
+    };
     match decoded {
         Err(AudioError::Undecodable(why)) => match find_program(ffmpeg) {
             Some(ffmpeg) => {
@@ -167,6 +163,35 @@ pub async fn normalize(
     }
 }
 
+/// Checks and copies, or decodes with symphonia, in this process (the `decode-audio` child's
+/// work, or all of intake's without one). A decoder panic costs this upload only.
+fn decode_here(
+    input: &Source,
+    output: &Path,
+    max_seconds: f64,
+    abandoned: &std::sync::atomic::AtomicBool,
+) -> Result<AudioInfo, AudioError> {
+    if let Some(info) = check_and_copy(input, output, max_seconds)? {
+        return Ok(info);
+    }
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        decode_with_symphonia(input, output, max_seconds, abandoned)
+    }))
+    .unwrap_or_else(|_| {
+        tracing::warn!("the audio decoder panicked on an upload");
+        Err(AudioError::Undecodable(
+            "the decoder failed on this file (it is corrupt or not audio)".into(),
+        ))
+    })
+}
+
+/// How long one decode may take: a minute, and a second more for every 256 KiB of upload (a
+/// decoder that takes longer is stuck, or fed a file made to be slow), an hour at most.
+fn decode_timeout(input_bytes: u64) -> std::time::Duration {
+    let seconds = 60 + input_bytes / (256 * 1024);
+    std::time::Duration::from_secs(seconds.min(3600))
+}
+
 /// Set when the future that decodes is dropped; the decoder checks it at every packet.
 #[derive(Default)]
 struct AbandonOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
@@ -184,7 +209,7 @@ fn check_and_copy(
     output: &Path,
     max_seconds: f64,
 ) -> Result<Option<AudioInfo>, AudioError> {
-    limits::check_riff_header(&input.head(64 * 1024)?)?;
+    limits::check_riff_header(input.reader()?)?;
     let Source::Memory(bytes) = input else {
         return Ok(None);
     };
@@ -202,12 +227,6 @@ fn check_length(info: AudioInfo, max_seconds: f64) -> Result<AudioInfo, AudioErr
         });
     }
     Ok(info)
-}
-
-/// Number of 16-bit mono samples in a WAV written by us or ffmpeg.
-fn wav_samples(path: &Path) -> std::io::Result<u64> {
-    let len = std::fs::metadata(path)?.len();
-    Ok(len.saturating_sub(44) / 2)
 }
 
 /// The path of the normalized audio inside a job folder.

@@ -90,8 +90,15 @@ impl PreparedJob {
         let audio = audio::normalized_path(dir.path());
         let max = config.limits.max_audio_seconds;
         let spilled = matches!(upload, Source::File(_));
-        let info =
-            audio::normalize(upload, &audio, max, &config.audio.ffmpeg, &app.decodes).await?;
+        let info = audio::normalize(
+            upload,
+            &audio,
+            max,
+            config.audio.decoder.as_deref(),
+            &config.audio.ffmpeg,
+            &app.decodes,
+        )
+        .await?;
         if spilled || info.decoder == "ffmpeg" {
             // A spilled upload, or the copy made for ffmpeg.
             let _ = std::fs::remove_file(dir.path().join("upload"));

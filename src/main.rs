@@ -72,10 +72,30 @@ enum Command {
     Stop(cli::control::ControlArgs),
     /// Enrolled voices on a server: list, add (enrol), delete.
     Speakers(cli::speakers::SpeakersArgs),
+    /// Decode one upload into 16 kHz mono WAV (the server runs this in a child process).
+    #[command(hide = true)]
+    DecodeAudio {
+        /// The upload (`-`: stdin).
+        #[arg(long)]
+        input: PathBuf,
+        #[arg(long)]
+        output: PathBuf,
+        #[arg(long)]
+        max_seconds: f64,
+    },
 }
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    // A decoding child of the server: no guard, logging or runtime of its own.
+    if let Command::DecodeAudio {
+        input,
+        output,
+        max_seconds,
+    } = &args.command
+    {
+        return gpuhost::audio::child_main(input, output, *max_seconds);
+    }
     // Before any thread exists: the orphan guard is forked, and forking is only safe now.
     if let Err(e) = gpuhost::process::guard::install() {
         eprintln!("gpuhost: warning: cannot start the orphan guard ({e}); worker children may outlive a killed host");
@@ -123,6 +143,8 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
         Command::Start(c) => cli::control::control(&config, cli::control::Action::Start, c).await,
         Command::Stop(c) => cli::control::control(&config, cli::control::Action::Stop, c).await,
         Command::Speakers(s) => cli::speakers::speakers(&config, s).await,
+        // Answered in `main` before anything else starts.
+        Command::DecodeAudio { .. } => Ok(std::process::ExitCode::SUCCESS),
         Command::Setup { workers, force } => {
             gpuhost::setup::setup(&config, &workers, force, &|line| eprintln!("{line}")).await?;
             Ok(std::process::ExitCode::SUCCESS)
@@ -148,11 +170,15 @@ fn init_logging(args: &Args) {
 }
 
 fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<gpuhost::Config> {
-    match path {
-        Some(path) => gpuhost::Config::load(path, true).with_context(|| "loading the config"),
+    let mut config = match path {
+        Some(path) => gpuhost::Config::load(path, true).with_context(|| "loading the config")?,
         None => gpuhost::Config::load(std::path::Path::new("gpuhost.toml"), false)
-            .with_context(|| "loading ./gpuhost.toml"),
-    }
+            .with_context(|| "loading ./gpuhost.toml")?,
+    };
+    // Uploads are decoded by this very executable, in a child (`gpuhost decode-audio`). The
+    // link names the running binary even if its file was replaced since.
+    config.audio.decoder = Some(PathBuf::from("/proc/self/exe"));
+    Ok(config)
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -43,6 +43,16 @@ pub struct Pipes {
 }
 
 fn guarded_command(program: &OsStr, args: &[String], cwd: Option<&Path>) -> Command {
+    guarded_command_limited(program, args, cwd, None)
+}
+
+/// [`guarded_command`] with an address-space limit (`RLIMIT_AS`, bytes) when one is given.
+fn guarded_command_limited(
+    program: &OsStr,
+    args: &[String],
+    cwd: Option<&Path>,
+    address_space: Option<u64>,
+) -> Command {
     #[allow(clippy::disallowed_methods)] // this module is the one allowed spawner
     let mut cmd = Command::new(program);
     cmd.args(args).process_group(0).kill_on_drop(true);
@@ -53,9 +63,19 @@ fn guarded_command(program: &OsStr, args: &[String], cwd: Option<&Path>) -> Comm
         cmd.current_dir(cwd);
     }
     let parent = std::process::id() as libc::pid_t;
-    // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) between fork and exec.
+    // SAFETY: only async-signal-safe calls (prctl, getppid, setrlimit, _exit) between fork and
+    // exec.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(bytes) = address_space {
+                let limit = libc::rlimit {
+                    rlim_cur: bytes as libc::rlim_t,
+                    rlim_max: bytes as libc::rlim_t,
+                };
+                if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             if libc::prctl(
                 libc::PR_SET_PDEATHSIG,
                 libc::SIGKILL as libc::c_ulong,
@@ -162,6 +182,15 @@ pub enum RunError {
 /// broken or hostile `nvidia-smi` printing without end must not fill the host's memory).
 const CAPTURE_MAX: usize = 16 << 20;
 
+/// What a helper gets besides its arguments.
+#[derive(Debug, Default)]
+pub struct HelperInput {
+    /// Written to its stdin (then closed); `None`: stdin is `/dev/null`.
+    pub stdin: Option<bytes::Bytes>,
+    /// Its address-space limit in bytes (`RLIMIT_AS`): past it, allocations fail in the helper.
+    pub address_space: Option<u64>,
+}
+
 /// Runs a helper (`ffmpeg`, `nvidia-smi`) to completion, killing its group after `timeout` or
 /// once it writes more than `CAPTURE_MAX` bytes to either stream.
 pub async fn run_captured(
@@ -169,11 +198,25 @@ pub async fn run_captured(
     args: &[String],
     timeout: Duration,
 ) -> Result<Captured, RunError> {
+    run_helper(program, args, timeout, HelperInput::default()).await
+}
+
+/// [`run_captured`] with `input` on stdin and limits.
+pub async fn run_helper(
+    program: &Path,
+    args: &[String],
+    timeout: Duration,
+    input: HelperInput,
+) -> Result<Captured, RunError> {
     let name = program.display().to_string();
-    let mut cmd = guarded_command(program.as_os_str(), args, None);
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = guarded_command_limited(program.as_os_str(), args, None, input.address_space);
+    cmd.stdin(if input.stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     let mut child =
         adopted::recorded(|| cmd.spawn(), Child::id).map_err(|source| RunError::Spawn {
             program: name.clone(),
@@ -190,8 +233,18 @@ pub async fn run_captured(
             source: io::Error::other("no pipes to the helper"),
         });
     };
+    let stdin = child.stdin.take();
+    let feed = async move {
+        use tokio::io::AsyncWriteExt;
+        if let (Some(mut pipe), Some(bytes)) = (stdin, input.stdin) {
+            // A helper that exits without reading all of it (it refused the header) is no
+            // error here: its exit status and output say what happened.
+            let _ = pipe.write_all(&bytes).await;
+        }
+        Ok::<_, io::Error>(())
+    };
     let work = async {
-        let (stdout, stderr) = tokio::try_join!(read_capped(stdout), read_capped(stderr))?;
+        let (_, stdout, stderr) = tokio::try_join!(feed, read_capped(stdout), read_capped(stderr))?;
         Ok::<_, io::Error>((child.wait().await?, stdout, stderr))
     };
     let outcome = tokio::time::timeout(timeout, work).await;

@@ -76,6 +76,7 @@ fn check(bytes: Vec<u8>) -> Result<(), TestCaseError> {
         Source::Memory(bytes.into()),
         &out,
         MAX_SECONDS,
+        None, // the decoder itself, in this process (the server runs it in a child)
         "",
         &tokio::sync::Semaphore::new(1),
     ));

@@ -2,7 +2,6 @@
 //! streamed through the downmix and resampler into the WAV writer, and `ffmpeg` for the rest.
 
 use std::path::Path;
-use std::time::Duration;
 
 use symphonia::core::audio::SampleBuffer;
 use symphonia::core::codecs::{DecoderOptions, CODEC_TYPE_NULL};
@@ -13,9 +12,18 @@ use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 
 use super::{
-    limits, wav_samples, AudioError, AudioInfo, Resampler, Source, WavWriter, TARGET_RATE,
+    decode_timeout, limits, wav, AudioError, AudioInfo, Resampler, Source, WavWriter, TARGET_RATE,
 };
-use crate::process::run_captured;
+use crate::process::{run_helper, HelperInput};
+
+/// The demuxers ffmpeg may use on an upload: audio and audio-video containers that hold their
+/// media themselves. Playlists (HLS, `concat`) are left out: they make ffmpeg open further files
+/// or streams (any audio file the server can read, or a live list it reloads without end).
+const FFMPEG_FORMATS: &str = "aac,ac3,aiff,amr,ape,asf,au,avi,caf,dts,eac3,flac,flv,gsm,matroska,mov,mp3,mpc,mpc8,mpeg,mpegts,ogg,tta,voc,w64,wav,wv";
+
+/// ffmpeg's address-space limit: decoding audio takes tens of MB; a file whose tables ask for
+/// gigabytes fails in ffmpeg instead of pressing the machine's memory.
+const FFMPEG_ADDRESS_SPACE: u64 = 2 << 30;
 
 pub(super) fn decode_with_symphonia(
     input: &Source,
@@ -50,7 +58,11 @@ pub(super) fn decode_with_symphonia(
         (track.codec_params.n_frames, track.codec_params.sample_rate)
     {
         let seconds = frames as f64 / f64::from(rate);
-        if seconds > max_seconds {
+        // A length no codec could fit in the file is a header that does not know it (a WAV
+        // streamed through a pipe says 0xFFFFFFFF bytes) or lies: the check while decoding
+        // judges those. 256 bytes a second is below every codec symphonia reads.
+        let plausible = input.len()? as f64 >= seconds * 256.0;
+        if plausible && seconds > max_seconds {
             return Err(AudioError::TooLong {
                 seconds,
                 max: max_seconds,
@@ -143,43 +155,63 @@ pub(super) async fn decode_with_ffmpeg(
     max_seconds: f64,
     symphonia_said: &str,
 ) -> Result<AudioInfo, AudioError> {
-    let args: Vec<String> = ["-nostdin", "-hide_banner", "-v", "error", "-y", "-i"]
+    let args: Vec<String> = [
+        "-nostdin",
+        "-hide_banner",
+        "-v",
+        "error",
+        "-y",
+        "-protocol_whitelist",
+        "file",
+        "-format_whitelist",
+        FFMPEG_FORMATS,
+        "-i",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([input.display().to_string()])
+    .chain(
+        [
+            "-vn",
+            "-ac",
+            "1",
+            "-ar",
+            "16000",
+            "-c:a",
+            "pcm_s16le",
+            "-f",
+            "wav",
+            "-t",
+        ]
         .iter()
-        .map(|s| s.to_string())
-        .chain([input.display().to_string()])
-        .chain(
-            [
-                "-vn",
-                "-ac",
-                "1",
-                "-ar",
-                "16000",
-                "-c:a",
-                "pcm_s16le",
-                "-f",
-                "wav",
-                "-t",
-            ]
-            .iter()
-            .map(|s| s.to_string()),
-        )
-        .chain([
-            format!("{}", max_seconds + 1.0),
-            output.display().to_string(),
-        ])
-        .collect();
-    let timeout = Duration::from_secs_f64((max_seconds / 10.0).clamp(60.0, 3600.0));
-    let captured = run_captured(ffmpeg, &args, timeout)
+        .map(|s| s.to_string()),
+    )
+    .chain([
+        format!("{}", max_seconds + 1.0),
+        output.display().to_string(),
+    ])
+    .collect();
+    let timeout = decode_timeout(std::fs::metadata(input)?.len());
+    let limits = HelperInput {
+        stdin: None,
+        address_space: Some(FFMPEG_ADDRESS_SPACE),
+    };
+    let captured = run_helper(ffmpeg, &args, timeout, limits)
         .await
         .map_err(|e| AudioError::Undecodable(format!("{symphonia_said}; ffmpeg: {e}")))?;
     if !captured.status.success() {
         let stderr = String::from_utf8_lossy(&captured.stderr);
+        if stderr.contains("not on whitelist") {
+            return Err(AudioError::Undecodable(format!(
+                "{symphonia_said}; ffmpeg: this container is not accepted (playlists and other formats that refer to further files are refused)"
+            )));
+        }
         let last = stderr.lines().last().unwrap_or("no message");
         return Err(AudioError::Undecodable(format!(
             "{symphonia_said}; ffmpeg: {last}"
         )));
     }
-    let samples = wav_samples(output)?;
+    let samples = wav::data_bytes(output)? / 2;
     if samples == 0 {
         return Err(AudioError::Undecodable(format!(
             "{symphonia_said}; ffmpeg found no audio"

@@ -40,46 +40,52 @@ pub(crate) fn check_format(
     Ok(())
 }
 
+/// Most chunks walked looking for the `fmt ` chunk (real files have a handful before it).
+const MAX_CHUNKS: usize = 10_000;
+
 /// For a RIFF/WAVE file: checks its `fmt ` chunk before any decoder parses it (some decoders
-/// divide by, or allocate by, these fields). Other containers pass through.
-pub(super) fn check_riff_header(head: &[u8]) -> Result<(), AudioError> {
-    if head.len() < 12 || &head[0..4] != b"RIFF" || &head[8..12] != b"WAVE" {
+/// divide by, or allocate by, these fields), wherever in the file it is. Other containers pass
+/// through.
+pub(super) fn check_riff_header(
+    mut file: impl std::io::Read + std::io::Seek,
+) -> Result<(), AudioError> {
+    use std::io::SeekFrom;
+    let mut head = [0u8; 12];
+    if file.read_exact(&mut head).is_err() || &head[0..4] != b"RIFF" || &head[8..12] != b"WAVE" {
         return Ok(());
     }
-    let u16_at = |i: usize| head.get(i..i + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let u32_at = |i: usize| {
-        head.get(i..i + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    };
-    let mut pos = 12usize;
-    while let (Some(id), Some(size)) = (head.get(pos..pos + 4), u32_at(pos + 4)) {
-        let body = pos + 8;
-        if id == b"fmt " {
-            let (Some(channels), Some(rate), Some(block_align), Some(bits)) = (
-                u16_at(body + 2),
-                u32_at(body + 4),
-                u16_at(body + 12),
-                u16_at(body + 14),
-            ) else {
+    for _ in 0..MAX_CHUNKS {
+        let mut chunk = [0u8; 8];
+        if file.read_exact(&mut chunk).is_err() {
+            // No format chunk at all: let the decoder judge (and fail) the file.
+            return Ok(());
+        }
+        let size = u32::from_le_bytes([chunk[4], chunk[5], chunk[6], chunk[7]]);
+        if &chunk[0..4] == b"fmt " {
+            let mut fmt = [0u8; 16];
+            if file.read_exact(&mut fmt).is_err() {
                 return Err(AudioError::BadFormat(
                     "the WAV format chunk is truncated".into(),
                 ));
-            };
-            check_format(rate, usize::from(channels), Some(u32::from(bits)))?;
-            if block_align == 0 {
+            }
+            let u16_at = |i: usize| u16::from_le_bytes([fmt[i], fmt[i + 1]]);
+            let rate = u32::from_le_bytes([fmt[4], fmt[5], fmt[6], fmt[7]]);
+            check_format(rate, usize::from(u16_at(2)), Some(u32::from(u16_at(14))))?;
+            if u16_at(12) == 0 {
                 return Err(AudioError::BadFormat(
                     "the WAV header declares a block alignment of 0".into(),
                 ));
             }
             return Ok(());
         }
-        let Some(next) = body.checked_add(size as usize + (size as usize & 1)) else {
-            break;
-        };
-        pos = next;
+        let skip = i64::from(size) + i64::from(size & 1);
+        if file.seek(SeekFrom::Current(skip)).is_err() {
+            return Ok(());
+        }
     }
-    // No format chunk within the first bytes: let the decoder judge (and fail) the file.
-    Ok(())
+    Err(AudioError::BadFormat(format!(
+        "the WAV file has more than {MAX_CHUNKS} chunks before its format chunk"
+    )))
 }
 
 #[cfg(test)]
@@ -97,10 +103,14 @@ mod tests {
         h
     }
 
+    fn check(bytes: &[u8]) -> Result<(), AudioError> {
+        check_riff_header(std::io::Cursor::new(bytes))
+    }
+
     #[test]
     fn hostile_headers_are_refused() {
-        assert!(check_riff_header(&wav_header(16_000, 1, 16, 2)).is_ok());
-        assert!(check_riff_header(&wav_header(44_100, 2, 24, 6)).is_ok());
+        assert!(check(&wav_header(16_000, 1, 16, 2)).is_ok());
+        assert!(check(&wav_header(44_100, 2, 24, 6)).is_ok());
         for (rate, ch, bits, align) in [
             (0, 1, 16, 2),
             (1, 1, 16, 2),
@@ -111,12 +121,29 @@ mod tests {
             (16_000, 1, 0, 2),
             (16_000, 1, 16, 0),
         ] {
-            let err = check_riff_header(&wav_header(rate, ch, bits, align)).unwrap_err();
+            let err = check(&wav_header(rate, ch, bits, align)).unwrap_err();
             assert!(
                 matches!(err, AudioError::BadFormat(_)),
                 "{rate} {ch} {bits}"
             );
         }
-        assert!(check_riff_header(b"fLaC\0\0\0\x22").is_ok());
+        assert!(check(b"fLaC\0\0\0\x22").is_ok());
+    }
+
+    #[test]
+    fn a_format_chunk_far_into_the_file_is_checked_too() {
+        // 70 KB of padding before a format chunk that declares 1 Hz.
+        let mut file = b"RIFF\0\0\0\0WAVEJUNK".to_vec();
+        file.extend_from_slice(&70_000u32.to_le_bytes());
+        file.extend_from_slice(&[0; 70_000]);
+        file.extend_from_slice(&wav_header(1, 1, 16, 2)[12..]);
+        let err = check(&file).unwrap_err();
+        assert!(err.to_string().contains("1 Hz"), "{err}");
+        // Endless tiny chunks are not walked without end.
+        let mut file = b"RIFF\0\0\0\0WAVE".to_vec();
+        for _ in 0..=MAX_CHUNKS {
+            file.extend_from_slice(b"JUNK\0\0\0\0");
+        }
+        assert!(matches!(check(&file), Err(AudioError::BadFormat(_))));
     }
 }

@@ -80,6 +80,29 @@ pub(super) fn copy_if_normalized(
     }))
 }
 
+/// How many bytes of samples the WAV file at `path` holds: its `data` chunk, as far as the file
+/// goes (ffmpeg puts a `LIST` chunk before it, so the header is not always 44 bytes).
+pub(super) fn data_bytes(path: &Path) -> io::Result<u64> {
+    use std::io::Read;
+    let len = std::fs::metadata(path)?.len();
+    let mut head = Vec::new();
+    File::open(path)?.take(64 * 1024).read_to_end(&mut head)?;
+    let mut pos = 12usize;
+    while let Some(chunk) = head.get(pos..pos.saturating_add(8)) {
+        let (id, size) = chunk.split_at(4);
+        let size = u64::from(u32::from_le_bytes([size[0], size[1], size[2], size[3]]));
+        let body = pos as u64 + 8;
+        if id == b"data" {
+            return Ok(size.min(len.saturating_sub(body)));
+        }
+        pos = usize::try_from(body + size + (size & 1)).unwrap_or(usize::MAX);
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        "the normalized WAV has no data chunk",
+    ))
+}
+
 /// Whether `bytes` is a RIFF/WAVE file of PCM, 1 channel, `rate` Hz, 16 bits.
 pub(super) fn is_normalized(bytes: &[u8], rate: u32) -> bool {
     pcm16_mono_data(bytes, rate).is_some()

@@ -133,12 +133,18 @@ pub struct AudioConfig {
     /// `ffmpeg` used for what symphonia cannot decode; looked up on PATH when relative.
     /// Empty string disables the fallback.
     pub ffmpeg: String,
+    /// The `gpuhost` executable whose hidden `decode-audio` subcommand decodes uploads in a
+    /// child process (`audio/child.rs`). Not read from TOML: the `gpuhost` binary sets it to
+    /// itself; `None` (a library user) decodes in process.
+    #[serde(skip)]
+    pub decoder: Option<std::path::PathBuf>,
 }
 
 impl Default for AudioConfig {
     fn default() -> Self {
         AudioConfig {
             ffmpeg: "ffmpeg".into(),
+            decoder: None,
         }
     }
 }

@@ -51,6 +51,39 @@ async fn opus_goes_through_ffmpeg() {
 }
 
 #[tokio::test]
+async fn ffmpeg_reads_no_playlists_and_counts_only_the_samples() {
+    let config = format!("[pipeline]\nstages = [\"w\"]\n{}", fake_worker("w", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    // A playlist naming an audio file on the server (or a live one, reloaded without end).
+    let playlist = format!(
+        "#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXTINF:2,\n{}\n#EXT-X-ENDLIST\n",
+        fixture("audio/tone.mp3").display()
+    );
+    let refused = host.post_body("/transcribe", playlist.into_bytes()).await;
+    assert_eq!(refused.status(), 415);
+    let err: serde_json::Value = refused.json().await.unwrap();
+    assert!(
+        err["message"].as_str().unwrap().contains("playlists"),
+        "{err}"
+    );
+    // A WAV with an empty data chunk: ffmpeg's output is a header and no samples (its header
+    // is 78 bytes, not 44: nothing of it counts as audio).
+    let mut empty = wav(0.5, 44100, 2);
+    empty.truncate(44);
+    empty[40..44].copy_from_slice(&0u32.to_le_bytes());
+    let refused = host.post_body("/transcribe", empty).await;
+    assert_eq!(refused.status(), 415);
+    // A WAV streamed through a pipe: its header does not know the length (0xFFFFFFFF).
+    let mut streamed = wav(1.5, 44100, 2);
+    streamed[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    streamed[40..44].copy_from_slice(&u32::MAX.to_le_bytes());
+    let result = result_of(&host.transcribe("", streamed).await);
+    let duration = result["duration"].as_f64().unwrap();
+    assert!((duration - 1.5).abs() < 0.01, "{result}");
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn normalized_audio_is_16k_mono_pcm16() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.flac");
@@ -61,6 +94,7 @@ async fn normalized_audio_is_16k_mono_pcm16() {
         gpuhost::audio::Source::File(input),
         &out,
         60.0,
+        Some(std::path::Path::new(env!("CARGO_BIN_EXE_gpuhost"))),
         "",
         &decodes,
     )
@@ -84,6 +118,15 @@ async fn normalized_audio_is_16k_mono_pcm16() {
 
 #[tokio::test]
 async fn a_decode_given_up_stops_and_frees_its_turn() {
+    // In the `decode-audio` child (the child is killed) and in this process (the decoder stops
+    // at its next packet).
+    let child = std::path::Path::new(env!("CARGO_BIN_EXE_gpuhost"));
+    for decoder in [Some(child), None] {
+        decode_given_up(decoder).await;
+    }
+}
+
+async fn decode_given_up(decoder: Option<&'static std::path::Path>) {
     // Half an hour of 8 kHz audio: decoded and resampled, not copied, so it takes a while.
     let input = wav(1800.0, 8000, 1);
     let dir = tempfile::tempdir().unwrap();
@@ -93,7 +136,7 @@ async fn a_decode_given_up_stops_and_frees_its_turn() {
         let (out, decodes) = (out.clone(), decodes.clone());
         async move {
             let source = gpuhost::audio::Source::Memory(input.into());
-            gpuhost::audio::normalize(source, &out, 7200.0, "", &decodes).await
+            gpuhost::audio::normalize(source, &out, 7200.0, decoder, "", &decodes).await
         }
     });
     let size = || std::fs::metadata(&out).map_or(0, |m| m.len());
@@ -118,6 +161,9 @@ async fn a_decode_given_up_stops_and_frees_its_turn() {
     )
     .await;
     let full = 1800 * 16000 * 2;
-    assert!(last < full / 2, "stopped at {last} of {full} bytes");
+    assert!(
+        last < full / 2,
+        "{decoder:?}: stopped at {last} of {full} bytes"
+    );
     assert!(decodes.try_acquire().is_ok(), "the decode's turn is free");
 }

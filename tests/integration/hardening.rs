@@ -66,6 +66,73 @@ async fn hostile_wav_headers_are_refused_and_the_host_lives_on() {
     host.stop().await;
 }
 
+/// An MP4/ISO box: its 32-bit size, its type, its body.
+fn atom(kind: &[u8; 4], body: &[u8]) -> Vec<u8> {
+    let mut out = ((8 + body.len()) as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(kind);
+    out.extend_from_slice(body);
+    out
+}
+
+/// Files of a few dozen bytes whose headers claim lengths that make symphonia ask for more
+/// memory than exists (an exabyte, a petabyte, 64 GiB), which aborts the process that asks.
+fn memory_bombs() -> Vec<(&'static str, Vec<u8>)> {
+    let ftyp = atom(b"ftyp", b"M4A \0\0\0\0M4A mp42isom");
+    // A `hdlr` box with a 64-bit size of 2^60.
+    let mut hdlr = 1u32.to_be_bytes().to_vec();
+    hdlr.extend_from_slice(b"hdlr");
+    hdlr.extend_from_slice(&(1u64 << 60).to_be_bytes());
+    hdlr.extend_from_slice(&[0; 8]);
+    hdlr.extend_from_slice(b"soun");
+    hdlr.extend_from_slice(&[0; 12]);
+    hdlr.extend_from_slice(&[b'x'; 16]);
+    let mut mp4 = ftyp;
+    mp4.extend(atom(b"moov", &atom(b"trak", &atom(b"mdia", &hdlr))));
+    // A CAF `kuki` chunk of 2^60 bytes.
+    let mut caf = b"caff\0\x01\0\0desc".to_vec();
+    caf.extend_from_slice(&32i64.to_be_bytes());
+    caf.extend_from_slice(&44100f64.to_be_bytes());
+    caf.extend_from_slice(b"lpcm");
+    for field in [0u32, 2, 1, 1, 16] {
+        caf.extend_from_slice(&field.to_be_bytes());
+    }
+    caf.extend_from_slice(b"kuki");
+    caf.extend_from_slice(&(1i64 << 60).to_be_bytes());
+    caf.extend_from_slice(&[0; 32]);
+    // An EBML (Matroska) DocType string of 2^50 bytes.
+    let vint = |n: u64| {
+        let mut v = vec![1u8];
+        v.extend_from_slice(&n.to_be_bytes()[1..]);
+        v
+    };
+    let mut mkv = vec![0x1a, 0x45, 0xdf, 0xa3];
+    mkv.extend(vint(1 << 52));
+    mkv.extend_from_slice(&[0x42, 0x82]);
+    mkv.extend(vint(1 << 50));
+    mkv.extend_from_slice(b"matroska");
+    mkv.extend_from_slice(&[0; 64]);
+    // A real M4A whose sample-to-chunk table claims 2^32 - 1 entries.
+    let mut m4a = std::fs::read(fixture("audio/tone.m4a")).unwrap();
+    let at = m4a.windows(4).position(|w| w == b"stsc").unwrap();
+    m4a[at + 8..at + 12].copy_from_slice(&[0xff; 4]);
+    vec![("mp4", mp4), ("caf", caf), ("mkv", mkv), ("m4a", m4a)]
+}
+
+#[tokio::test]
+async fn a_decoder_that_runs_out_of_memory_costs_only_its_upload() {
+    // The decoder runs in a child (`gpuhost decode-audio`): were it in this process, the first
+    // of these would abort the test binary.
+    let host = TestHost::start(&one_stage("", "")).await.ready().await;
+    for (name, body) in memory_bombs() {
+        let (status, err) = json_error(host.post_body("/transcribe", body).await).await;
+        assert_eq!(status, 415, "{name}: {err}");
+        assert_eq!(err["error"], "undecodable_audio", "{name}: {err}");
+    }
+    let result = result_of(&host.transcribe("", wav(0.3, 44100, 2)).await);
+    assert_eq!(result["audio"]["decoder"], "symphonia", "{result}");
+    host.stop().await;
+}
+
 #[tokio::test]
 async fn a_form_part_whose_headers_never_end_is_refused_early() {
     let host = TestHost::start(&one_stage("", "")).await.ready().await;

@@ -131,6 +131,8 @@ impl TestHost {
         let text = toml.replace("{DIR}", &dir.path().display().to_string());
         let mut config = Config::from_toml(&text, dir.path().to_path_buf()).expect("test config");
         config.listen = "127.0.0.1:0".parse().unwrap();
+        // Uploads are decoded in a child, as by the `gpuhost` binary (which sets this to itself).
+        config.audio.decoder = Some(env!("CARGO_BIN_EXE_gpuhost").into());
         let token = config.token.clone();
         let server = gpuhost::bind(config).await.unwrap();
         let addr = server.local_addr();
