@@ -21,6 +21,12 @@ use crate::process::{run_helper, HelperInput};
 /// or streams (any audio file the server can read, or a live list it reloads without end).
 const FFMPEG_FORMATS: &str = "aac,ac3,aiff,amr,ape,asf,au,avi,caf,dts,eac3,flac,flv,gsm,matroska,mov,mp3,mpc,mpc8,mpeg,mpegts,ogg,tta,voc,w64,wav,wv";
 
+/// Most times its own size an upload may grow into normalized audio (32 KB a second) through
+/// ffmpeg. Real codecs stay far below (8 kbps MP3: 32×, the 700 bps Codec2 mode: 366×); a
+/// format declaring 1 Hz turns 28 KB into 4 hours. symphonia's path is bounded by the declared
+/// format checks (4 kHz at least) instead.
+const FFMPEG_MAX_EXPANSION: f64 = 1000.0;
+
 /// ffmpeg's address-space limit: decoding audio takes tens of MB; a file whose tables ask for
 /// gigabytes fails in ffmpeg instead of pressing the machine's memory.
 const FFMPEG_ADDRESS_SPACE: u64 = 2 << 30;
@@ -155,6 +161,10 @@ pub(super) async fn decode_with_ffmpeg(
     max_seconds: f64,
     symphonia_said: &str,
 ) -> Result<AudioInfo, AudioError> {
+    let input_bytes = std::fs::metadata(input)?.len();
+    // ffmpeg stops writing at this length: a hostile upload costs no more disk than that.
+    let expansion_cap =
+        (input_bytes as f64 * FFMPEG_MAX_EXPANSION / (2.0 * f64::from(TARGET_RATE))).max(1.0);
     let args: Vec<String> = [
         "-nostdin",
         "-hide_banner",
@@ -187,11 +197,11 @@ pub(super) async fn decode_with_ffmpeg(
         .map(|s| s.to_string()),
     )
     .chain([
-        format!("{}", max_seconds + 1.0),
+        format!("{}", (max_seconds + 1.0).min(expansion_cap)),
         output.display().to_string(),
     ])
     .collect();
-    let timeout = decode_timeout(std::fs::metadata(input)?.len());
+    let timeout = decode_timeout(input_bytes);
     let limits = HelperInput {
         stdin: None,
         address_space: Some(FFMPEG_ADDRESS_SPACE),
@@ -223,6 +233,11 @@ pub(super) async fn decode_with_ffmpeg(
             seconds,
             max: max_seconds,
         });
+    }
+    if expansion_cap < max_seconds && seconds >= expansion_cap - 0.01 {
+        return Err(AudioError::BadFormat(format!(
+            "the upload ({input_bytes} bytes) decodes into more than {FFMPEG_MAX_EXPANSION:.0} times its size; its sample rate or codec is not one real audio uses"
+        )));
     }
     Ok(AudioInfo {
         seconds,

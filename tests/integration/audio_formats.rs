@@ -73,6 +73,19 @@ async fn ffmpeg_reads_no_playlists_and_counts_only_the_samples() {
     empty[40..44].copy_from_slice(&0u32.to_le_bytes());
     let refused = host.post_body("/transcribe", empty).await;
     assert_eq!(refused.status(), 415);
+    // A Sun AU file (ffmpeg's, not symphonia's) declaring 1 Hz: 20 KB would be 3 hours.
+    let mut au = b".snd".to_vec();
+    for field in [24u32, 20_000, 3, 1, 1] {
+        au.extend_from_slice(&field.to_be_bytes()); // offset, size, PCM16, 1 Hz, mono
+    }
+    au.resize(24 + 20_000, 0);
+    let refused = host.post_body("/transcribe", au).await;
+    assert_eq!(refused.status(), 415);
+    let err: serde_json::Value = refused.json().await.unwrap();
+    assert!(
+        err["message"].as_str().unwrap().contains("times its size"),
+        "{err}"
+    );
     // A WAV streamed through a pipe: its header does not know the length (0xFFFFFFFF).
     let mut streamed = wav(1.5, 44100, 2);
     streamed[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
