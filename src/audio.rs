@@ -185,6 +185,40 @@ fn decode_here(
     })
 }
 
+/// How long a decoding child may go without writing any of its output before it is taken for
+/// stuck (a demuxer caught in a loop, as symphonia's Matroska reader on a FLAC track with an
+/// empty first metadata block) and killed. Real decoders write every fraction of a second.
+const STALL: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// `decode` (a child writing `output`), given up once `output` has not grown for [`STALL`]:
+/// the future, and with it the child, is dropped.
+async fn unless_stalled<T>(
+    output: &Path,
+    decode: impl std::future::Future<Output = Result<T, AudioError>>,
+) -> Result<T, AudioError> {
+    tokio::pin!(decode);
+    let size = || std::fs::metadata(output).map_or(0, |m| m.len());
+    let (mut last, mut since) = (size(), tokio::time::Instant::now());
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            done = &mut decode => return done,
+            _ = tick.tick() => {
+                let now = size();
+                if now != last {
+                    (last, since) = (now, tokio::time::Instant::now());
+                } else if since.elapsed() >= STALL {
+                    tracing::warn!(stall_s = STALL.as_secs(), "an audio decoder wrote nothing for a while; killed");
+                    return Err(AudioError::Undecodable(format!(
+                        "the decoder got stuck on this file (no output for {} s)",
+                        STALL.as_secs()
+                    )));
+                }
+            }
+        }
+    }
+}
+
 /// How long one decode may take: a minute, and a second more for every 256 KiB of upload (a
 /// decoder that takes longer is stuck, or fed a file made to be slow), an hour at most.
 fn decode_timeout(input_bytes: u64) -> std::time::Duration {

@@ -13,7 +13,7 @@ use std::sync::atomic::AtomicBool;
 
 use serde::{Deserialize, Serialize};
 
-use super::{decode_here, decode_timeout, AudioError, AudioInfo, Source};
+use super::{decode_here, decode_timeout, unless_stalled, AudioError, AudioInfo, Source};
 use crate::process::{run_helper, HelperInput};
 
 /// The child's address-space limit. Decoding streams (a 4-hour file needs a few MB of tables);
@@ -147,20 +147,24 @@ pub(super) async fn decode_in_child(
         stdin,
         address_space: Some(ADDRESS_SPACE),
     };
-    let captured = match run_helper(program, &args, timeout, helper).await {
-        Ok(captured) => captured,
-        Err(crate::process::RunError::Spawn { program, source }) => {
-            return Err(AudioError::Io(std::io::Error::other(format!(
-                "cannot start the audio decoder {program}: {source}"
-            ))))
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "the audio decoder did not finish");
-            return Err(AudioError::Undecodable(format!(
-                "the decoder did not finish on this file ({e})"
-            )));
-        }
+    let run = async {
+        run_helper(program, &args, timeout, helper)
+            .await
+            .map_err(|e| match e {
+                crate::process::RunError::Spawn { program, source } => {
+                    AudioError::Io(std::io::Error::other(format!(
+                        "cannot start the audio decoder {program}: {source}"
+                    )))
+                }
+                e => {
+                    tracing::warn!(error = %e, "the audio decoder did not finish");
+                    AudioError::Undecodable(format!(
+                        "the decoder did not finish on this file ({e})"
+                    ))
+                }
+            })
     };
+    let captured = unless_stalled(output, run).await?;
     let stdout = String::from_utf8_lossy(&captured.stdout);
     match stdout.lines().last().map(serde_json::from_str::<Outcome>) {
         Some(Ok(outcome)) => outcome.into(),

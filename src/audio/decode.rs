@@ -12,9 +12,10 @@ use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 
 use super::{
-    decode_timeout, limits, wav, AudioError, AudioInfo, Resampler, Source, WavWriter, TARGET_RATE,
+    decode_timeout, limits, unless_stalled, wav, AudioError, AudioInfo, Resampler, Source,
+    WavWriter, TARGET_RATE,
 };
-use crate::process::{run_helper, HelperInput};
+use crate::process::{run_helper, HelperInput, RunError};
 
 /// The demuxers ffmpeg may use on an upload: audio and audio-video containers that hold their
 /// media themselves. Playlists (HLS, `concat`) are left out: they make ffmpeg open further files
@@ -206,9 +207,25 @@ pub(super) async fn decode_with_ffmpeg(
         stdin: None,
         address_space: Some(FFMPEG_ADDRESS_SPACE),
     };
-    let captured = run_helper(ffmpeg, &args, timeout, limits)
-        .await
-        .map_err(|e| AudioError::Undecodable(format!("{symphonia_said}; ffmpeg: {e}")))?;
+    let run = async {
+        run_helper(ffmpeg, &args, timeout, limits)
+            .await
+            .map_err(|e| {
+                // In words a client can act on, without the server's path to ffmpeg.
+                let why = match e {
+                    RunError::Timeout { timeout, .. } => {
+                        format!("did not finish within {} s", timeout.as_secs())
+                    }
+                    RunError::Io { .. } => {
+                        "wrote more messages than are kept (the file is likely corrupt)".into()
+                    }
+                    RunError::Spawn { .. } => "could not be started".into(),
+                };
+                tracing::warn!(error = %e, "ffmpeg failed on an upload");
+                AudioError::Undecodable(format!("{symphonia_said}; ffmpeg {why}"))
+            })
+    };
+    let captured = unless_stalled(output, run).await?;
     if !captured.status.success() {
         let stderr = String::from_utf8_lossy(&captured.stderr);
         if stderr.contains("not on whitelist") {
@@ -216,9 +233,16 @@ pub(super) async fn decode_with_ffmpeg(
                 "{symphonia_said}; ffmpeg: this container is not accepted (playlists and other formats that refer to further files are refused)"
             )));
         }
-        let last = stderr.lines().last().unwrap_or("no message");
+        // Its first line names the problem ("Invalid data found…", "Error while decoding…"),
+        // the last what it gave up on; both when they differ.
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        let said = match (lines.first(), lines.last()) {
+            (Some(first), Some(last)) if first != last => format!("{first} … {last}"),
+            (Some(only), _) => only.to_string(),
+            _ => "no message".into(),
+        };
         return Err(AudioError::Undecodable(format!(
-            "{symphonia_said}; ffmpeg: {last}"
+            "{symphonia_said}; ffmpeg: {said}"
         )));
     }
     let samples = wav::data_bytes(output)? / 2;

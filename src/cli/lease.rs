@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use gpuhost::protocol::GrantEvent;
 use serde_json::json;
 
@@ -88,9 +88,44 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         "holder": holder, "purpose": args.purpose, "vram_mib": args.vram_mib,
         "ttl_s": args.ttl, "wait": true, "priority": args.priority,
     });
+    // SIGTERM and SIGHUP are ours from the start: one that comes while the lease is being
+    // granted must not kill this client with the lease still held (until its TTL).
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut hangup = signal(SignalKind::hangup())?;
     let url = base.join("gpu/lease")?;
     let response = remote.send(client.post(url).json(&body)).await?;
-    let lease_id = wait_for_grant(response).await?;
+    let lease_id = tokio::select! {
+        granted = wait_for_grant(response) => granted?,
+        // The request goes with us: the server drops the waiting lease.
+        Some(()) = terminate.recv() => return Ok(ExitCode::from(128 + libc::SIGTERM as u8)),
+        Some(()) = hangup.recv() => return Ok(ExitCode::from(128 + libc::SIGHUP as u8)),
+    };
+    let release = |why: &str| {
+        let request = authed(client.delete(base.join(&format!("gpu/lease/{lease_id}"))?));
+        let why = why.to_string();
+        anyhow::Ok(async move {
+            match request.send().await {
+                Ok(r) if r.status().is_success() => {
+                    eprintln!("gpuhost lease: lease {lease_id} released{why}")
+                }
+                Ok(r) => eprintln!("gpuhost lease: release answered {}", r.status()),
+                Err(e) => eprintln!(
+                    "gpuhost lease: release failed ({e}); the server reclaims it after {} s",
+                    args.ttl
+                ),
+            }
+        })
+    };
+    // Told to stop between the request and the grant: the program is not started at all.
+    let early = [
+        (terminate.recv().now_or_never().flatten(), libc::SIGTERM),
+        (hangup.recv().now_or_never().flatten(), libc::SIGHUP),
+    ];
+    if let Some((_, sig)) = early.iter().find(|(got, _)| got.is_some()) {
+        release(" before the program started (told to stop)")?.await;
+        return Ok(ExitCode::from(128 + *sig as u8));
+    }
     // Renew at a third of the TTL, so two missed renewals still keep the lease.
     let renew_url = base.join(&format!("gpu/lease/{lease_id}/renew"))?;
     let renewer = {
@@ -129,9 +164,6 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     // SIGTERM or SIGHUP to gpuhost (a service manager, a closed terminal) is passed on to the
     // program and everything below it, then the lease is released as at a normal end. A lost
     // lease stops the program the same way. Either way SIGKILL follows after LOST_GRACE.
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate = signal(SignalKind::terminate())?;
-    let mut hangup = signal(SignalKind::hangup())?;
     let mut renewer = renewer;
     let mut lost = false;
     let mut stopping = Stopping::No;
@@ -164,15 +196,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     if lost {
         return Ok(ExitCode::from(LOST_EXIT));
     }
-    let release = authed(client.delete(base.join(&format!("gpu/lease/{lease_id}"))?));
-    match release.send().await {
-        Ok(r) if r.status().is_success() => eprintln!("gpuhost lease: lease {lease_id} released"),
-        Ok(r) => eprintln!("gpuhost lease: release answered {}", r.status()),
-        Err(e) => eprintln!(
-            "gpuhost lease: release failed ({e}); the server reclaims it after {} s",
-            args.ttl
-        ),
-    }
+    release("")?.await;
     use std::os::unix::process::ExitStatusExt;
     let code = status
         .code()

@@ -240,18 +240,34 @@ async fn receive_guarded(
             .map_err(|e| e.into_api(limit));
     }
     let mut form = Form::open(request).await?;
-    loop {
-        let Some(field) = form.next().await? else {
-            return Err(ApiError::bad_request(
-                "the multipart body has no field `file`: send the audio as `file`",
-            ));
-        };
-        if field.name() == Some("file") {
-            return collect(field, spill, limit)
-                .await
-                .map_err(|e| e.into_api(limit));
+    let mut upload = None;
+    while let Some(field) = form.next().await? {
+        match field.name() {
+            Some("file") if upload.is_none() => {
+                upload = Some(
+                    collect(field, spill, limit)
+                        .await
+                        .map_err(|e| e.into_api(limit))?,
+                );
+            }
+            Some("file") => {
+                return Err(ApiError::bad_request(
+                    "the form has more than one `file`: send one recording per request",
+                ))
+            }
+            // An option sent as a form field would be silently ignored (a `language` among
+            // them: English output for another language). Options go in the query string.
+            other => {
+                let name: String = other.unwrap_or("").chars().take(64).collect();
+                return Err(ApiError::bad_request(format!(
+                    "the form field `{name}` is not read here: /transcribe takes only `file` from the form, and its options in the query string (/transcribe?language=de&num_speakers=2); /v1/audio/transcriptions takes them as form fields"
+                )));
+            }
         }
     }
+    upload.ok_or_else(|| {
+        ApiError::bad_request("the multipart body has no field `file`: send the audio as `file`")
+    })
 }
 
 fn too_large(what: &str, limit: u64) -> ApiError {

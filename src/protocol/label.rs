@@ -4,11 +4,29 @@
 
 /// A control character, or an invisible one that hides or reorders text: zero-width space,
 /// direction marks, bidirectional embeddings, overrides and isolates, word joiner and the
-/// invisible operators, byte-order mark. The zero-width joiner and non-joiner (U+200C, U+200D)
-/// pass: Persian, Indic scripts and emoji sequences need them.
+/// invisible operators, byte-order mark, soft hyphen, combining grapheme joiner, Mongolian vowel
+/// separator, and the Hangul fillers (letters that draw nothing, so a name of them looks blank).
+/// The zero-width joiner and non-joiner (U+200C, U+200D) pass: Persian, Indic scripts and emoji
+/// sequences need them.
 pub fn invisible(c: char) -> bool {
     c.is_control()
-        || matches!(c, '\u{200B}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{034F}'
+                | '\u{115F}'
+                | '\u{1160}'
+                | '\u{180E}'
+                | '\u{200B}'
+                | '\u{200E}'
+                | '\u{200F}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2060}'..='\u{2064}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{3164}'
+                | '\u{FEFF}'
+                | '\u{FFA0}'
+        )
 }
 
 /// Whether `label` shows as it reads (no `invisible` character).
@@ -30,6 +48,8 @@ mod tests {
             "bob\u{202e}",
             "zero\u{200b}width",
             "tab\there",
+            "a\u{ad}b",
+            "\u{3164}",
         ] {
             assert!(!shows_as_text(bad), "{bad:?}");
         }

@@ -42,13 +42,16 @@ impl Connection {
             Ok(options) => options,
             Err(e) => return Ok(Err(e.to_string())),
         };
-        let prepared =
-            match PreparedJob::from_upload(&self.app, dir, Source::File(path), options, stages)
-                .await
-            {
+        // A client that hangs up while its audio decodes stops the decode (the decoder child is
+        // killed when the upload's future is dropped).
+        let upload = PreparedJob::from_upload(&self.app, dir, Source::File(path), options, stages);
+        let prepared = tokio::select! {
+            prepared = upload => match prepared {
                 Ok(prepared) => prepared,
                 Err(e) => return Ok(Err(e.to_string())),
-            };
+            },
+            () = hung_up(&mut self.reader) => return Ok(Ok(())),
+        };
         let mut events = match job::start_job(Arc::clone(&self.app), prepared) {
             Ok(events) => events,
             Err(full) => {

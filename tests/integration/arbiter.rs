@@ -368,6 +368,14 @@ async fn an_unrenewed_lease_is_reclaimed_after_its_ttl() {
         .await
         .ready()
         .await;
+    // A TTL too short to renew within is refused, not granted already expired.
+    let instant = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "x", "ttl_s": 1e-300}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(instant.status(), 400);
     let first: Value = host
         .post("/gpu/lease")
         .json(&json!({"holder": "crashed-notebook", "ttl_s": 0.5, "vram_mib": 1000}))
@@ -891,9 +899,11 @@ async fn a_terminated_lease_client_stops_its_program_and_releases_at_once() {
         .await;
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("term");
+    let running = dir.path().join("running");
     let script = format!(
-        "trap 'echo got > {}; exit 9' TERM; sleep 6019 & wait",
-        marker.display()
+        "trap 'echo got > {}; exit 9' TERM; touch {}; sleep 6019 & wait",
+        marker.display(),
+        running.display()
     );
     // A long TTL: the lease gone right after proves a release, not a reclaim.
     let child = lease_command(&host, &["--ttl", "600"], &["sh", "-c", &script])
@@ -901,6 +911,13 @@ async fn a_terminated_lease_client_stops_its_program_and_releases_at_once() {
         .spawn()
         .unwrap();
     lease_shows(&host).await;
+    // The program runs, its trap set (a SIGTERM before the program starts is answered by a
+    // release without starting it).
+    wait_for("the program to run", Duration::from_secs(10), || {
+        let up = running.exists();
+        async move { up }
+    })
+    .await;
     // SIGTERM, as a service manager or `kill` sends it.
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -913,6 +930,41 @@ async fn a_terminated_lease_client_stops_its_program_and_releases_at_once() {
     assert_eq!(status.code(), Some(9), "the program's own status: {err}");
     assert!(marker.exists(), "the program got SIGTERM: {err}");
     assert!(leases(&host).await.is_empty(), "released: {err}");
+
+    // Terminated while its lease waits behind another: it leaves the queue, its program unrun.
+    let holder = lease_command(&host, &["--ttl", "600"], &["sleep", "6019"])
+        .spawn()
+        .unwrap();
+    lease_shows(&host).await;
+    let never = dir.path().join("never");
+    let waiter = lease_command(&host, &[], &["touch", never.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    wait_for("the second lease to queue", Duration::from_secs(10), || {
+        let n = host.state.queue.waiting();
+        async move { n == 1 }
+    })
+    .await;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(waiter.id() as i32, libc::SIGTERM) };
+    let status = tokio::task::spawn_blocking(move || waiter.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        status.status.code(),
+        Some(128 + libc::SIGTERM),
+        "{status:?}"
+    );
+    wait_for("the queue to empty", Duration::from_secs(10), || {
+        let n = host.state.queue.waiting();
+        async move { n == 0 }
+    })
+    .await;
+    assert!(!never.exists(), "the program never ran");
+    // SAFETY: kill(2) on our own child; it releases its lease.
+    unsafe { libc::kill(holder.id() as i32, libc::SIGTERM) };
+    let _ = tokio::task::spawn_blocking(move || holder.wait_with_output()).await;
     host.stop().await;
 }
 

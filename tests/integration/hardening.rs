@@ -134,6 +134,24 @@ async fn a_decoder_that_runs_out_of_memory_costs_only_its_upload() {
 }
 
 #[tokio::test]
+async fn a_decoder_stuck_in_a_loop_is_given_up_after_20_s_without_output() {
+    // A Matroska file whose FLAC track's first metadata block is empty (tone.flac remuxed by
+    // ffmpeg, 4 bytes changed): symphonia 0.5's Matroska reader loops on it without end. Its
+    // child writes nothing and is killed 20 s on; ffmpeg then reads the file.
+    let host = TestHost::start(&one_stage("", "")).await.ready().await;
+    let body = std::fs::read(fixture("audio/stuck.mkv")).unwrap();
+    let started = Instant::now();
+    let result = result_of(&host.transcribe("", body).await);
+    assert_eq!(result["audio"]["decoder"], "ffmpeg", "{result}");
+    assert!(
+        started.elapsed() < Duration::from_secs(45),
+        "{:?}",
+        started.elapsed()
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_form_part_whose_headers_never_end_is_refused_early() {
     let host = TestHost::start(&one_stage("", "")).await.ready().await;
     // 8 MiB of one header line: the parser would hold it all and search it again at every chunk.

@@ -162,12 +162,10 @@ async fn bad_queries_and_routes() {
 #[tokio::test]
 async fn multipart_upload_and_missing_field() {
     let host = TestHost::start(&config("")).await.ready().await;
-    let form = reqwest::multipart::Form::new()
-        .text("note", "ignored")
-        .part(
-            "file",
-            reqwest::multipart::Part::bytes(wav(0.7, 22050, 2)).file_name("a.wav"),
-        );
+    let form = reqwest::multipart::Form::new().part(
+        "file",
+        reqwest::multipart::Part::bytes(wav(0.7, 22050, 2)).file_name("a.wav"),
+    );
     let response = host
         .post("/transcribe")
         .multipart(form)
@@ -189,6 +187,25 @@ async fn multipart_upload_and_missing_field() {
         .unwrap();
     let msg = json_error(r, 400, "bad_request").await;
     assert!(msg.contains("`file`"), "{msg}");
+    // An option as a form field, after the file, as `curl -F file=@a.wav -F language=de` sends
+    // it: refused (it used to be skipped, and the job ran in English), pointing to the query.
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(wav(0.7, 22050, 2)).file_name("a.wav"),
+        )
+        .text("language", "de");
+    let r = host
+        .post("/transcribe")
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    let msg = json_error(r, 400, "bad_request").await;
+    assert!(
+        msg.contains("`language`") && msg.contains("query string"),
+        "{msg}"
+    );
     host.stop().await;
 }
 

@@ -49,9 +49,10 @@ impl Leases {
     pub fn ttl(&self, request: &LeaseRequest) -> Result<Duration, String> {
         let config = &self.cores[self.main].config;
         let ttl = request.ttl_s.unwrap_or(config.lease_ttl_s);
-        if !(ttl.is_finite() && ttl > 0.0 && ttl <= config.max_lease_ttl_s) {
+        // Under a tenth of a second a lease would expire before its holder could renew it.
+        if !(ttl.is_finite() && ttl >= 0.1 && ttl <= config.max_lease_ttl_s) {
             return Err(format!(
-                "ttl_s must be above 0 and at most {} (arbiter.max_lease_ttl_s)",
+                "ttl_s must be at least 0.1 and at most {} (arbiter.max_lease_ttl_s)",
                 config.max_lease_ttl_s
             ));
         }

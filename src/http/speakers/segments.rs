@@ -53,7 +53,8 @@ pub(super) fn segments_of(
     if spans.is_empty() {
         return Err(ApiError::bad_request("`segments` is empty"));
     }
-    Ok(Some(spans))
+    // The worker gets each stretch of time once, however often it was listed.
+    Ok(Some(union(&spans)))
 }
 
 /// What enrolment reads of a transcript: who spoke when (nothing else is parsed).
@@ -137,11 +138,10 @@ fn turns_of(text: &str, speaker: &str) -> Result<Vec<[f64; 2]>, ApiError> {
     Ok(if clean.is_empty() { spans } else { clean })
 }
 
-/// `spans` without the parts inside any of `cuts` (both checked: finite, start <= end), parts of
-/// 50 ms or less dropped. The cuts are merged and sorted once, so the work grows with the number
-/// of spans and cuts, not their product.
-fn minus(spans: &[[f64; 2]], cuts: &[[f64; 2]]) -> Vec<[f64; 2]> {
-    let mut sorted = cuts.to_vec();
+/// `spans` (checked: finite, start <= end) sorted, with the ones that overlap or touch merged:
+/// the same stretches of time, each once.
+fn union(spans: &[[f64; 2]]) -> Vec<[f64; 2]> {
+    let mut sorted = spans.to_vec();
     sorted.sort_by(|x, y| x[0].total_cmp(&y[0]));
     let mut merged: Vec<[f64; 2]> = Vec::with_capacity(sorted.len());
     for [a, b] in sorted {
@@ -150,8 +150,17 @@ fn minus(spans: &[[f64; 2]], cuts: &[[f64; 2]]) -> Vec<[f64; 2]> {
             _ => merged.push([a, b]),
         }
     }
+    merged
+}
+
+/// `spans` without the parts inside any of `cuts` (both checked: finite, start <= end), parts of
+/// 50 ms or less dropped. Spans and cuts are each merged and sorted first, so the parts are at
+/// most as many as spans and cuts together, and the work grows with their number, not their
+/// product (3 000 copies of one long turn across 100 000 overlaps were 300 million parts, 4.8 GB).
+fn minus(spans: &[[f64; 2]], cuts: &[[f64; 2]]) -> Vec<[f64; 2]> {
+    let merged = union(cuts);
     let mut out = Vec::new();
-    for &[start, end] in spans {
+    for [start, end] in union(spans) {
         // The first merged cut that ends after this span starts; the ones after it are in order.
         let first = merged.partition_point(|c| c[1] <= start);
         let mut from = start;
@@ -208,6 +217,22 @@ mod tests {
         })
         .to_string();
         assert!(turns_of(&many, "A").is_err());
+    }
+
+    #[test]
+    fn repeated_turns_are_one_stretch_of_time() {
+        // 3 000 copies of one long turn across 100 000 overlaps: each copy used to be cut into
+        // 100 000 parts (300 million, 4.8 GB, and the host aborted).
+        let turns = vec![serde_json::json!({"start": 0.0, "end": 1e9, "speaker": "A"}); 3000];
+        let overlaps: Vec<[f64; 2]> = (0..SEGMENTS_MAX)
+            .map(|i| [2.0 * i as f64, 2.0 * i as f64 + 1.0])
+            .collect();
+        let text = serde_json::json!({"turns": turns, "overlaps": overlaps}).to_string();
+        let spans = turns_of(&text, "A").unwrap();
+        assert_eq!(spans.len(), SEGMENTS_MAX); // the gaps between the overlaps, and the tail
+                                               // Given as `segments`, repeats and overlaps are merged too.
+        let given = segments_of(Some("[[0, 2], [1, 3], [0, 2], [5, 6]]"), None, None);
+        assert_eq!(given.unwrap(), Some(vec![[0.0, 3.0], [5.0, 6.0]]));
     }
 
     #[test]
