@@ -251,6 +251,15 @@ impl Connection {
         else {
             return Err("`audio-chunk` before `audio-start`".into());
         };
+        // Whole frames only: a stray byte would shift every later sample by half of one.
+        let frame = 2 * usize::from(*channels);
+        if payload.len() % frame != 0 {
+            return Err(format!(
+                "an `audio-chunk` of {} bytes is not whole frames of {} 16-bit samples ({frame} bytes each)",
+                payload.len(),
+                channels
+            ));
+        }
         *bytes += payload.len() as u64;
         let seconds = *bytes as f64 / (2.0 * f64::from(*rate) * f64::from(*channels));
         if *bytes > limits.max_upload_bytes || seconds > limits.max_audio_seconds {

@@ -151,8 +151,18 @@ async fn bad_audio_is_refused_and_the_connection_stays() {
             .contains("before `audio-start`"),
         "{error}"
     );
-    // No audio at all between start and stop: refused, as an empty HTTP upload is.
+    // Half a sample: refused (a stray byte would shift every later sample), not dropped.
     let format = json!({"rate": 16000, "width": 2, "channels": 1});
+    client.send("audio-start", format.clone(), &[]).await;
+    client.send("audio-chunk", format.clone(), &[0, 0, 0]).await;
+    let (kind, error) = client.recv().await;
+    assert_eq!(kind, "error");
+    assert!(
+        error["text"].as_str().unwrap().contains("whole frames"),
+        "{error}"
+    );
+    client.send("audio-stop", json!({}), &[]).await;
+    // No audio at all between start and stop: refused, as an empty HTTP upload is.
     client.send("audio-start", format, &[]).await;
     client.send("audio-stop", json!({}), &[]).await;
     let (kind, error) = client.recv().await;
