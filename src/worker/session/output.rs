@@ -41,22 +41,10 @@ impl Session {
     }
 
     pub(super) fn read_output(&self, output: &Path) -> Result<Value, TaskError> {
-        let bad = |reason: String| TaskError::BadOutput {
+        read_result(output).map_err(|reason| TaskError::BadOutput {
             worker: self.name.clone(),
             reason,
-        };
-        let text = std::fs::read(output)
-            .map_err(|e| bad(format!("cannot read {}: {e}", output.display())))?;
-        let value: Value = serde_json::from_slice(&text)
-            .map_err(|e| bad(format!("{} is not valid JSON: {e}", output.display())))?;
-        if !value.is_object() {
-            return Err(bad(format!(
-                "{} holds a JSON {}, not an object",
-                output.display(),
-                kind_of(&value)
-            )));
-        }
-        Ok(value)
+        })
     }
 
     /// After stdout closed: the exit status (killing a process that lingers), with the last
@@ -100,6 +88,38 @@ impl Session {
     }
 }
 
+/// The largest result file read back. A four-hour transcript with every word's times is a few
+/// MB; a worker that writes gigabytes (a bug) fails its task instead of filling the host's memory
+/// (as parsed JSON, several times the file).
+const RESULT_MAX: u64 = 256 << 20;
+
+/// The JSON object a worker wrote to `output`, or why not.
+fn read_result(output: &Path) -> Result<Value, String> {
+    let size = std::fs::metadata(output)
+        .map_err(|e| format!("cannot read {}: {e}", output.display()))?
+        .len();
+    if size > RESULT_MAX {
+        return Err(format!(
+            "{} is {} MiB; a result may be {} MiB at most",
+            output.display(),
+            size >> 20,
+            RESULT_MAX >> 20
+        ));
+    }
+    let text =
+        std::fs::read(output).map_err(|e| format!("cannot read {}: {e}", output.display()))?;
+    let value: Value = serde_json::from_slice(&text)
+        .map_err(|e| format!("{} is not valid JSON: {e}", output.display()))?;
+    if !value.is_object() {
+        return Err(format!(
+            "{} holds a JSON {}, not an object",
+            output.display(),
+            kind_of(&value)
+        ));
+    }
+    Ok(value)
+}
+
 fn kind_of(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",
@@ -108,5 +128,25 @@ fn kind_of(value: &Value) -> &'static str {
         Value::String(_) => "string",
         Value::Array(_) => "array",
         Value::Object(_) => "object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_result_file_past_the_limit_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.result.json");
+        std::fs::write(&path, br#"{"text": "ok"}"#).unwrap();
+        assert_eq!(read_result(&path).unwrap()["text"], "ok");
+        // A sparse file: its size says gigabytes, it holds none.
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(RESULT_MAX + 1)
+            .unwrap();
+        let why = read_result(&path).unwrap_err();
+        assert!(why.contains("256 MiB at most"), "{why}");
     }
 }

@@ -66,7 +66,8 @@ class SphinxAligner:
         self._preferred = 0
 
     def _ensure_words(self, tokens):
-        for t in set(tokens):
+        # In a fixed order: the order words join the dictionary can tip the decoder's ties.
+        for t in sorted(set(tokens)):
             for d in self._decoders:
                 if d.lookup_word(t) is None:
                     # No search update: set_align_text builds a new search from the dictionary
@@ -142,7 +143,9 @@ class SphinxAligner:
     def align(self, audio: np.ndarray, segments: list, progress=None) -> dict:
         """Every ASR segment aligned (its words' times), `progress(done, of)` after each. The
         same request gets the same times whatever the worker aligned before it: the preferred
-        beam setting and the padding noise start afresh."""
+        beam setting and the padding noise start afresh (each piece is decoded whole, so the
+        decoders' cepstral means are the piece's own). The out-of-vocabulary words it learned
+        stay in its dictionary, and they can tip ties."""
         self._preferred = 0
         self._rng = np.random.default_rng(0)
         out_segments = []
