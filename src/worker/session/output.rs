@@ -93,21 +93,39 @@ impl Session {
 /// (as parsed JSON, several times the file).
 const RESULT_MAX: u64 = 256 << 20;
 
-/// The JSON object a worker wrote to `output`, or why not.
+/// The JSON object a worker wrote to `output`, or why not. Only a regular file is read (a link
+/// to `/dev/zero` or a FIFO would never end), and no more than [`RESULT_MAX`] of it.
 fn read_result(output: &Path) -> Result<Value, String> {
-    let size = std::fs::metadata(output)
-        .map_err(|e| format!("cannot read {}: {e}", output.display()))?
-        .len();
-    if size > RESULT_MAX {
-        return Err(format!(
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", output.display());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(output)
+        .map_err(cannot)?;
+    let meta = file.metadata().map_err(cannot)?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", output.display()));
+    }
+    let too_big = |size: u64| {
+        format!(
             "{} is {} MiB; a result may be {} MiB at most",
             output.display(),
             size >> 20,
             RESULT_MAX >> 20
-        ));
+        )
+    };
+    if meta.len() > RESULT_MAX {
+        return Err(too_big(meta.len()));
     }
-    let text =
-        std::fs::read(output).map_err(|e| format!("cannot read {}: {e}", output.display()))?;
+    let mut text = Vec::new();
+    file.take(RESULT_MAX + 1)
+        .read_to_end(&mut text)
+        .map_err(cannot)?;
+    if text.len() as u64 > RESULT_MAX {
+        return Err(too_big(text.len() as u64)); // it grew while read
+    }
     let value: Value = serde_json::from_slice(&text)
         .map_err(|e| format!("{} is not valid JSON: {e}", output.display()))?;
     if !value.is_object() {
@@ -148,5 +166,9 @@ mod tests {
             .unwrap();
         let why = read_result(&path).unwrap_err();
         assert!(why.contains("256 MiB at most"), "{why}");
+        // A link (to a device that never ends) is not followed.
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        assert!(read_result(&path).is_err());
     }
 }

@@ -219,9 +219,9 @@ def test_a_word_left_unaligned_moves_not_its_aligned_neighbours():
 
 def test_a_request_starts_afresh_whatever_came_before(aligner, speech_wav, monkeypatch):
     """The resident aligner's state (the beam setting that worked last, the padding noise's
-    generator) does not carry over from one request to the next: the same request gets the
-    same times whatever the worker aligned between. (Compared within one aligner: the words a
-    dictionary learned, and their order, can tip the decoder's ties.)"""
+    generator, its decoders' feature extraction) does not carry over from one request to the
+    next: the same request gets the same times whatever the worker aligned between. (Compared
+    within one aligner: the words a dictionary learned, and their order, can tip ties.)"""
     audio = read_wav(speech_wav)
     segments = rough_words(audio, "hello world, this is a test of the speech worker")
     seen = []
