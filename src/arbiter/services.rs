@@ -74,7 +74,14 @@ impl ServiceHandle {
     /// when one is queued or starting already).
     pub fn start(&self) -> broadcast::Receiver<GrantEvent> {
         let events = self.events.subscribe();
-        let _ = self.control.try_send(Control::Start);
+        // Never lost, as a stop is not: a channel full of touches (the actor busy stopping)
+        // would otherwise drop it and leave the caller waiting on events that never come.
+        if let Err(mpsc::error::TrySendError::Full(start)) = self.control.try_send(Control::Start) {
+            let control = self.control.clone();
+            tokio::spawn(async move {
+                let _ = control.send(start).await;
+            });
+        }
         events
     }
 

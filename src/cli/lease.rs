@@ -158,8 +158,14 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     if let Err(e) = gpuhost::process::adopted::become_subreaper() {
         eprintln!("gpuhost lease: warning: cannot become a child subreaper ({e}); processes the program detaches may outlive it");
     }
-    let mut program = gpuhost::process::spawn_foreground(&args.command)
-        .with_context(|| format!("cannot run {:?}", args.command))?;
+    let mut program = match gpuhost::process::spawn_foreground(&args.command) {
+        Ok(program) => program,
+        Err(e) => {
+            // Given back at once: not held (with the residents unloaded for it) until its TTL.
+            release(" (the program could not start)")?.await;
+            return Err(e).with_context(|| format!("cannot run {:?}", args.command));
+        }
+    };
     // Ctrl-C reaches the program too (same process group): wait for it to end, then release.
     // SIGTERM or SIGHUP to gpuhost (a service manager, a closed terminal) is passed on to the
     // program and everything below it, then the lease is released as at a normal end. A lost

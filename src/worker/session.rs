@@ -149,11 +149,28 @@ impl Session {
         });
         let line = TaskLine::new(task.clone(), output.to_path_buf(), cancel_path).to_line();
         let _ = std::fs::remove_file(output);
-        if let Err(e) = self.send_line(&line).await {
-            let exit = self.collect_exit().await;
-            return Err(self.crashed(format!("{exit}; writing the task failed: {e}")));
-        }
+        // The task's time counts from here: a worker that stops reading its stdin (the line can
+        // be megabytes: earlier stages' results) must not hold the GPU past it.
         let mut deadline = Instant::now() + limits.timeout;
+        let sent = tokio::select! {
+            sent = self.send_line(&line) => Some(sent),
+            _ = tokio::time::sleep_until(deadline) => None,
+        };
+        match sent {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                let exit = self.collect_exit().await;
+                return Err(self.crashed(format!("{exit}; writing the task failed: {e}")));
+            }
+            None => {
+                tracing::warn!(worker = %self.name, "the worker did not read its task line within the task's timeout; killed");
+                self.group.kill().await;
+                return Err(TaskError::Timeout {
+                    worker: self.name.clone(),
+                    seconds: limits.timeout.as_secs_f64(),
+                });
+            }
+        }
         let mut phase = Phase::Running;
         loop {
             tokio::select! {
@@ -162,7 +179,7 @@ impl Session {
                 line = self.stdout.next_line() => match line.as_deref().map(Signal::parse) {
                     Some(Signal::Done) => {
                         self.drain_stderr(events);
-                        return self.read_output(output);
+                        return self.read_output(output).await;
                     }
                     Some(Signal::Error(failure)) => {
                         self.drain_stderr(events);
@@ -252,7 +269,7 @@ impl Session {
             match Signal::parse(&line) {
                 Signal::Done => {
                     self.drain_stderr(events);
-                    return self.read_output(output);
+                    return self.read_output(output).await;
                 }
                 Signal::Error(failure) if phase != Phase::Cancelling => {
                     self.drain_stderr(events);

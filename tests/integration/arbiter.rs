@@ -969,6 +969,29 @@ async fn a_terminated_lease_client_stops_its_program_and_releases_at_once() {
 }
 
 #[tokio::test]
+async fn a_program_that_cannot_start_gives_its_lease_back_at_once() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let out = tokio::task::spawn_blocking({
+        let mut command = lease_command(&host, &["--ttl", "600"], &["/nonexistent/program"]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("cannot run"), "{err}");
+    assert!(
+        leases(&host).await.is_empty(),
+        "released, not held for 600 s: {err}"
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_lease_client_that_cannot_reach_its_server_for_a_ttl_stops_the_program() {
     let gpu = FakeGpu::new(IDLE);
     let host = TestHost::start(&arbiter_config(&gpu, ""))

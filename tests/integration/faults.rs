@@ -120,6 +120,29 @@ async fn hung_job_times_out_is_killed_and_the_next_works() {
 }
 
 #[tokio::test]
+async fn a_worker_that_stops_reading_its_stdin_times_out() {
+    // Stage `a` answers 100 KB of text, so `b`'s task line (which carries it) is larger than a
+    // pipe holds; `b` never reads. Its task times out instead of holding the GPU for good.
+    let text = "word ".repeat(20_000);
+    let host = TestHost::start(&format!(
+        "[pipeline]\nstages = [\"a\", \"b\"]\n{}{}",
+        fake_worker("a", &format!("env = {{ FAKE_TEXT = {text:?} }}")),
+        fake_worker("b", "task_timeout_s = 2\nenv = { FAKE_DEAF = \"1\" }")
+    ))
+    .await
+    .ready()
+    .await;
+    let started = std::time::Instant::now();
+    let (code, message) = error_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    assert_eq!(code, "worker_timeout", "{message}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    // The GPU is free again: the next job is not queued behind it.
+    let (code, _) = error_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    assert_eq!(code, "worker_timeout");
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn garbage_and_partial_lines_on_stdout_never_break_a_job() {
     let host = TestHost::start(&one_stage("")).await.ready().await;
     let result = result_of(

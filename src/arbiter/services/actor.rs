@@ -218,6 +218,9 @@ impl Actor {
 
     /// Serves until a stop or an exit; returns why it ends.
     async fn while_healthy(&mut self, running: &mut Running) -> String {
+        // Its own clock: log lines and touches (many a second) must not postpone the measure.
+        let mut measure = tokio::time::interval(Duration::from_secs(1));
+        measure.tick().await;
         loop {
             tokio::select! {
                 status = running.group.wait() => {
@@ -228,7 +231,7 @@ impl Actor {
                 }
                 Some(line) = next_line(&mut running.stdout) => self.log(line, false),
                 Some(line) = next_line(&mut running.stderr) => self.log(line, false),
-                _ = tokio::time::sleep(Duration::from_secs(1)) => self.measure(running.group.pid()),
+                _ = measure.tick() => self.measure(running.group.pid()),
                 control = self.rx.recv() => match control {
                     Some(Control::Stop { reason }) => return reason,
                     Some(Control::Touch) | Some(Control::Start) => self.status.send_modify(|s| s.last_use = Some(Instant::now())),

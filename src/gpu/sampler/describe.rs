@@ -56,13 +56,15 @@ pub(super) fn reconcile(gpus: &mut [GpuInfo], processes: &[GpuProcess]) {
             .filter(|p| p.gpu_index == g.index)
             .map(|p| p.used_memory_mib)
             .fold(0, u64::saturating_add);
-        if listed > g.memory_used_mib {
-            let used = listed.min(g.memory_total_mib);
+        let used = listed.min(g.memory_total_mib);
+        // (A driver that reports more used than total is left as it says.)
+        if used > g.memory_used_mib {
             // What the listing adds comes off the driver's free figure, which already leaves
             // out the memory it reserves (616 MiB on an H200).
             let more = used - g.memory_used_mib;
             g.memory_used_mib = used;
             g.memory_free_mib = g.memory_free_mib.saturating_sub(more);
         }
+        g.memory_free_mib = g.memory_free_mib.min(g.memory_total_mib);
     }
 }

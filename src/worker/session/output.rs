@@ -40,8 +40,14 @@ impl Session {
         }
     }
 
-    pub(super) fn read_output(&self, output: &Path) -> Result<Value, TaskError> {
-        read_result(output).map_err(|reason| TaskError::BadOutput {
+    /// The result, read and parsed on a blocking thread (megabytes of JSON would stall every
+    /// other request on this runtime thread, `/health` too).
+    pub(super) async fn read_output(&self, output: &Path) -> Result<Value, TaskError> {
+        let path = output.to_path_buf();
+        let read = tokio::task::spawn_blocking(move || read_result(&path))
+            .await
+            .unwrap_or_else(|e| Err(format!("reading the result failed: {e}")));
+        read.map_err(|reason| TaskError::BadOutput {
             worker: self.name.clone(),
             reason,
         })
@@ -89,9 +95,9 @@ impl Session {
 }
 
 /// The largest result file read back. A four-hour transcript with every word's times is a few
-/// MB; a worker that writes gigabytes (a bug) fails its task instead of filling the host's memory
-/// (as parsed JSON, several times the file).
-const RESULT_MAX: u64 = 256 << 20;
+/// MB; a worker that writes more (a bug) fails its task instead of filling the host's memory (as
+/// parsed JSON a file can take 15 times its size: 134 MB of zeros took 4 GB).
+const RESULT_MAX: u64 = 64 << 20;
 
 /// The JSON object a worker wrote to `output`, or why not. Only a regular file is read (a link
 /// to `/dev/zero` or a FIFO would never end), and no more than [`RESULT_MAX`] of it.
@@ -165,7 +171,7 @@ mod tests {
             .set_len(RESULT_MAX + 1)
             .unwrap();
         let why = read_result(&path).unwrap_err();
-        assert!(why.contains("256 MiB at most"), "{why}");
+        assert!(why.contains("64 MiB at most"), "{why}");
         // A link (to a device that never ends) is not followed.
         std::fs::remove_file(&path).unwrap();
         std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
