@@ -40,52 +40,36 @@ pub(crate) fn check_format(
     Ok(())
 }
 
-/// Most chunks walked looking for the `fmt ` chunk (real files have a handful before it).
-const MAX_CHUNKS: usize = 10_000;
-
 /// For a RIFF/WAVE file: checks its `fmt ` chunk before any decoder parses it (some decoders
-/// divide by, or allocate by, these fields), wherever in the file it is. Other containers pass
-/// through.
+/// divide by, or allocate by, these fields), wherever in the file it is. Other containers, and
+/// a WAV without one (the decoder fails it), pass through.
 pub(super) fn check_riff_header(
     mut file: impl std::io::Read + std::io::Seek,
 ) -> Result<(), AudioError> {
-    use std::io::SeekFrom;
-    let mut head = [0u8; 12];
-    if file.read_exact(&mut head).is_err() || &head[0..4] != b"RIFF" || &head[8..12] != b"WAVE" {
-        return Ok(());
-    }
-    for _ in 0..MAX_CHUNKS {
-        let mut chunk = [0u8; 8];
-        if file.read_exact(&mut chunk).is_err() {
-            // No format chunk at all: let the decoder judge (and fail) the file.
-            return Ok(());
-        }
-        let size = u32::from_le_bytes([chunk[4], chunk[5], chunk[6], chunk[7]]);
-        if &chunk[0..4] == b"fmt " {
-            let mut fmt = [0u8; 16];
-            if file.read_exact(&mut fmt).is_err() {
-                return Err(AudioError::BadFormat(
-                    "the WAV format chunk is truncated".into(),
-                ));
-            }
-            let u16_at = |i: usize| u16::from_le_bytes([fmt[i], fmt[i + 1]]);
-            let rate = u32::from_le_bytes([fmt[4], fmt[5], fmt[6], fmt[7]]);
-            check_format(rate, usize::from(u16_at(2)), Some(u32::from(u16_at(14))))?;
-            if u16_at(12) == 0 {
-                return Err(AudioError::BadFormat(
-                    "the WAV header declares a block alignment of 0".into(),
-                ));
-            }
-            return Ok(());
-        }
-        let skip = i64::from(size) + i64::from(size & 1);
-        if file.seek(SeekFrom::Current(skip)).is_err() {
-            return Ok(());
+    match super::wav::find_chunk(&mut file, b"fmt ") {
+        Ok(Some(_)) => {}
+        Ok(None) | Err(None) => return Ok(()),
+        Err(Some(max)) => {
+            return Err(AudioError::BadFormat(format!(
+                "the WAV file has more than {max} chunks before its format chunk"
+            )))
         }
     }
-    Err(AudioError::BadFormat(format!(
-        "the WAV file has more than {MAX_CHUNKS} chunks before its format chunk"
-    )))
+    let mut fmt = [0u8; 16];
+    if file.read_exact(&mut fmt).is_err() {
+        return Err(AudioError::BadFormat(
+            "the WAV format chunk is truncated".into(),
+        ));
+    }
+    let u16_at = |i: usize| u16::from_le_bytes([fmt[i], fmt[i + 1]]);
+    let rate = u32::from_le_bytes([fmt[4], fmt[5], fmt[6], fmt[7]]);
+    check_format(rate, usize::from(u16_at(2)), Some(u32::from(u16_at(14))))?;
+    if u16_at(12) == 0 {
+        return Err(AudioError::BadFormat(
+            "the WAV header declares a block alignment of 0".into(),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -141,7 +125,7 @@ mod tests {
         assert!(err.to_string().contains("1 Hz"), "{err}");
         // Endless tiny chunks are not walked without end.
         let mut file = b"RIFF\0\0\0\0WAVE".to_vec();
-        for _ in 0..=MAX_CHUNKS {
+        for _ in 0..=super::super::wav::MAX_CHUNKS {
             file.extend_from_slice(b"JUNK\0\0\0\0");
         }
         assert!(matches!(check(&file), Err(AudioError::BadFormat(_))));

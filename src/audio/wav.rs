@@ -80,27 +80,52 @@ pub(super) fn copy_if_normalized(
     }))
 }
 
+/// Most chunks walked looking for one (real files have a handful before their data).
+pub(super) const MAX_CHUNKS: usize = 10_000;
+
+/// In a RIFF/WAVE file, finds the chunk `id` wherever it is and leaves `file` at its body;
+/// returns its declared size. `Ok(None)`: not a RIFF/WAVE file, or no such chunk.
+/// `Err(Some(n))`: more than [`MAX_CHUNKS`] chunks before it (`n`); `Err(None)`: unreadable.
+pub(super) fn find_chunk(
+    mut file: impl io::Read + io::Seek,
+    id: &[u8; 4],
+) -> Result<Option<u32>, Option<usize>> {
+    let mut head = [0u8; 12];
+    if file.read_exact(&mut head).is_err() || &head[0..4] != b"RIFF" || &head[8..12] != b"WAVE" {
+        return Ok(None);
+    }
+    for _ in 0..MAX_CHUNKS {
+        let mut chunk = [0u8; 8];
+        if file.read_exact(&mut chunk).is_err() {
+            return Ok(None);
+        }
+        let size = u32::from_le_bytes([chunk[4], chunk[5], chunk[6], chunk[7]]);
+        if &chunk[0..4] == id {
+            return Ok(Some(size));
+        }
+        let skip = i64::from(size) + i64::from(size & 1);
+        file.seek(io::SeekFrom::Current(skip)).map_err(|_| None)?;
+    }
+    Err(Some(MAX_CHUNKS))
+}
+
 /// How many bytes of samples the WAV file at `path` holds: its `data` chunk, as far as the file
 /// goes (ffmpeg puts a `LIST` chunk before it, so the header is not always 44 bytes).
 pub(super) fn data_bytes(path: &Path) -> io::Result<u64> {
-    use std::io::Read;
+    use io::Seek;
     let len = std::fs::metadata(path)?.len();
-    let mut head = Vec::new();
-    File::open(path)?.take(64 * 1024).read_to_end(&mut head)?;
-    let mut pos = 12usize;
-    while let Some(chunk) = head.get(pos..pos.saturating_add(8)) {
-        let (id, size) = chunk.split_at(4);
-        let size = u64::from(u32::from_le_bytes([size[0], size[1], size[2], size[3]]));
-        let body = pos as u64 + 8;
-        if id == b"data" {
-            return Ok(size.min(len.saturating_sub(body)));
-        }
-        pos = usize::try_from(body + size + (size & 1)).unwrap_or(usize::MAX);
-    }
-    Err(io::Error::new(
-        io::ErrorKind::InvalidData,
-        "the normalized WAV has no data chunk",
-    ))
+    let mut file = io::BufReader::new(File::open(path)?);
+    let no_data = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the normalized WAV has no data chunk",
+        )
+    };
+    let size = find_chunk(&mut file, b"data")
+        .map_err(|_| no_data())?
+        .ok_or_else(no_data)?;
+    let body = file.stream_position()?;
+    Ok(u64::from(size).min(len.saturating_sub(body)))
 }
 
 /// Whether `bytes` is a RIFF/WAVE file of PCM, 1 channel, `rate` Hz, 16 bits.
