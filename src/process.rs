@@ -56,9 +56,7 @@ fn guarded_command_limited(
     #[allow(clippy::disallowed_methods)] // this module is the one allowed spawner
     let mut cmd = Command::new(program);
     cmd.args(args).process_group(0).kill_on_drop(true);
-    for key in SECRET_ENV {
-        cmd.env_remove(key);
-    }
+    hide_secrets_and_mark(&mut cmd);
     if let Some(cwd) = cwd {
         cmd.current_dir(cwd);
     }
@@ -94,6 +92,18 @@ fn guarded_command_limited(
         });
     }
     cmd
+}
+
+/// Takes the secrets out of a child's environment and puts the orphan guard's mark in (its
+/// children inherit it: the guard finds them by it if the host is killed).
+fn hide_secrets_and_mark(cmd: &mut Command) {
+    for key in SECRET_ENV {
+        cmd.env_remove(key);
+    }
+    // Without a guard of its own the process passes on what it inherited.
+    if let Some(mark) = guard::mark() {
+        cmd.env(guard::MARK_VAR, mark);
+    }
 }
 
 /// Starts a worker with piped stdin/stdout/stderr.

@@ -57,6 +57,16 @@ impl ProcFs {
         self.stat_field(pid, 22)
     }
 
+    /// The value of `name` in `pid`'s environment as it was started (`/proc/PID/environ`);
+    /// `None` when absent or unreadable (another user's process, one gone).
+    pub fn environ_value(&self, pid: u32, name: &str) -> Option<Vec<u8>> {
+        let env = std::fs::read(self.root.join(pid.to_string()).join("environ")).ok()?;
+        env.split(|&b| b == 0).find_map(|entry| {
+            let value = entry.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
+            Some(value.to_vec())
+        })
+    }
+
     /// Field `n` (counted from 1, as in proc(5)) of `pid`'s `stat`, from the 3rd on.
     fn stat_field<T: std::str::FromStr>(&self, pid: u32, n: usize) -> Option<T> {
         let stat = std::fs::read_to_string(self.root.join(pid.to_string()).join("stat")).ok()?;
@@ -303,6 +313,25 @@ mod tests {
         let mut below = ProcFs::new(dir.path()).descendants(10);
         below.sort_unstable();
         assert_eq!(below, [10, 11, 12]);
+    }
+
+    #[test]
+    fn an_environment_variable_is_read_whole_and_by_its_exact_name() {
+        let dir = tempfile::tempdir().unwrap();
+        fake(dir.path(), 7, 1, &["worker"]);
+        std::fs::write(
+            dir.path().join("7/environ"),
+            b"GPUHOST_GUARDX=1\0PATH=/bin\0GPUHOST_GUARD=12-34 56-78\0EMPTY=\0",
+        )
+        .unwrap();
+        let procfs = ProcFs::new(dir.path());
+        assert_eq!(
+            procfs.environ_value(7, "GPUHOST_GUARD").as_deref(),
+            Some(&b"12-34 56-78"[..])
+        );
+        assert_eq!(procfs.environ_value(7, "EMPTY").as_deref(), Some(&b""[..]));
+        assert_eq!(procfs.environ_value(7, "GPUHOST"), None);
+        assert_eq!(procfs.environ_value(8, "PATH"), None);
     }
 
     #[test]

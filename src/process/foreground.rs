@@ -10,7 +10,7 @@ use std::process::ExitStatus;
 
 use tokio::process::{Child, Command};
 
-use super::{adopted, guard, SECRET_ENV};
+use super::{adopted, guard, hide_secrets_and_mark};
 use crate::gpu::procfs::ProcFs;
 
 /// A program started by [`spawn_foreground`]. While it runs, the orphan guard holds its pid as
@@ -100,9 +100,7 @@ pub fn spawn_foreground(argv: &[String]) -> io::Result<Foreground> {
     #[allow(clippy::disallowed_methods)] // this module is the one allowed spawner
     let mut cmd = Command::new(program);
     cmd.args(args).kill_on_drop(true);
-    for key in SECRET_ENV {
-        cmd.env_remove(key);
-    }
+    hide_secrets_and_mark(&mut cmd);
     // SAFETY: only async-signal-safe calls (prctl) between fork and exec.
     unsafe {
         cmd.pre_exec(|| {

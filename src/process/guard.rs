@@ -14,8 +14,14 @@
 //! and to those of its last look that are still the same processes (with everything below
 //! them), gives them a moment, SIGKILLs what is left and exits.
 //!
-//! The write end lives in a process-wide cell: like the pid, the guard belongs to the process,
-//! not to any one owner of children.
+//! Every child also carries a mark in its environment, `GPUHOST_GUARD=<host pid>-<nanos>`, which
+//! its own children inherit: when the host dies the guard stops, besides the above, every process
+//! whose environment holds this host's mark (a gpuhost started by another keeps the outer mark
+//! too, space-separated). That catches a daemon (`setsid`) made in the second
+//! before the host died, after the guard's last look (the way Jenkins finds a build's strays).
+//!
+//! The write end and the mark live in process-wide cells: like the pid, the guard belongs to the
+//! process, not to any one owner of children.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -25,6 +31,16 @@ use std::time::{Duration, Instant};
 use crate::gpu::procfs::ProcFs;
 
 static GUARD: OnceLock<OwnedFd> = OnceLock::new();
+
+/// The environment variable that marks this host's children, and this host's value of it.
+pub const MARK_VAR: &str = "GPUHOST_GUARD";
+static MARK: OnceLock<String> = OnceLock::new();
+
+/// This host's mark for its children's environment, once a guard runs (else `None`: no guard
+/// would look for it).
+pub(super) fn mark() -> Option<&'static str> {
+    MARK.get().map(String::as_str)
+}
 
 /// Forks the guard. Call it from `main` while the process has a single thread (before the async
 /// runtime starts): the forked child then runs ordinary code safely.
@@ -36,16 +52,28 @@ pub fn install() -> io::Result<()> {
     }
     let (read_end, write_end) = (fds[0], fds[1]);
     let host = std::process::id();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    // The pid and the moment: no other host, before or after, has the same.
+    let token = format!("{host}-{nanos}");
+    // A host started by another gpuhost keeps that one's mark beside its own: both guards then
+    // find what this host starts.
+    let mark = match std::env::var(MARK_VAR) {
+        Ok(outer) if !outer.trim().is_empty() => format!("{} {token}", outer.trim()),
+        _ => token.clone(),
+    };
     // SAFETY: the caller guarantees a single-threaded process, so the child may run any code.
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
         0 => {
             // SAFETY: closing our copy of the write end; the host keeps its own.
             unsafe { libc::close(write_end) };
-            run_guard(read_end, host)
+            run_guard(read_end, host, &token)
         }
         guard => {
             super::adopted::record(guard as u32);
+            let _ = MARK.set(mark);
             // SAFETY: the read end belongs to the guard now; the write end is ours alone.
             unsafe { libc::close(read_end) };
             let _ = GUARD.set(unsafe { OwnedFd::from_raw_fd(write_end) });
@@ -87,7 +115,7 @@ fn send(line: &str) {
 }
 
 /// The guard's whole life. Never returns.
-fn run_guard(read_end: RawFd, host: u32) -> ! {
+fn run_guard(read_end: RawFd, host: u32, token: &str) -> ! {
     // SAFETY: plain syscalls in the freshly forked, single-threaded child.
     unsafe {
         // Its own session: a Ctrl-C or SIGHUP aimed at the host's terminal group passes it by.
@@ -115,7 +143,7 @@ fn run_guard(read_end: RawFd, host: u32) -> ! {
         }
     }
     let (registered, seen) = watch(3, host);
-    stop(&registered, &seen);
+    stop(&registered, &seen, token);
     // SAFETY: leave without running the host's atexit handlers or destructors.
     unsafe { libc::_exit(0) }
 }
@@ -224,11 +252,29 @@ fn apply(registered: &mut Registered, line: &[u8]) {
     }
 }
 
-/// SIGTERM to every group, and to every process of every tree and of the last look below the
-/// host (with all below them now), up to a second for them to go, then SIGKILL to what is left
-/// (read again: a process that died meanwhile left its children to init). A process is signalled
-/// only while its start time is the one seen, so a reused pid is never hit.
-fn stop(registered: &Registered, seen: &Seen) {
+/// Every process whose environment's mark holds `token`, but `me`, with its start time.
+fn marked(procfs: &ProcFs, token: &str, me: u32) -> Seen {
+    let has_token = |value: &[u8]| value.split(|&b| b == b' ').any(|t| t == token.as_bytes());
+    procfs
+        .pids()
+        .into_iter()
+        .filter(|&p| {
+            p != me
+                && p > 1
+                && procfs
+                    .environ_value(p, MARK_VAR)
+                    .is_some_and(|v| has_token(&v))
+        })
+        .filter_map(|p| Some((p, procfs.start_time(p)?)))
+        .collect()
+}
+
+/// SIGTERM to every group, and to every process of every tree, of the last look below the host
+/// and with the host's `token` in its environment's mark (with all below them now), up to a second for
+/// them to go, then SIGKILL to what is left (read again: a process that died meanwhile left its
+/// children to init). A process is signalled only while its start time is the one seen, so a
+/// reused pid is never hit.
+fn stop(registered: &Registered, seen: &Seen, token: &str) {
     let procfs = ProcFs::new("/proc");
     let me = std::process::id();
     if !procfs.is_own() {
@@ -266,7 +312,7 @@ fn stop(registered: &Registered, seen: &Seen) {
             }
         }
     };
-    let first = targets(&Seen::new());
+    let first = targets(&marked(&procfs, token, me));
     signal(&first, libc::SIGTERM);
     // SAFETY: signal 0 only checks that a group exists.
     let group_alive = |g: libc::pid_t| unsafe { libc::killpg(g, 0) } == 0;
@@ -277,7 +323,9 @@ fn stop(registered: &Registered, seen: &Seen) {
     {
         std::thread::sleep(Duration::from_millis(20));
     }
-    signal(&targets(&first), libc::SIGKILL);
+    let mut last = first;
+    last.extend(marked(&procfs, token, me));
+    signal(&targets(&last), libc::SIGKILL);
 }
 
 #[cfg(test)]

@@ -255,3 +255,29 @@ async fn a_child_that_left_the_workers_group_goes_with_a_sigkilled_host() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_child_that_left_the_workers_group_just_before_the_host_was_sigkilled_goes_too() {
+    // The host is SIGKILLed as soon as the worker's session child exists: the orphan guard's
+    // look below the host (once a second) has most likely not seen it yet. The guard's mark in
+    // the child's environment (inherited from the worker) names it.
+    let binary = with_a_session_child("");
+    let dir = binary.dir.path().to_path_buf();
+    wait_for(
+        "the worker's session child",
+        Duration::from_secs(60),
+        || {
+            let found = !child_pids(&dir).is_empty();
+            async move { found }
+        },
+    )
+    .await;
+    let children = child_pids(&dir);
+    binary.signal(libc::SIGKILL);
+    assert_eq!(children.len(), 1, "{children:?}");
+    until_dead(
+        children[0],
+        "the fresh session child to go with the SIGKILLed host",
+    )
+    .await;
+}
