@@ -551,6 +551,48 @@ async fn an_unused_service_stops_by_itself() {
     host.stop().await;
 }
 
+#[tokio::test]
+async fn a_health_url_that_never_answers_fails_the_start_at_its_timeout() {
+    // The health URL is a socket that takes connections and never reads them (a hung service),
+    // polled every 30 s, each probe waiting up to 30 s for its answer: the start still fails
+    // at start_timeout_s, and the service's log is read meanwhile.
+    let gpu = FakeGpu::new(IDLE);
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung_url = format!(
+        "health_url = \"http://{}/health\"",
+        hung.local_addr().unwrap()
+    );
+    let mute = service(&gpu, "mute", "--load-s 0", "")
+        .lines()
+        .map(|line| match line {
+            l if l.starts_with("health_url") => hung_url.clone(),
+            "poll_interval_s = 0.1" => "poll_interval_s = 30".into(),
+            "start_timeout_s = 20" => "start_timeout_s = 1.5".into(),
+            l => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let host = TestHost::start(&arbiter_config(&gpu, &mute))
+        .await
+        .ready()
+        .await;
+    let asked = Instant::now();
+    let events = grant_events(host.post("/services/mute/start").send().await.unwrap()).await;
+    let took = asked.elapsed();
+    let Some(GrantEvent::Error { code, message }) = events.last() else {
+        panic!("{events:?}");
+    };
+    assert_eq!(code, "service_timeout", "{message}");
+    assert!(message.contains("model loaded; serving"), "{message}");
+    assert!(took < Duration::from_secs(8), "failed after {took:?}");
+    drop(hung);
+    wait_status(&host, "the hung service stopped", |s| {
+        service_state(s, "mute") == "failed" || service_state(s, "mute") == "stopped"
+    })
+    .await;
+    host.stop().await;
+}
+
 async fn leases(host: &TestHost) -> Vec<Value> {
     host.get_json("/gpu/leases").await["leases"]
         .as_array()

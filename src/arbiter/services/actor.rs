@@ -186,12 +186,21 @@ impl Actor {
             + Duration::from_secs_f64(self.spec.start_timeout_s);
         let interval = Duration::from_secs_f64(self.spec.poll_interval_s);
         let mut next_poll = tokio::time::Instant::now();
+        // The probe in flight runs beside the other arms: a health URL that never answers
+        // neither postpones the deadline nor keeps a stop or the service's log waiting.
+        let mut probe: Option<futures_util::future::BoxFuture<'static, bool>> = None;
         loop {
             tokio::select! {
-                _ = tokio::time::sleep_until(next_poll) => {
+                _ = tokio::time::sleep_until(next_poll), if probe.is_none() => {
                     next_poll += interval;
-                    let healthy = self.core.http.get(&self.spec.health_url).timeout(interval.max(Duration::from_secs(2))).send().await
-                        .is_ok_and(|r| r.status().is_success());
+                    let request = self.core.http.get(&self.spec.health_url)
+                        .timeout(interval.max(Duration::from_secs(2)));
+                    probe = Some(Box::pin(async move {
+                        request.send().await.is_ok_and(|r| r.status().is_success())
+                    }));
+                }
+                healthy = async { probe.as_mut().expect("guarded by the condition").await }, if probe.is_some() => {
+                    probe = None;
                     if healthy {
                         return Ok(());
                     }
