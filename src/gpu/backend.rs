@@ -13,6 +13,11 @@ use super::smi::{self, Smi};
 use super::RawSample;
 use crate::config::{GpuBackendChoice, GpuStatusConfig};
 
+/// The most GPU processes a sample may list, over all GPUs. Each holds a CUDA context of a few
+/// hundred MiB, so a real listing is far shorter; a longer one is garbage, and describing it
+/// (a `/proc` walk per process) would take seconds of every sample.
+pub(super) const MAX_PROCESSES: usize = 4096;
+
 #[derive(Debug, Clone)]
 pub enum Backend {
     Nvml {
@@ -125,6 +130,14 @@ impl Backend {
     }
 
     pub async fn sample(&self) -> Result<RawSample, SampleError> {
+        let sample = self.sample_unchecked().await?;
+        if sample.processes.len() > MAX_PROCESSES {
+            return Err(SampleError::TooManyProcesses(sample.processes.len()));
+        }
+        Ok(sample)
+    }
+
+    async fn sample_unchecked(&self) -> Result<RawSample, SampleError> {
         match self {
             Backend::Smi(smi) => smi.sample().await,
             Backend::Nvml {

@@ -49,6 +49,8 @@ pub enum SampleError {
     SmiProcessLine(String),
     #[error("nvidia-smi listed no GPU")]
     NoGpu,
+    #[error("{0} GPU processes listed, more than the {max} a GPU can run: the listing is not believed", max = super::backend::MAX_PROCESSES)]
+    TooManyProcesses(usize),
     #[error("no GPU backend is available")]
     NoBackend,
 }

@@ -316,6 +316,23 @@ async fn failing_and_hanging_nvidia_smi_read_unknown() {
     );
     gpu.set_flag("hang", false);
     wait_decision(&host, "idle").await;
+
+    // A listing longer than any GPU can run is garbage, not 5000 holders to describe.
+    let garbage: String = (0..5000)
+        .map(|i| format!("proc: {}, python, 10\n", 100_000 + i))
+        .collect();
+    gpu.set_state(&format!("{IDLE}{garbage}"));
+    let s = wait_decision(&host, "unknown").await;
+    assert!(
+        s["error"].as_str().unwrap().contains("5000 GPU processes"),
+        "{s:#}"
+    );
+    assert!(
+        s["processes"].as_array().is_none_or(|p| p.is_empty()),
+        "{s:#}"
+    );
+    gpu.set_state(IDLE);
+    wait_decision(&host, "idle").await;
     host.stop().await;
 }
 
