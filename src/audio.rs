@@ -33,6 +33,9 @@ pub enum AudioError {
     TooLong { seconds: f64, max: f64 },
     #[error("cannot write the normalized audio: {0}")]
     Io(#[from] std::io::Error),
+    /// The host began to shut down before the upload was decoded.
+    #[error("gpuhost is shutting down; the upload was not decoded: send it again once the server is back")]
+    ShuttingDown,
 }
 
 /// Where the upload is: small ones stay in memory, large ones are spilled to a file.

@@ -90,15 +90,19 @@ impl PreparedJob {
         let audio = audio::normalized_path(dir.path());
         let max = config.limits.max_audio_seconds;
         let spilled = matches!(upload, Source::File(_));
-        let info = audio::normalize(
+        let decode = audio::normalize(
             upload,
             &audio,
             max,
             config.audio.decoder.as_deref(),
             &config.audio.ffmpeg,
             &app.decodes,
-        )
-        .await?;
+        );
+        // A shutdown drops the decode (its child is killed with the future) and says so.
+        let info = tokio::select! {
+            info = decode => info?,
+            () = app.stopping.cancelled() => return Err(AudioError::ShuttingDown),
+        };
         if spilled || info.decoder == "ffmpeg" {
             // A spilled upload, or the copy made for ffmpeg.
             let _ = std::fs::remove_file(dir.path().join("upload"));

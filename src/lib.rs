@@ -124,10 +124,12 @@ impl Server {
         });
         let supervisor = Arc::clone(&state.supervisor);
         let arbiter = Arc::clone(&state.arbiter);
+        let stopping = state.stopping.clone();
         let stopper = tokio::spawn(async move {
             shutdown.await;
             tracing::info!("shutting down: stopping workers");
             let _ = stop_tx.send(true);
+            stopping.cancel();
             arbiter.stop().await;
             supervisor.stop_all().await;
         });
@@ -147,6 +149,7 @@ impl Server {
             wyoming.abort(); // its connections go with it
             let _ = wyoming.await;
         }
+        state.stopping.cancel();
         state.arbiter.stop().await;
         state.supervisor.stop_all().await;
         if let Some(sweeper) = sweeper {

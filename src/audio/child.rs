@@ -63,6 +63,10 @@ impl From<Result<AudioInfo, AudioError>> for Outcome {
             Err(AudioError::Io(e)) => Outcome::Io {
                 message: e.to_string(),
             },
+            // Decided in the host, never in a child.
+            Err(e @ AudioError::ShuttingDown) => Outcome::Io {
+                message: e.to_string(),
+            },
         }
     }
 }

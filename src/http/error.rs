@@ -132,6 +132,9 @@ impl From<AudioError> for ApiError {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "audio_too_long", message)
             }
             AudioError::Io(_) => ApiError::internal(message),
+            AudioError::ShuttingDown => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
+            }
         }
     }
 }

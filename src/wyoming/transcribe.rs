@@ -9,7 +9,7 @@ use tokio::net::tcp::OwnedReadHalf;
 
 use super::event::write_event;
 use super::{Audio, Connection, ConnectionError};
-use crate::audio::Source;
+use crate::audio::{AudioError, Source};
 use crate::job::{self, PreparedJob};
 use crate::protocol::{ClientEvent, JobOptions};
 use crate::transcript::Transcript;
@@ -48,6 +48,10 @@ impl Connection {
         let prepared = tokio::select! {
             prepared = upload => match prepared {
                 Ok(prepared) => prepared,
+                Err(e @ AudioError::ShuttingDown) => {
+                    self.error("shutting_down", &e.to_string()).await?;
+                    return Ok(Ok(()));
+                }
                 Err(e) => return Ok(Err(e.to_string())),
             },
             () = hung_up(&mut self.reader) => return Ok(Ok(())),

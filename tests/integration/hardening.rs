@@ -151,6 +151,64 @@ async fn a_decoder_stuck_in_a_loop_is_given_up_after_20_s_without_output() {
     host.stop().await;
 }
 
+/// Processes whose parent is this test process and whose command line holds `word`.
+fn own_children_running(word: &str) -> usize {
+    let me = std::process::id().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            status
+                .lines()
+                .any(|l| l.strip_prefix("PPid:").map(str::trim) == Some(me.as_str()))
+                && String::from_utf8_lossy(&cmdline).contains(word)
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn an_upload_still_decoding_at_shutdown_is_answered_shutting_down() {
+    // The stuck file holds its decoder for 20 s, longer than the connections' grace (2 s): the
+    // shutdown ends the decode at once and the client hears why, with no decoder left behind.
+    let host = TestHost::start(&one_stage("[http]\nshutdown_grace_s = 2", ""))
+        .await
+        .ready()
+        .await;
+    let request = host
+        .post("/transcribe")
+        .body(std::fs::read(fixture("audio/stuck.mkv")).unwrap());
+    let pending = tokio::spawn(request.send());
+    wait_for("the upload's decoder", Duration::from_secs(30), || async {
+        own_children_running("decode-audio") > 0
+    })
+    .await;
+    let asked = Instant::now();
+    host.stop().await;
+    let response = pending
+        .await
+        .unwrap()
+        .expect("an answer, not a dropped connection");
+    let (status, err) = json_error(response).await;
+    assert_eq!(
+        (status, err["error"].as_str()),
+        (503, Some("shutting_down")),
+        "{err}"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    wait_for(
+        "the decoder to be gone",
+        Duration::from_secs(10),
+        || async { own_children_running("decode-audio") == 0 },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_form_part_whose_headers_never_end_is_refused_early() {
     let host = TestHost::start(&one_stage("", "")).await.ready().await;
