@@ -7,6 +7,7 @@ use serde_json::Value;
 mod code;
 mod job;
 pub mod label;
+pub mod language;
 mod task;
 pub use code::ErrorCode;
 pub use job::{JobOptions, OptionsError};

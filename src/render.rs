@@ -32,6 +32,22 @@ impl Format {
     }
 }
 
+/// Whether a job of `stages` gives what `format` shows: the text formats need the `asr` stage
+/// (no transcript without it), `rttm` the `asr` or the `diarizer`. Checked before the job runs.
+pub fn fits(format: Format, stages: &[String]) -> Result<(), String> {
+    let has = |stage: &str| stages.iter().any(|s| s == stage);
+    match format {
+        Format::Json => Ok(()),
+        Format::Rttm if has("asr") || has("diarizer") => Ok(()),
+        Format::Rttm => Err("format rttm needs the `diarizer` or the `asr` stage".into()),
+        _ if has("asr") => Ok(()),
+        other => Err(format!(
+            "format {} needs the `asr` stage's text; add `asr` to `stages`, or ask for `json`",
+            format!("{other:?}").to_lowercase()
+        )),
+    }
+}
+
 /// Renders `result` (the `result` of the final event) in `format`.
 pub fn render(result: &Value, format: Format) -> String {
     let transcript = match format {
@@ -43,6 +59,17 @@ pub fn render(result: &Value, format: Format) -> String {
         (Some(t), Format::Vtt) => cues(&t, true),
         (Some(t), Format::Rttm) => rttm(&t),
         (Some(t), _) => text(&t),
+        // A diarizer without an ASR: its turns.
+        (None, Format::Rttm) => {
+            let turns = result
+                .pointer("/stages/diarizer/turns")
+                .and_then(|t| serde_json::from_value(t.clone()).ok())
+                .unwrap_or_default();
+            rttm(&Transcript {
+                turns,
+                ..Transcript::default()
+            })
+        }
         // No transcript (a pipeline without `asr`): show each stage's result.
         (None, _) => {
             serde_json::to_string_pretty(result.get("stages").unwrap_or(result)).unwrap_or_default()

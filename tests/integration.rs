@@ -19,6 +19,7 @@ mod integration {
     mod original_protocol;
     mod parallel;
     mod queue;
+    mod requests;
     mod setup;
     mod slow_clients;
     mod speakers;

@@ -94,7 +94,9 @@ async fn local(
 ) -> anyhow::Result<ClientEvent> {
     let stages = job::select_stages(&config.pipeline.stages, args.stages.as_deref())
         .map_err(anyhow::Error::msg)?;
+    gpuhost::render::fits(args.format, &stages).map_err(anyhow::Error::msg)?;
     let opts = options(args).validated(config.limits.max_field_bytes)?;
+    job::options_for_stages_run(&opts, &config.pipeline.stages, &stages)?;
     gpuhost::setup::ensure(&config, &|line| eprintln!("{line}")).await?;
     super::adopt_orphans();
     let app = gpuhost::App::start_oneshot(config);

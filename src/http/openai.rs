@@ -1,7 +1,7 @@
 //! `POST /v1/audio/transcriptions` and `/v1/audio/translations`, compatible with OpenAI's API so
 //! existing clients work unchanged: multipart `file`, `model`, `language`, `prompt`,
-//! `response_format`, `timestamp_granularities[]`; speaker labels ride along in `verbose_json`
-//! segments. A translation is the same job with `translate` set: English text, source timing.
+//! `response_format`, `timestamp_granularities[]` (form: `openai/form.rs`); speaker labels ride
+//! along in `verbose_json` segments. A translation is the same job with `translate` set: English text, source timing.
 
 use axum::extract::{Request, State};
 use axum::http::header;
@@ -12,12 +12,14 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::transcribe::final_result;
 use super::upload;
-use crate::audio::Source;
 use crate::job::{self, start_job};
 use crate::pipeline::JobOptions;
 use crate::render::{render, Format};
 use crate::transcript::Transcript;
 use crate::AppState;
+
+mod form;
+use form::read_form;
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 pub(super) struct OpenAiError(ApiError);
@@ -45,15 +47,6 @@ impl IntoResponse for OpenAiError {
         }
         response
     }
-}
-
-#[derive(Default)]
-struct Form {
-    file: Option<Source>,
-    language: Option<String>,
-    prompt: Option<String>,
-    response_format: Option<String>,
-    granularities: Vec<String>,
 }
 
 /// OpenAI error shape, for the schema.
@@ -168,7 +161,9 @@ async fn answer(app: AppState, request: Request, translate: bool) -> Result<Resp
         language: form.language,
         prompt: form.prompt,
         translate,
-        ..JobOptions::default()
+        num_speakers: form.num_speakers,
+        min_speakers: form.min_speakers,
+        max_speakers: form.max_speakers,
     };
     let stages = app.config.pipeline.stages.clone();
     let options = job::accept_options(&app, options, &stages).map_err(ApiError::from)?;
@@ -199,70 +194,29 @@ async fn answer(app: AppState, request: Request, translate: bool) -> Result<Resp
             .into_response(),
         "verbose_json" => {
             let transcript = transcript.unwrap_or_default();
-            Json(verbose(&transcript, duration, &form.granularities)).into_response()
+            Json(verbose(
+                &transcript,
+                duration,
+                &form.granularities,
+                translate,
+            ))
+            .into_response()
         }
         _ => Json(json!({ "text": text })).into_response(),
     })
 }
 
-async fn read_form(
-    request: Request,
-    dir: &std::path::Path,
-    limit: u64,
-    max_field: usize,
-) -> Result<Form, ApiError> {
-    let mut fields = upload::Form::open(request).await?;
-    let mut form = Form::default();
-    while let Some(field) = fields.next().await? {
-        let name = field.name().unwrap_or("").to_string();
-        if name == "file" {
-            form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?);
-            continue;
-        }
-        let value = upload::text_field(field, &name, max_field, "limits.max_field_bytes").await?;
-        match name.as_str() {
-            "language" => form.language = Some(value),
-            "prompt" => form.prompt = Some(value),
-            "response_format" => form.response_format = Some(value),
-            "timestamp_granularities[]" | "timestamp_granularities" => {
-                // Two values exist: kept once each, so repeats cannot pile up in memory.
-                if !matches!(value.as_str(), "word" | "segment") {
-                    return Err(ApiError::bad_request(format!(
-                        "timestamp_granularities must be `word` or `segment`, got {:?}",
-                        value.chars().take(40).collect::<String>()
-                    )));
-                }
-                if !form.granularities.contains(&value) {
-                    form.granularities.push(value);
-                }
-            }
-            _ => {} // model, temperature, …: accepted and ignored, as clients send them
-        }
-    }
-    Ok(form)
-}
-
-fn language_name(code: &str) -> &str {
-    match code {
-        "en" => "english",
-        "de" => "german",
-        "fr" => "french",
-        "es" => "spanish",
-        "it" => "italian",
-        "ja" => "japanese",
-        "zh" => "chinese",
-        "nl" => "dutch",
-        "pt" => "portuguese",
-        "ru" => "russian",
-        other => other,
-    }
-}
-
-fn verbose(transcript: &Transcript, duration: f64, granularities: &[String]) -> Value {
+fn verbose(
+    transcript: &Transcript,
+    duration: f64,
+    granularities: &[String],
+    translate: bool,
+) -> Value {
     let language = transcript.language.as_deref().unwrap_or("");
     let mut body = json!({
-        "task": "transcribe",
-        "language": language_name(language),
+        "task": if translate { "translate" } else { "transcribe" },
+        // As OpenAI names it: `korean`, not `ko` (a code Whisper does not know stays a code).
+        "language": crate::protocol::language::name(language).unwrap_or(language),
         "duration": duration,
         "text": transcript.text,
     });

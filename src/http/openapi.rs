@@ -29,6 +29,18 @@ pub struct OpenAiForm {
     prompt: Option<String>,
     /// `json` (default), `text`, `srt`, `verbose_json`, `vtt`.
     response_format: Option<String>,
+    /// `word` and/or `segment` (`verbose_json`), as `timestamp_granularities[]`.
+    timestamp_granularities: Option<Vec<String>>,
+    /// Checked (0 to 1) and ignored: the server chooses its decoding.
+    temperature: Option<f64>,
+    /// Only `false`: `POST /transcribe` streams progress.
+    stream: Option<bool>,
+    /// gpuhost's: exactly this many speakers (1–1000).
+    num_speakers: Option<u32>,
+    /// gpuhost's: at least this many speakers.
+    min_speakers: Option<u32>,
+    /// gpuhost's: at most this many speakers.
+    max_speakers: Option<u32>,
 }
 
 /// What every protected endpoint may answer besides its own responses.

@@ -147,6 +147,9 @@ pub(super) async fn prepare(
     // goes out, so a client still sending it can read why.
     let stages = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref())
         .map_err(ApiError::bad_request)?;
+    if let Some(format) = query.format {
+        crate::render::fits(format, &stages).map_err(ApiError::bad_request)?;
+    }
     let options = job::accept_options(app, query.options(), &stages)?;
     let folder_error = |e| ApiError::internal(format!("cannot create a job folder: {e}"));
     // A body that may spill to disk needs its folder first; one declared small stays in memory,

@@ -29,11 +29,13 @@ pub struct JobOptions {
 pub enum OptionsError {
     #[error("speaker counts must be at least 1")]
     ZeroSpeakers,
+    #[error("speaker counts must be at most {MAX_SPEAKERS}")]
+    TooManySpeakers,
     #[error("min_speakers ({min}) is above max_speakers ({max})")]
     MinAboveMax { min: u32, max: u32 },
     #[error("num_speakers ({num}) is outside min_speakers..max_speakers ({min}..{max})")]
     NumOutsideRange { num: u32, min: u32, max: u32 },
-    #[error("`language` must be a language code such as `en` or `ko` (at most {LANGUAGE_MAX} ASCII letters, digits or - _ . : = +)")]
+    #[error("`language` must be a language code such as `en`, `ko` or `en-US` (the region is dropped), or a language's English name such as `korean` (at most {LANGUAGE_MAX} ASCII letters, digits or - _ . : = +)")]
     BadLanguage,
     #[error("`prompt` is longer than {max} bytes (limits.max_field_bytes)")]
     PromptTooLong { max: usize },
@@ -50,6 +52,8 @@ pub enum OptionsError {
         model: String,
         known: Vec<String>,
     },
+    #[error("`{option}` is for the `{stage}` stage, which this request does not run: add `{stage}` to `stages`, or leave `{option}` out")]
+    StageNotRun { option: &'static str, stage: String },
     #[error(
         "translation to English needs a multilingual model, and the `{stage}` worker's {model} \
          is English-only: give it one (`engine = \"base\"` under [workers.{stage}] on CPU, or \
@@ -58,8 +62,11 @@ pub enum OptionsError {
     CannotTranslate { stage: String, model: String },
 }
 
-/// Longest `language` accepted (codes are 2–3 letters; engines also take a few names).
+/// Longest `language` accepted (codes are 2–3 letters, names a few more).
 const LANGUAGE_MAX: usize = 64;
+
+/// The most speakers a request may name (a clustering asked for 2^31 overflowed in the worker).
+const MAX_SPEAKERS: u32 = 1000;
 
 impl JobOptions {
     /// The one check of request options, whichever door they came in by (query string, OpenAI
@@ -71,12 +78,18 @@ impl JobOptions {
             .filter(|l| !l.is_empty());
         self.prompt = self.prompt.filter(|p| !p.trim().is_empty());
         if let Some(l) = &self.language {
-            // ASCII only: a code has no use for bidi overrides or zero-width characters, which
-            // would be echoed into results and logs.
-            let allowed = |c: char| c.is_ascii_alphanumeric() || "-_.:=+".contains(c);
-            if l.len() > LANGUAGE_MAX || !l.chars().all(allowed) {
+            if l.len() > LANGUAGE_MAX {
                 return Err(OptionsError::BadLanguage);
             }
+            // The code engines take: `EN`, `en-US` and `English` are `en`.
+            let code = super::language::code(l).ok_or(OptionsError::BadLanguage)?;
+            // ASCII only: a code has no use for bidi overrides or zero-width characters, which
+            // would be echoed into results and logs.
+            let allowed = |c: char| c.is_ascii_alphanumeric() || ".:=+".contains(c);
+            if !code.chars().all(allowed) {
+                return Err(OptionsError::BadLanguage);
+            }
+            self.language = Some(code);
         }
         if self
             .prompt
@@ -90,6 +103,9 @@ impl JobOptions {
         let counts = [self.num_speakers, self.min_speakers, self.max_speakers];
         if counts.contains(&Some(0)) {
             return Err(OptionsError::ZeroSpeakers);
+        }
+        if counts.iter().flatten().any(|&n| n > MAX_SPEAKERS) {
+            return Err(OptionsError::TooManySpeakers);
         }
         if let (Some(min), Some(max)) = (self.min_speakers, self.max_speakers) {
             if min > max {
@@ -145,12 +161,41 @@ mod tests {
             check(speakers(Some(5), None, Some(3))),
             OptionsError::NumOutsideRange { num: 5, .. }
         ));
+        for too_many in [
+            speakers(Some(1 << 31), None, None),
+            speakers(None, Some(MAX_SPEAKERS + 1), None),
+            speakers(None, None, Some(u32::MAX)),
+        ] {
+            assert_eq!(check(too_many), OptionsError::TooManySpeakers);
+        }
+        for (given, code) in [
+            ("EN", "en"),
+            ("en-US", "en"),
+            ("Korean", "ko"),
+            ("zh_Hant", "zh"),
+        ] {
+            let language = JobOptions {
+                language: Some(given.into()),
+                ..JobOptions::default()
+            };
+            assert_eq!(
+                language.validated(4).unwrap().language.as_deref(),
+                Some(code)
+            );
+        }
         let prompt = JobOptions {
             prompt: Some("names".into()),
             ..JobOptions::default()
         };
         assert_eq!(check(prompt), OptionsError::PromptTooLong { max: 4 });
-        for bad in ["e\u{7}n", "\u{202e}", "k\u{200b}o", "한국어", "en us"] {
+        for bad in [
+            "e\u{7}n",
+            "\u{202e}",
+            "k\u{200b}o",
+            "한국어",
+            "en us",
+            "-US",
+        ] {
             let language = JobOptions {
                 language: Some(bad.into()),
                 ..JobOptions::default()

@@ -151,7 +151,8 @@ async fn a_decoder_stuck_in_a_loop_is_given_up_after_20_s_without_output() {
     host.stop().await;
 }
 
-/// Processes whose parent is this test process and whose command line holds `word`.
+/// Processes whose parent is this test process and whose command line holds `word` (tests run
+/// side by side: a path of the test's own is the word to look for).
 fn own_children_running(word: &str) -> usize {
     let me = std::process::id().to_string();
     std::fs::read_dir("/proc")
@@ -172,16 +173,21 @@ fn own_children_running(word: &str) -> usize {
 async fn an_upload_still_decoding_at_shutdown_is_answered_shutting_down() {
     // The stuck file holds its decoder for 20 s, longer than the connections' grace (2 s): the
     // shutdown ends the decode at once and the client hears why, with no decoder left behind.
-    let host = TestHost::start(&one_stage("[http]\nshutdown_grace_s = 2", ""))
-        .await
-        .ready()
-        .await;
+    let host = TestHost::start(&one_stage(
+        "[http]\nshutdown_grace_s = 2\n[limits]\ntemp_dir = \"{DIR}\"\nsmall_temp_dir = \"\"",
+        "",
+    ))
+    .await
+    .ready()
+    .await;
+    // The decoder writes into this host's job folder: its command line names it.
+    let jobs = host.state.config.temp_dir().display().to_string();
     let request = host
         .post("/transcribe")
         .body(std::fs::read(fixture("audio/stuck.mkv")).unwrap());
     let pending = tokio::spawn(request.send());
     wait_for("the upload's decoder", Duration::from_secs(30), || async {
-        own_children_running("decode-audio") > 0
+        own_children_running(&jobs) > 0
     })
     .await;
     let asked = Instant::now();
@@ -204,7 +210,7 @@ async fn an_upload_still_decoding_at_shutdown_is_answered_shutting_down() {
     wait_for(
         "the decoder to be gone",
         Duration::from_secs(10),
-        || async { own_children_running("decode-audio") == 0 },
+        || async { own_children_running(&jobs) == 0 },
     )
     .await;
 }

@@ -1,0 +1,122 @@
+//! The multipart form of the OpenAI endpoints: OpenAI's fields (the ones gpuhost has no use
+//! for checked and ignored), gpuhost's speaker counts, and nothing else: a field given twice or
+//! one nobody knows is a 400 that names it, as OpenAI answers it, never silently dropped.
+
+use super::super::error::ApiError;
+use super::super::upload;
+use crate::audio::Source;
+
+#[derive(Default)]
+pub(super) struct Form {
+    pub file: Option<Source>,
+    pub language: Option<String>,
+    pub prompt: Option<String>,
+    pub response_format: Option<String>,
+    pub granularities: Vec<String>,
+    pub num_speakers: Option<u32>,
+    pub min_speakers: Option<u32>,
+    pub max_speakers: Option<u32>,
+}
+
+/// The fields read, for the message about one that is not.
+const FIELDS: &str = "file, model, language, prompt, response_format, temperature, \
+    timestamp_granularities[], stream (false), chunking_strategy, include[], and gpuhost's \
+    num_speakers, min_speakers, max_speakers";
+
+pub(super) async fn read_form(
+    request: axum::extract::Request,
+    dir: &std::path::Path,
+    limit: u64,
+    max_field: usize,
+) -> Result<Form, ApiError> {
+    let mut fields = upload::Form::open(request).await?;
+    let mut form = Form::default();
+    let mut seen: Vec<String> = Vec::new();
+    while let Some(field) = fields.next().await? {
+        let name = field.name().unwrap_or("").to_string();
+        let repeatable = name.ends_with("[]") || name == "timestamp_granularities";
+        if !repeatable && seen.contains(&name) {
+            return Err(ApiError::bad_request(format!(
+                "the form field `{}` is given twice; give it once",
+                shown(&name)
+            )));
+        }
+        if !repeatable {
+            seen.push(name.clone());
+        }
+        if name == "file" {
+            form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?);
+            continue;
+        }
+        let value = upload::text_field(field, &name, max_field, "limits.max_field_bytes").await?;
+        match name.as_str() {
+            "language" => form.language = Some(value),
+            "prompt" => form.prompt = Some(value),
+            "response_format" => form.response_format = Some(value),
+            "timestamp_granularities[]" | "timestamp_granularities" => {
+                // Two values exist: kept once each, so repeats cannot pile up in memory.
+                if !matches!(value.as_str(), "word" | "segment") {
+                    return Err(ApiError::bad_request(format!(
+                        "timestamp_granularities must be `word` or `segment`, got {:?}",
+                        value.chars().take(40).collect::<String>()
+                    )));
+                }
+                if !form.granularities.contains(&value) {
+                    form.granularities.push(value);
+                }
+            }
+            "num_speakers" => form.num_speakers = Some(count(&name, &value)?),
+            "min_speakers" => form.min_speakers = Some(count(&name, &value)?),
+            "max_speakers" => form.max_speakers = Some(count(&name, &value)?),
+            "temperature" => {
+                // Decoding is the server's (chosen on real recordings); a value is still checked.
+                let t: Option<f64> = value.trim().parse().ok();
+                if !t.is_some_and(|t| (0.0..=1.0).contains(&t)) {
+                    return Err(ApiError::bad_request(format!(
+                        "temperature must be a number from 0 to 1, got {:?} (the server chooses \
+                         its own decoding; the value is checked, then ignored)",
+                        value.chars().take(40).collect::<String>()
+                    )));
+                }
+            }
+            "stream" => match value.trim() {
+                "false" | "" => {}
+                "true" => {
+                    return Err(ApiError::bad_request(
+                        "stream=true is not offered here: POST /transcribe streams the job's \
+                         progress as NDJSON",
+                    ))
+                }
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "stream must be `true` or `false`, got {:?}",
+                        other.chars().take(40).collect::<String>()
+                    )))
+                }
+            },
+            // Accepted and ignored, as clients send them: the server's pipeline decides.
+            "model" | "chunking_strategy" | "include[]" | "include" => {}
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown form field `{}`; this endpoint reads {FIELDS}",
+                    shown(other)
+                )))
+            }
+        }
+    }
+    Ok(form)
+}
+
+/// A field name as a message may show it: at most 40 characters.
+fn shown(name: &str) -> String {
+    name.chars().take(40).collect()
+}
+
+fn count(name: &str, value: &str) -> Result<u32, ApiError> {
+    value.trim().parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "{name} must be a whole number, got {:?}",
+            value.chars().take(40).collect::<String>()
+        ))
+    })
+}

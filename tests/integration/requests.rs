@@ -1,0 +1,165 @@
+//! What a request may ask of the speech pipeline (`diarizer`, `asr`, `aligner`), through every
+//! door: language codes as people write them, stages that depend on each other, formats a
+//! subset of stages cannot give, options for stages a request leaves out, and the OpenAI form's
+//! fields. Every refusal comes before the job queues (no worker sees it).
+
+use serde_json::Value;
+
+use super::support::*;
+
+fn speech_pipeline() -> String {
+    let meta = r#"{"protocol":1,"model":"tiny.en","languages":["en"]}"#;
+    format!(
+        "[pipeline]\nstages = [\"diarizer\", \"asr\", \"aligner\"]\n{}{}{}",
+        fake_worker("diarizer", "env = { FAKE_TURNS = \"1\" }\n"),
+        fake_worker(
+            "asr",
+            &format!("env = {{ FAKE_TEXT = \"hello there\", FAKE_READY_META = '{meta}' }}\n")
+        ),
+        fake_worker("aligner", ""),
+    )
+}
+
+async fn refused(host: &TestHost, query: &str) -> String {
+    let r = host
+        .post_body(&format!("/transcribe{query}"), wav(0.4, 16000, 1))
+        .await;
+    assert_eq!(r.status(), 400, "{query}");
+    let body: Value = r.json().await.unwrap();
+    body["message"].as_str().unwrap().to_string()
+}
+
+async fn tasks_done(host: &TestHost) -> u64 {
+    let mut done = 0;
+    for stage in ["diarizer", "asr", "aligner"] {
+        done += host.worker(stage).await["tasks_done"].as_u64().unwrap();
+    }
+    done
+}
+
+#[tokio::test]
+async fn what_the_pipeline_cannot_give_is_refused_before_the_queue() {
+    let host = TestHost::start(&speech_pipeline()).await.ready().await;
+    for (query, says) in [
+        ("?stages=,", "names no stage"),
+        ("?stages=%20,%20", "names no stage"),
+        ("?stages=aligner", "stages=asr,aligner"),
+        ("?stages=diarizer,aligner", "stages=asr,aligner"),
+        ("?stages=diarizer&format=srt", "needs the `asr` stage"),
+        ("?stages=diarizer&format=txt", "needs the `asr` stage"),
+        (
+            "?stages=asr&num_speakers=2",
+            "`num_speakers` is for the `diarizer` stage",
+        ),
+        (
+            "?stages=diarizer&language=en",
+            "`language` is for the `asr` stage",
+        ),
+        (
+            "?stages=diarizer&prompt=Kim",
+            "`prompt` is for the `asr` stage",
+        ),
+        ("?num_speakers=2147483648", "at most 1000"),
+        ("?max_speakers=1001", "at most 1000"),
+        ("?language=-US", "language code"),
+    ] {
+        let message = refused(&host, query).await;
+        assert!(message.contains(says), "{query}: {message}");
+    }
+    assert_eq!(tasks_done(&host).await, 0, "nothing reached a worker");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn languages_are_taken_as_people_write_them() {
+    let host = TestHost::start(&speech_pipeline()).await.ready().await;
+    for given in ["EN", "en-US", "en_gb", "English"] {
+        let events = host
+            .transcribe(&format!("?stages=asr&language={given}"), wav(0.4, 16000, 1))
+            .await;
+        // The worker got the bare code (the fake echoes it as the result's language).
+        assert_eq!(result_of(&events)["language"], "en", "{given}");
+    }
+    // Korean is refused by the English-only model, whatever its spelling.
+    for given in ["ko", "KO", "ko-KR", "Korean"] {
+        let message = refused(&host, &format!("?stages=asr&language={given}")).await;
+        assert!(message.contains("tiny.en"), "{given}: {message}");
+    }
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_diarizer_alone_gives_rttm() {
+    let host = TestHost::start(&speech_pipeline()).await.ready().await;
+    let r = host
+        .post_body(
+            "/transcribe?stages=diarizer&format=rttm",
+            wav(2.0, 16000, 1),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let rttm = r.text().await.unwrap();
+    assert_eq!(
+        rttm,
+        "SPEAKER audio 1 0.000 1.000 <NA> <NA> SPEAKER_00 <NA> <NA>\n\
+         SPEAKER audio 1 1.000 1.000 <NA> <NA> SPEAKER_01 <NA> <NA>\n"
+    );
+    host.stop().await;
+}
+
+fn form_with_file() -> reqwest::multipart::Form {
+    reqwest::multipart::Form::new().part(
+        "file",
+        reqwest::multipart::Part::bytes(wav(0.4, 16000, 1)).file_name("a.wav"),
+    )
+}
+
+#[tokio::test]
+async fn the_openai_form_refuses_what_it_would_otherwise_drop() {
+    let host = TestHost::start(&speech_pipeline()).await.ready().await;
+    let post = |form| host.post("/v1/audio/transcriptions").multipart(form).send();
+    let second_file = form_with_file().part(
+        "file",
+        reqwest::multipart::Part::bytes(wav(0.4, 16000, 1)).file_name("b.wav"),
+    );
+    for (form, says) in [
+        (second_file, "`file` is given twice"),
+        (
+            form_with_file()
+                .text("language", "en")
+                .text("language", "de"),
+            "`language` is given twice",
+        ),
+        (form_with_file().text("temperature", "abc"), "temperature"),
+        (form_with_file().text("temperature", "1.5"), "temperature"),
+        (form_with_file().text("stream", "true"), "NDJSON"),
+        (
+            form_with_file().text("colour", "blue"),
+            "unknown form field `colour`",
+        ),
+        (form_with_file().text("num_speakers", "0"), "at least 1"),
+        (form_with_file().text("num_speakers", "two"), "whole number"),
+    ] {
+        let r = post(form).await.unwrap();
+        assert_eq!(r.status(), 400);
+        let body: Value = r.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{says}: {body}");
+    }
+    assert_eq!(tasks_done(&host).await, 0, "nothing reached a worker");
+    // What clients send and gpuhost has no use for is accepted, and so are its speaker counts.
+    let form = form_with_file()
+        .text("model", "whisper-1")
+        .text("temperature", "0")
+        .text("stream", "false")
+        .text("num_speakers", "2")
+        .text("language", "English")
+        .text("response_format", "verbose_json");
+    let r = post(form).await.unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["task"], "transcribe", "{body}");
+    assert_eq!(body["language"], "english", "{body}");
+    assert_eq!(body["text"], "hello there", "{body}");
+    host.stop().await;
+}
