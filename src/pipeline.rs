@@ -235,14 +235,14 @@ impl Pipeline {
         let outcome = loop {
             tokio::select! {
                 biased;
-                Some(event) = rx.recv() => forward(stage, event, events),
+                Some(event) = rx.recv() => forward(stage, event, events, dir),
                 outcome = &mut run => break outcome,
                 // The client went away: free the GPU as soon as the worker allows.
                 _ = events.closed(), if !cancel.is_cancelled() => cancel.cancel(),
             }
         };
         while let Ok(event) = rx.try_recv() {
-            forward(stage, event, events);
+            forward(stage, event, events, dir);
         }
         let seconds = started.elapsed().as_secs_f64();
         let result = outcome.map_err(|source| PipelineError::Stage {
@@ -276,8 +276,9 @@ fn tell(
 
 /// Passes a worker's event on to the client, or drops it when the client is that far behind (256
 /// events less `STAGE_EVENT_ROOM`): the job holds the GPU, and a client that stops reading must
-/// not hold it too. Only the final event (sent after the GPU is let go) is waited for.
-fn forward(stage: &str, event: WorkerEvent, events: &mpsc::Sender<ClientEvent>) {
+/// not hold it too. Only the final event (sent after the GPU is let go) is waited for. A log
+/// line names the job folder `<job>`, as the final error does.
+fn forward(stage: &str, event: WorkerEvent, events: &mpsc::Sender<ClientEvent>, dir: &Path) {
     let event = match event {
         WorkerEvent::Progress {
             fraction,
@@ -291,7 +292,7 @@ fn forward(stage: &str, event: WorkerEvent, events: &mpsc::Sender<ClientEvent>) 
         },
         WorkerEvent::Log { level, message } => ClientEvent::Log {
             stage: stage.into(),
-            line: message,
+            line: crate::job::redact(&message, dir),
             level,
         },
     };

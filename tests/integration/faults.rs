@@ -196,6 +196,15 @@ async fn logs_and_progress_stream_in_order() {
         .filter(|e| matches!(e, ClientEvent::Log { line, .. } if line.contains("log ")))
         .count();
     assert_eq!(logs, 5);
+    // A line naming a file of the job names its folder `<job>`, as the final error does.
+    let reading = events
+        .iter()
+        .find_map(|e| match e {
+            ClientEvent::Log { line, .. } if line.contains("reading") => Some(line.clone()),
+            _ => None,
+        })
+        .expect("the worker's line about its audio");
+    assert!(reading.starts_with("w: reading <job>/"), "{reading}");
     host.stop().await;
 }
 
