@@ -16,6 +16,8 @@ pub(crate) struct Progress {
     /// The bar of each stage that has reported progress and not finished.
     running: HashMap<String, ProgressBar>,
     verbose: bool,
+    /// The last place in the queue shown: the server says it again while the wait lasts.
+    queued: Option<ClientEvent>,
 }
 
 impl Progress {
@@ -27,15 +29,18 @@ impl Progress {
             bars,
             running: HashMap::new(),
             verbose,
+            queued: None,
         }
     }
 
     pub(crate) fn show(&mut self, event: &ClientEvent) {
         match event {
+            ClientEvent::Queued { .. } if self.queued.as_ref() == Some(event) => {}
             ClientEvent::Queued {
                 position,
                 waiting_for,
             } => {
+                self.queued = Some(event.clone());
                 let why = waiting_for
                     .as_deref()
                     .map(|w| format!(" (the GPU is held by {w})"))

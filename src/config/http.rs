@@ -26,6 +26,10 @@ pub struct HttpConfig {
     pub max_connections: usize,
     /// After a shutdown signal, how long open connections may finish before they are dropped.
     pub shutdown_grace_s: f64,
+    /// An NDJSON stream that has sent nothing for this long says again what is going on (its
+    /// place in the queue, each running stage's progress): clients and proxies with read
+    /// timeouts keep it through a stage's long silent stretch.
+    pub heartbeat_s: f64,
 }
 
 impl Default for HttpConfig {
@@ -38,6 +42,7 @@ impl Default for HttpConfig {
             send_timeout_s: 60.0,
             max_connections: 512,
             shutdown_grace_s: 10.0,
+            heartbeat_s: 10.0,
         }
     }
 }
@@ -51,6 +56,7 @@ impl HttpConfig {
                 ("body_idle_timeout_s", self.body_idle_timeout_s),
                 ("send_timeout_s", self.send_timeout_s),
                 ("shutdown_grace_s", self.shutdown_grace_s),
+                ("heartbeat_s", self.heartbeat_s),
             ],
         )?;
         if self.max_connections == 0 {

@@ -96,7 +96,11 @@ pub(super) async fn lease(
                 ));
             }
         }
-        return Ok(super::ndjson::from_first_and_channel(first, rx));
+        return Ok(super::ndjson::from_first_and_channel(
+            first,
+            rx,
+            std::time::Duration::from_secs_f64(app.config.http.heartbeat_s),
+        ));
     }
     while let Some(event) = rx.recv().await {
         match event {

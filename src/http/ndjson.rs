@@ -11,8 +11,13 @@ use tokio::sync::mpsc;
 
 use crate::protocol::{ClientEvent, GrantEvent};
 
+mod beat;
+use beat::{Beat, GrantBeat, JobBeat};
+
 /// An event that goes out as one NDJSON line.
-pub(super) trait Event: Send + 'static {
+pub(super) trait Event: Sized + Send + 'static {
+    /// What the stream remembers to say again after a silence.
+    type Beat: Beat<Self>;
     /// Whether the request is over with this event.
     fn is_final(&self) -> bool;
     /// The event as one line, newline included.
@@ -20,6 +25,7 @@ pub(super) trait Event: Send + 'static {
 }
 
 impl Event for ClientEvent {
+    type Beat = JobBeat;
     fn is_final(&self) -> bool {
         ClientEvent::is_final(self)
     }
@@ -29,6 +35,7 @@ impl Event for ClientEvent {
 }
 
 impl Event for GrantEvent {
+    type Beat = GrantBeat;
     fn is_final(&self) -> bool {
         GrantEvent::is_final(self)
     }
@@ -53,28 +60,44 @@ where
 /// The events of `rx` as they happen (events that are ready together go out as one chunk),
 /// ending with the final one: the client has its answer without waiting for whatever the
 /// sender still does afterwards (a job removing its folder).
-pub(super) fn from_channel<E: Event>(rx: mpsc::Receiver<E>) -> Response {
-    from_first_and_channel(None, rx)
+/// After `heartbeat` without one, the running state is said again (`beat.rs`).
+pub(super) fn from_channel<E: Event>(
+    rx: mpsc::Receiver<E>,
+    heartbeat: std::time::Duration,
+) -> Response {
+    from_first_and_channel(None, rx, heartbeat)
 }
 
-/// `from_channel`, with `first` (an event already taken from `rx`) going out first.
+/// `from_channel`, with `first` (an event already taken from `rx`) going out first, and
+/// heartbeats after `heartbeat` of silence.
 pub(super) fn from_first_and_channel<E: Event>(
     mut first: Option<E>,
     mut rx: mpsc::Receiver<E>,
+    heartbeat: std::time::Duration,
 ) -> Response {
     response(async_stream::stream! {
+        let mut beat = E::Beat::default();
         loop {
             let event = match first.take() {
                 Some(event) => event,
-                None => match rx.recv().await {
-                    Some(event) => event,
-                    None => break,
+                None => match tokio::time::timeout(heartbeat, rx.recv()).await {
+                    Ok(Some(event)) => event,
+                    Ok(None) => break,
+                    Err(_) => {
+                        let again: String = beat.again().iter().map(Event::to_line).collect();
+                        if !again.is_empty() {
+                            yield Ok::<_, Infallible>(bytes::Bytes::from(again));
+                        }
+                        continue;
+                    }
                 },
             };
+            beat.saw(&event);
             let mut last = event.is_final();
             let mut chunk = event.to_line();
             while !last {
                 let Ok(next) = rx.try_recv() else { break };
+                beat.saw(&next);
                 last = next.is_final();
                 chunk.push_str(&next.to_line());
             }

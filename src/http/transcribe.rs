@@ -100,9 +100,10 @@ pub(super) async fn transcribe(
     job::QueueFull::check(&app).map_err(|full| ApiError::queue_full(&full))?;
     let mut job = prepare(&app, query, request).await?;
     job.priority = priority;
+    let heartbeat = std::time::Duration::from_secs_f64(app.config.http.heartbeat_s);
     let events = start_job(app, job).map_err(|full| ApiError::queue_full(&full))?;
     match format {
-        None => Ok(super::ndjson::from_channel(events)),
+        None => Ok(super::ndjson::from_channel(events, heartbeat)),
         Some(format) => {
             let result = final_result(events).await?;
             Ok((

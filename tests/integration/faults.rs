@@ -356,3 +356,34 @@ async fn stages_see_earlier_results_and_options() {
     assert!(result["stages"].get("a").is_none());
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_silent_stage_and_a_long_wait_keep_their_streams_alive() {
+    // Heartbeats every 0.2 s: the first job's stage works 1.5 s without a word, the second job
+    // waits for it in the queue. Both streams hear again what is going on.
+    let host = TestHost::start(&format!("[http]\nheartbeat_s = 0.2\n{}", one_stage("")))
+        .await
+        .ready()
+        .await;
+    // A streamed answer starts once its job is queued: the first is ahead of the second.
+    let first = host
+        .post_body("/transcribe?language=fake:sleep=1500", wav(0.3, 16000, 1))
+        .await;
+    let second = host.post_body("/transcribe", wav(0.3, 16000, 1)).await;
+    let (first, second) = tokio::join!(read_events(first), read_events(second));
+    result_of(&first);
+    result_of(&second);
+    let again = first
+        .iter()
+        .filter(|e| {
+            matches!(e, ClientEvent::Progress { stage, fraction: None, message: None, partial: None } if stage == "w")
+        })
+        .count();
+    assert!(again >= 3, "a silent stage is said again: {first:?}");
+    let waiting = second
+        .iter()
+        .filter(|e| matches!(e, ClientEvent::Queued { position: 1, .. }))
+        .count();
+    assert!(waiting >= 3, "a long wait is said again: {second:?}");
+    host.stop().await;
+}
