@@ -244,3 +244,44 @@ def test_oneshot_skips_the_warmup(tmp_path):
     proc = start_worker(script, env={"GPUHOST_MODE": "oneshot"})
     stdout, stderr = proc.communicate("", timeout=30)
     assert "warming up" not in stderr and "warmup_s" not in stdout
+
+
+class _Recorder:
+    def __init__(self):
+        self.events = []
+
+    def event(self, payload):
+        self.events.append(payload)
+
+
+def test_progress_holds_back_the_newest_report_and_sends_it_after_the_interval():
+    from gpuhost_worker.progress import Progress
+
+    channels = _Recorder()
+    progress = Progress(channels, min_interval=0.2)
+    progress(0.1, "window 4/1439")
+    for w in range(8, 1440, 4):  # a tight loop: held back, only the newest kept
+        progress(0.1 + 0.8 * w / 1439, f"window {w}/1439")
+    progress(0.9, "5 local speakers in 1439 windows")
+    assert [e["message"] for e in channels.events] == ["window 4/1439"]
+    deadline = time.monotonic() + 5
+    while len(channels.events) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # The last thing said before a quiet step goes out once the interval is over.
+    assert channels.events[1] == {
+        "event": "progress",
+        "fraction": 0.9,
+        "message": "5 local speakers in 1439 windows",
+    }
+    # A report held back when the task ends is dropped: nothing follows a task's end. The next
+    # task's first report goes out at once.
+    progress.finish()
+    progress(0.5, "first")
+    progress(0.6, "held")
+    progress.finish()
+    time.sleep(0.3)
+    assert [e.get("message") for e in channels.events[2:]] == ["first"]
+    # Final reports and partial results are never held back.
+    progress(1.0)
+    progress(0.7, partial={"text": "so far"})
+    assert [e.get("fraction") for e in channels.events[3:]] == [1.0, 0.7]

@@ -173,6 +173,7 @@ def _handle(worker: Worker, channels: Channels, progress: Progress, line: str) -
             result = worker.run(task, progress)
         finally:
             _Task.running = False
+            progress.finish()  # no progress event may follow the task's end
         if output:
             write_result(output, result if result is not None else {})
     except TaskCancelled:

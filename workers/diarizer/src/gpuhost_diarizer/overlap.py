@@ -95,14 +95,16 @@ class OverlapDiarizer:
             out[: len(piece)] = piece
             return out
 
-        seg = np.concatenate(
-            [
-                self.segmenter.run(
-                    None, {"waveforms": np.stack([window(s) for s in starts[i : i + 8]])[:, None]}
-                )[0]
-                for i in range(0, len(starts), 8)
-            ]
-        )
+        batches = []
+        for i in range(0, len(starts), 8):
+            batch = np.stack([window(s) for s in starts[i : i + 8]])[:, None]
+            batches.append(self.segmenter.run(None, {"waveforms": batch})[0])
+            if progress:
+                done = min(i + 8, len(starts))
+                progress(
+                    0.05 + 0.4 * done / len(starts), f"segmenting: window {done}/{len(starts)}"
+                )
+        seg = np.concatenate(batches)
         seg = (seg > 0.5).astype(np.float32)
         # One fbank for the whole recording, each window's mean taken out: a window's rows are
         # what its own fbank would be, shifted by at most 5 ms (its start on the 10 ms grid).
@@ -129,7 +131,9 @@ class OverlapDiarizer:
                 owners.append((w, s))
                 seconds.append(mask.sum() * FRAME_HOP / RATE)
             if progress and w % 4 == 3:
-                progress(0.1 + 0.8 * (w + 1) / len(starts), f"window {w + 1}/{len(starts)}")
+                progress(
+                    0.45 + 0.45 * (w + 1) / len(starts), f"speakers: window {w + 1}/{len(starts)}"
+                )
         frames = int(np.ceil(n / FRAME_HOP)) + 1
         return Local(
             starts=[round(s / FRAME_HOP) for s in starts],
