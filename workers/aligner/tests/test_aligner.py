@@ -86,6 +86,27 @@ def test_numbers_and_symbols_get_word_times_as_they_are_said(aligner, tmp_path):
     assert order == sorted(order)
 
 
+def test_words_written_joined_are_said_as_one(aligner, tmp_path):
+    from gpuhost_worker.testing import speech_wav as make_speech
+
+    # Whisper writes "50%" as "50" and a joined "%", "$1,200" as "$1" and a joined ",200".
+    said = "the rent went up fifty percent to one thousand two hundred dollars"
+    audio = read_wav(make_speech(said, str(tmp_path)))
+    (segment,) = rough_words(audio, "the rent went up 50 % to $1 ,200")
+    for w in segment["words"]:
+        if w["word"] in ("%", ",200"):
+            w["joined"] = True
+    result = aligner.align(audio, [segment])
+    out = result["segments"][0]["words"]
+    assert result["aligned_words"] == result["total_words"] == 9, result
+    assert [w.get("joined", False) for w in out] == [False] * 5 + [True, False, False, True]
+    # The pieces share their written word's span, in order, touching.
+    percent, dollars = out[4:6], out[7:9]
+    for first, second in (percent, dollars):
+        assert first["end"] == second["start"] and first["start"] < first["end"] < second["end"]
+    assert dollars[1]["end"] - dollars[0]["start"] > 0.6, dollars
+
+
 def test_protocol_needs_the_asr_result(tmp_path, speech_wav):
     proc = start_worker("gpuhost_aligner")
     out = tmp_path / "r.json"

@@ -114,8 +114,10 @@ class SphinxAligner:
         the widest pause between the ASR's words and each half aligned alone (at most
         `SPLIT_DEPTH` times over): overlapped speech or one misheard word then costs only its
         own half, not the whole segment."""
-        tokens_per_word = [normalize(w["word"]) for w in words]
-        tokens = [t for ts in tokens_per_word for t in ts]
+        # Words Whisper wrote joined ("50" "%", "$1" ",200") are said as one: normalized together.
+        groups = _written(words)
+        tokens_per_group = [normalize("".join(words[i]["word"] for i in g)) for g in groups]
+        tokens = [t for ts in tokens_per_group for t in ts]
         if not tokens or end - start < FRAME_S * 10:
             return [None] * len(words)
         self._ensure_words(tokens)
@@ -130,16 +132,15 @@ class SphinxAligner:
             return self._word_times(
                 audio, words[: i + 1], start, min(end, cut + MARGIN_S), depth + 1
             ) + self._word_times(audio, words[i + 1 :], max(start, cut - MARGIN_S), end, depth + 1)
-        out, k = [], 0
-        for ts in tokens_per_word:
+        out, k = [None] * len(words), 0
+        for group, ts in zip(groups, tokens_per_group):
             if not ts:
-                out.append(None)
                 continue
             first, last = timing[k], timing[k + len(ts) - 1]
             k += len(ts)
-            out.append(
-                (start + max(first[0], 0.0), start + max(last[1], first[0] + FRAME_S), first[2])
-            )
+            span = (start + max(first[0], 0.0), start + max(last[1], first[0] + FRAME_S))
+            for i, (a, b) in zip(group, _shares([words[i]["word"] for i in group], *span)):
+                out[i] = (a, b, first[2])
         return out
 
     def align(self, audio: np.ndarray, segments: list, progress=None) -> dict:
@@ -171,13 +172,38 @@ class SphinxAligner:
         return result(self.name, out_segments)
 
 
+def _written(words: list) -> list:
+    """The indices of `words` grouped as written: a word the ASR marks `joined` (no space
+    before it) belongs with the one before."""
+    groups = []
+    for i, w in enumerate(words):
+        if groups and w.get("joined"):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _shares(texts: list, start: float, end: float) -> list:
+    """`[start, end]` split among the pieces of one written word by their length."""
+    weights = [max(1, len(t)) for t in texts]
+    total, at, out = sum(weights), start, []
+    for w in weights:
+        step = (end - start) * w / total
+        out.append((round(at, 3), round(at + step, 3)))
+        at += step
+    return out
+
+
 def _cut_after(words: list) -> int:
     """Where to halve a stretch that did not align: after the word followed by the widest pause
     in the ASR's times, the middle of the stretch among equal ones (rounded to 10 ms: Whisper's
-    words mostly touch, and a cut after the first word would only peel words off the front)."""
+    words mostly touch, and a cut after the first word would only peel words off the front).
+    Never inside a word written joined ("50" "%"): its pieces are said as one."""
     middle = (len(words) - 2) / 2
     gaps = [round(words[i + 1]["start"] - words[i]["end"], 2) for i in range(len(words) - 1)]
-    return max(range(len(gaps)), key=lambda i: (gaps[i], -abs(i - middle)))
+    cuts = [i for i in range(len(gaps)) if not words[i + 1].get("joined")] or list(range(len(gaps)))
+    return max(cuts, key=lambda i: (gaps[i], -abs(i - middle)))
 
 
 class MmsAligner:
