@@ -105,3 +105,14 @@ def test_words_written_without_a_space_are_marked_joined():
     ]
     # The first word of a segment is never joined, whatever Whisper wrote before it.
     assert "joined" not in words_of([SimpleNamespace(word="我", start=0, end=1, probability=1)])[0]
+
+
+def test_a_long_prompt_keeps_only_the_end_whisper_can_use():
+    from gpuhost_asr.engine import PROMPT_CHARS, prompt_tail
+
+    assert prompt_tail(None) is None and prompt_tail("Kim, Park") == "Kim, Park"
+    names = " ".join(f"name{i}" for i in range(2000))
+    tail = prompt_tail(names)
+    assert len(tail) <= PROMPT_CHARS and names.endswith(tail) and tail.startswith("name")
+    # No word start to cut at: the last characters (the tokenizer took 10 s on all 8 KB).
+    assert prompt_tail("a" * 8192) == "a" * PROMPT_CHARS

@@ -134,6 +134,20 @@ def refuse_other_languages(model_name: str, language: str | None, translate: boo
         )
 
 
+# Whisper keeps the last 223 tokens of a prompt, under 1000 characters of any script.
+PROMPT_CHARS = 1000
+
+
+def prompt_tail(prompt: str | None) -> str | None:
+    """The end of `prompt` that Whisper can use, from a word's start: its tokenizer's time
+    grows with the square of a word's length, and an 8 KB prompt without spaces took 10 s."""
+    if not prompt or len(prompt) <= PROMPT_CHARS:
+        return prompt
+    tail = prompt[-PROMPT_CHARS:]
+    space = tail.find(" ")
+    return tail[space + 1 :] if 0 <= space < len(tail) // 2 else tail
+
+
 def words_of(words) -> list:
     """faster-whisper's words, stripped; `joined` marks one Whisper wrote without a space before
     it (the rest of a hyphenated word, a French elision's "'êtes", every word of Chinese or
@@ -233,7 +247,7 @@ class Transcriber:
         decoding = dict(
             beam_size=self.settings.beam_size,
             word_timestamps=True,
-            initial_prompt=prompt,
+            initial_prompt=prompt_tail(prompt),
             task="translate" if translate else "transcribe",
             compression_ratio_threshold=self.settings.compression_ratio_threshold,
             log_prob_threshold=self.settings.log_prob_threshold,
