@@ -5,6 +5,7 @@ mod app;
 pub mod arbiter;
 pub mod audio;
 pub mod config;
+pub mod files;
 pub mod gpu;
 pub mod http;
 pub mod job;

@@ -232,8 +232,11 @@ fn file_name(name: &str) -> String {
 }
 
 /// The voice in the file `name` at `path`, when it is one the API could have made.
+/// The most a voice file may hold (one is about 6 KB: a 256-number vector and a few fields).
+const VOICE_MAX: u64 = 1 << 20;
+
 fn read_voice(path: &Path, name: &str) -> Result<Voice, String> {
-    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let bytes = crate::files::read_regular(path, VOICE_MAX).map_err(|e| e.to_string())?;
     let voice: Voice = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
     sound(&voice)?;
     if file_name(&voice.name) != name {

@@ -29,9 +29,11 @@ impl Footprints {
     /// Reads the state file; a missing or unreadable one starts empty (with a warning when it
     /// exists but cannot be read, so a corrupt file never stops the server).
     pub fn load(file: Option<PathBuf>) -> Footprints {
+        /// A few bytes per service: anything larger is not ours.
+        const FILE_MAX: u64 = 1 << 20;
         let peaks = file
             .as_ref()
-            .and_then(|path| match std::fs::read(path) {
+            .and_then(|path| match crate::files::read_regular(path, FILE_MAX) {
                 Ok(bytes) => match serde_json::from_slice::<Saved>(&bytes) {
                     Ok(saved) => Some(saved.peaks_mib),
                     Err(e) => {
@@ -39,7 +41,7 @@ impl Footprints {
                         None
                     }
                 },
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) if e.not_found() => None,
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "cannot read the footprint file");
                     None

@@ -93,6 +93,19 @@ fn broken_files_and_leftovers_are_not_voices() {
         store.lock().voices["a"].summary().to_string(),
     )
     .unwrap();
+    // A FIFO and a link to /dev/zero (the load hung on the one and filled memory from the
+    // other): not voices.
+    let fifo = std::ffi::CString::new(
+        dir.path()
+            .join(file_name("d"))
+            .to_str()
+            .unwrap()
+            .to_string(),
+    )
+    .unwrap();
+    // SAFETY: mkfifo with a valid path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join(file_name("e"))).unwrap();
     let again = Speakers::load(dir.path().to_path_buf());
     let names: Vec<Value> = again.list().iter().map(|v| v["name"].clone()).collect();
     assert_eq!(names, [json!("a")]);

@@ -102,36 +102,13 @@ const RESULT_MAX: u64 = 64 << 20;
 /// The JSON object a worker wrote to `output`, or why not. Only a regular file is read (a link
 /// to `/dev/zero` or a FIFO would never end), and no more than [`RESULT_MAX`] of it.
 fn read_result(output: &Path) -> Result<Value, String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let cannot = |e: std::io::Error| format!("cannot read {}: {e}", output.display());
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(output)
-        .map_err(cannot)?;
-    let meta = file.metadata().map_err(cannot)?;
-    if !meta.is_file() {
-        return Err(format!("{} is not a regular file", output.display()));
-    }
-    let too_big = |size: u64| {
-        format!(
-            "{} is {} MiB; a result may be {} MiB at most",
-            output.display(),
-            size >> 20,
-            RESULT_MAX >> 20
-        )
-    };
-    if meta.len() > RESULT_MAX {
-        return Err(too_big(meta.len()));
-    }
-    let mut text = Vec::new();
-    file.take(RESULT_MAX + 1)
-        .read_to_end(&mut text)
-        .map_err(cannot)?;
-    if text.len() as u64 > RESULT_MAX {
-        return Err(too_big(text.len() as u64)); // it grew while read
-    }
+    let text = crate::files::read_regular(output, RESULT_MAX).map_err(|e| match e {
+        crate::files::ReadError::Io(e) => format!("cannot read {}: {e}", output.display()),
+        crate::files::ReadError::NotRegular => {
+            format!("{} is not a regular file", output.display())
+        }
+        too_big => format!("{} is {too_big}: too big for a result", output.display()),
+    })?;
     let value: Value = serde_json::from_slice(&text)
         .map_err(|e| format!("{} is not valid JSON: {e}", output.display()))?;
     if !value.is_object() {
