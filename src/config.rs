@@ -101,6 +101,14 @@ fn effective_token(
             "`token` is empty or only whitespace: set a real token or remove the key".into(),
         ));
     }
+    // It travels in an HTTP header: anything else could never be sent back to match.
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ConfigError::Invalid(
+            "`token` must be printable ASCII without spaces (it is sent as `Authorization: \
+             Bearer <token>`); e.g. `openssl rand -hex 32` makes one"
+                .into(),
+        ));
+    }
     Ok(Some(token.to_string()))
 }
 
@@ -164,10 +172,29 @@ impl Config {
 
     /// Parses TOML text; relative paths resolve against `base_dir`.
     pub fn from_toml(text: &str, base_dir: PathBuf) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: PathBuf::from("<text>"),
             message: e.to_string(),
-        })?;
+        };
+        let mut config: Config = toml::from_str(text).map_err(parse_error)?;
+        // The workers are those the file writes, and the packaged ones (diarizer, asr, aligner)
+        // its pipeline names: `[workers.asr] engine = "base"` alone changes the ASR and keeps the
+        // other two, and a services-only host (`stages = []`) starts none.
+        let table: toml::Table = toml::from_str(text).map_err(parse_error)?;
+        let written: Vec<String> = table
+            .get("workers")
+            .and_then(toml::Value::as_table)
+            .map(|w| w.keys().cloned().collect())
+            .unwrap_or_default();
+        let stages = &config.pipeline.stages;
+        config
+            .workers
+            .retain(|name, _| written.contains(name) || stages.contains(name));
+        for (name, packaged) in Config::default().workers {
+            if stages.contains(&name) && !config.workers.contains_key(&name) {
+                config.workers.insert(name, packaged);
+            }
+        }
         config.finish(base_dir)
     }
 

@@ -47,6 +47,9 @@ impl Default for HttpConfig {
     }
 }
 
+/// The most connections a server may hold open (each is a descriptor and a task).
+const MAX_CONNECTIONS: usize = 1_000_000;
+
 impl HttpConfig {
     pub(super) fn validate(&self) -> Result<(), String> {
         super::validate::positive_seconds(
@@ -59,8 +62,11 @@ impl HttpConfig {
                 ("heartbeat_s", self.heartbeat_s),
             ],
         )?;
-        if self.max_connections == 0 {
-            return Err("[http] max_connections must be at least 1".into());
+        if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
+            return Err(format!(
+                "[http] max_connections must be from 1 to {MAX_CONNECTIONS}, got {}",
+                self.max_connections
+            ));
         }
         if let Some(bad) = self.allowed_hosts.iter().find(|h| h.trim().is_empty()) {
             return Err(format!("[http] allowed_hosts has an empty entry: {bad:?}"));

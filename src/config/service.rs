@@ -72,16 +72,37 @@ fn default_busy_grace() -> f64 {
 impl ServiceConfig {
     pub(super) fn validate(&self) -> Result<(), String> {
         let at = format!("[[services]] `{}`", self.name);
-        if self.name.is_empty()
-            || !self
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(format!("{at}: name must be letters, digits, - or _"));
+        if !super::validate::plain_name(&self.name) {
+            return Err(format!(
+                "{at}: name must be 1 to 64 letters, digits, - or _"
+            ));
         }
-        if self.command.is_empty() {
+        if self.command.first().map_or(true, |p| p.is_empty()) {
             return Err(format!("{at}: command is empty"));
+        }
+        if let Some(bad) = self
+            .command
+            .iter()
+            .chain(self.env.keys())
+            .chain(self.env.values())
+            .find(|s| s.contains('\0'))
+        {
+            return Err(format!("{at}: {bad:?} holds a NUL byte"));
+        }
+        match reqwest::Url::parse(&self.health_url) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
+            Ok(_) => {
+                return Err(format!(
+                    "{at}: health_url must be an http:// or https:// URL with a host, got {:?}",
+                    self.health_url
+                ))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "{at}: health_url {:?} is not a URL ({e})",
+                    self.health_url
+                ))
+            }
         }
         super::validate::positive_seconds(
             &format!("{at}:"),
@@ -189,6 +210,13 @@ impl ArbiterConfig {
             "[arbiter]",
             &[("idle_unload_after_s (0: never)", self.idle_unload_after_s)],
         )?;
+        if self.lease_ttl_s > self.max_lease_ttl_s {
+            return Err(format!(
+                "[arbiter] lease_ttl_s ({}) is above max_lease_ttl_s ({}): every lease without \
+                 its own ttl_s would be refused",
+                self.lease_ttl_s, self.max_lease_ttl_s
+            ));
+        }
         Ok(())
     }
 }

@@ -143,3 +143,87 @@ fn times_too_long_for_a_clock_are_config_errors_not_panics() {
     let ok = format!("{base}task_timeout_s = 86400\n[arbiter]\nidle_unload_after_s = 0\n");
     Config::from_toml(&ok, ".".into()).unwrap();
 }
+
+#[test]
+fn settings_that_would_break_the_server_later_are_refused_at_load() {
+    let svc = |extra: &str| {
+        format!(
+            "[[services]]\nname = \"llm\"\ncommand = [\"vllm\"]\nhealth_url = \"http://127.0.0.1:8000/health\"\n{extra}"
+        )
+    };
+    for (toml, says) in [
+        (
+            "[workers.\"../escape\"]\ncommand = [\"x\"]\n",
+            "letters, digits",
+        ),
+        ("[workers.\"\"]\ncommand = [\"x\"]\n", "letters, digits"),
+        ("[workers.w]\ncommand = [\"\"]\n", "empty program"),
+        (
+            "[workers.w]\ncommand = [\"x\"]\nenv = { A = \"a\\u0000b\" }\n",
+            "NUL",
+        ),
+        (
+            "[workers.w]\ncommand = [\"x\"]\nenv = { \"\" = \"1\" }\n",
+            "env has the key",
+        ),
+        (
+            "[pipeline]\nstages = [\"w\", \"w\"]\n[workers.w]\ncommand = [\"x\"]\n",
+            "`w` twice",
+        ),
+        ("[limits]\nmax_audio_seconds = nan\n", "max_audio_seconds"),
+        ("[limits]\nmax_audio_seconds = -1\n", "max_audio_seconds"),
+        ("[gpu.status]\ninterval_s = 1e-10\n", "interval_s"),
+        ("[gpu.status]\ninterval_s = 0.01\n", "at least 0.05"),
+        ("[workers.asr]\nstop_grace_s = 1e-10\n", "stop_grace_s"),
+        (
+            "[http]\nmax_connections = 9223372036854775807\n",
+            "max_connections",
+        ),
+        ("token = \"é\"\n", "printable ASCII"),
+        ("token = \"a b\"\n", "printable ASCII"),
+        ("[gpu]\ndevice = 4294967296\n", "[gpu] device"),
+        (
+            "[arbiter]\nlease_ttl_s = 100\nmax_lease_ttl_s = 10\n",
+            "above max_lease_ttl_s",
+        ),
+        (
+            &svc("").replace("http://127.0.0.1:8000/health", "not a url"),
+            "not a URL",
+        ),
+        (
+            &svc("").replace("http://127.0.0.1:8000/health", "ftp://h/x"),
+            "http://",
+        ),
+        (&svc("").replace("[\"vllm\"]", "[\"\"]"), "command is empty"),
+        (&svc("").replace("\"llm\"", "\"a/b\""), "letters, digits"),
+    ] {
+        let err = Config::from_toml(toml, ".".into())
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {toml}"))
+            .to_string();
+        assert!(err.contains(says), "{toml}: {err}");
+    }
+    assert!(Config::from_toml(&svc(""), ".".into()).is_ok());
+}
+
+#[test]
+fn a_pipeline_without_workers_tables_starts_only_its_stages() {
+    let services_only = Config::from_toml("[pipeline]\nstages = []\n", ".".into()).unwrap();
+    assert!(services_only.workers.is_empty());
+    let asr_only = Config::from_toml("[pipeline]\nstages = [\"asr\"]\n", ".".into()).unwrap();
+    assert_eq!(asr_only.workers.keys().collect::<Vec<_>>(), ["asr"]);
+    // With a [workers] table, the workers are as written, and the packaged ones its pipeline
+    // names but the table does not.
+    let written = Config::from_toml(
+        "[pipeline]\nstages = []\n[workers.ocr]\ncommand = [\"ocr\"]\n",
+        ".".into(),
+    )
+    .unwrap();
+    assert_eq!(written.workers.keys().collect::<Vec<_>>(), ["ocr"]);
+    let one_changed = Config::from_toml("[workers.asr]\nengine = \"base\"\n", ".".into()).unwrap();
+    assert_eq!(
+        one_changed.workers.keys().collect::<Vec<_>>(),
+        ["aligner", "asr", "diarizer"]
+    );
+    assert_eq!(one_changed.workers["asr"].engine.as_deref(), Some("base"));
+}

@@ -7,6 +7,20 @@ use super::{Config, ConfigError};
 /// not fit the clocks they are added to.
 pub(super) const MAX_SECONDS: f64 = 1e9;
 
+/// The shortest time a setting other than 0 may give: shorter ones become a zero `Duration`
+/// (which a timer refuses) or busy loops.
+const MIN_SECONDS: f64 = 0.001;
+
+/// Whether `name` may name a worker or a service: it becomes a file name (`<stage>.result.json`),
+/// a URL segment and a TOML key.
+pub(super) fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
 /// Every `(key, value)` of section `at` is a positive, finite number of seconds, at most
 /// `MAX_SECONDS`.
 pub(super) fn positive_seconds(at: &str, fields: &[(&str, f64)]) -> Result<(), String> {
@@ -20,13 +34,10 @@ pub(super) fn seconds_or_zero(at: &str, fields: &[(&str, f64)]) -> Result<(), St
 }
 
 fn seconds(at: &str, fields: &[(&str, f64)], zero: bool) -> Result<(), String> {
-    let low = |v: f64| if zero { v >= 0.0 } else { v > 0.0 };
-    match fields
-        .iter()
-        .find(|(_, value)| !(low(*value) && *value <= MAX_SECONDS))
-    {
+    let fine = |v: f64| (zero && v == 0.0) || (MIN_SECONDS..=MAX_SECONDS).contains(&v);
+    match fields.iter().find(|(_, value)| !fine(*value)) {
         Some((key, value)) => Err(format!(
-            "{at} {key} must be {}a positive number of seconds (at most {MAX_SECONDS:e}), got {value}",
+            "{at} {key} must be {}a number of seconds from {MIN_SECONDS} to {MAX_SECONDS:e}, got {value}",
             if zero { "0 or " } else { "" }
         )),
         None => Ok(()),
@@ -35,6 +46,43 @@ fn seconds(at: &str, fields: &[(&str, f64)], zero: bool) -> Result<(), String> {
 
 impl Config {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        for (name, worker) in &self.workers {
+            if !plain_name(name) {
+                return invalid(format!(
+                    "[workers.{name:?}]: a worker's name must be 1 to 64 letters, digits, - or _ \
+                     (it names files and URLs)"
+                ));
+            }
+            worker
+                .validate()
+                .map_err(|m| ConfigError::Invalid(format!("[workers.{name}] {m}")))?;
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(twice) = self.pipeline.stages.iter().find(|s| !seen.insert(*s)) {
+            return invalid(format!(
+                "[pipeline] stages names `{twice}` twice; a stage runs once a job"
+            ));
+        }
+        if !(self.limits.max_audio_seconds > 0.0 && self.limits.max_audio_seconds <= MAX_SECONDS) {
+            return invalid(format!(
+                "[limits] max_audio_seconds must be a positive number of seconds, got {}",
+                self.limits.max_audio_seconds
+            ));
+        }
+        if self.gpu.device > u32::MAX as usize {
+            return invalid(format!(
+                "[gpu] device must be a GPU index (nvidia-smi's numbering), got {}",
+                self.gpu.device
+            ));
+        }
+        if self.gpu.status.interval_s < 0.05 {
+            return invalid(format!(
+                "[gpu.status] interval_s must be at least 0.05 (each sample runs nvidia-smi or \
+                 NVML), got {}",
+                self.gpu.status.interval_s
+            ));
+        }
         for stage in &self.pipeline.stages {
             if !self.workers.contains_key(stage) {
                 return Err(ConfigError::Invalid(format!(

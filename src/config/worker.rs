@@ -69,6 +69,33 @@ impl Default for WorkerConfig {
     }
 }
 
+impl WorkerConfig {
+    /// What the section alone can get wrong.
+    pub(super) fn validate(&self) -> Result<(), String> {
+        if self.command.first().is_some_and(|p| p.is_empty()) {
+            return Err(
+                "command starts with an empty program; leave `command` out for the packaged \
+                 worker, or name the program"
+                    .into(),
+            );
+        }
+        let texts = self
+            .command
+            .iter()
+            .chain(self.env.keys())
+            .chain(self.env.values());
+        if let Some(bad) = texts.chain(self.module.iter()).find(|s| s.contains('\0')) {
+            return Err(format!("{bad:?} holds a NUL byte"));
+        }
+        if let Some(key) = self.env.keys().find(|k| k.is_empty() || k.contains('=')) {
+            return Err(format!(
+                "env has the key {key:?}: a name must be non-empty and hold no `=`"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A worker's resolved launch description.
 #[derive(Debug, Clone)]
 pub struct WorkerSpec {
