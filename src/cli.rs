@@ -42,7 +42,13 @@ pub(crate) fn shown(text: &str) -> String {
 pub(crate) struct Remote {
     pub(crate) base: reqwest::Url,
     token: Option<String>,
+    /// Connects within 10 s and gives up on an answer silent for 10 minutes (the server's
+    /// streams say something every `heartbeat_s`); short requests add [`QUICK`].
+    pub(crate) client: reqwest::Client,
 }
+
+/// How long a short request (status, a list, an unload) may take in all.
+pub(crate) const QUICK: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Remote {
     pub(crate) fn new(
@@ -61,9 +67,15 @@ impl Remote {
         if !base.path().ends_with('/') {
             base.set_path(&format!("{}/", base.path()));
         }
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .read_timeout(std::time::Duration::from_secs(600))
+            .build()
+            .context("cannot set up an HTTP client")?;
         Ok(Remote {
             base,
             token: token.map(String::from).or_else(|| config.token.clone()),
+            client,
         })
     }
 

@@ -46,11 +46,16 @@ pub(crate) async fn control(
 ) -> anyhow::Result<ExitCode> {
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
     let url = remote.base.join(&action.path(&args.name))?;
-    let response = remote.send(reqwest::Client::new().post(url)).await?;
+    let request = remote.client.post(url);
     if matches!(action, Action::Start) {
-        return follow_start(&args.name, response).await;
+        // Its events stream until the service is healthy.
+        return follow_start(&args.name, remote.send(request).await?).await;
     }
-    let body: Value = response.json().await.unwrap_or_default();
+    let response = remote.send(request.timeout(super::QUICK)).await?;
+    let body: Value = response
+        .json()
+        .await
+        .context("the server's answer is not JSON: is --server a gpuhost?")?;
     println!("{}", serde_json::to_string(&body)?);
     Ok(ExitCode::SUCCESS)
 }

@@ -81,7 +81,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     );
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
     let base = remote.base.clone();
-    let client = reqwest::Client::new();
+    let client = remote.client.clone();
     let authed = |r: reqwest::RequestBuilder| remote.authed(r);
     let holder = args.holder.clone().unwrap_or_else(default_holder);
     let body = json!({
@@ -94,9 +94,14 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let mut terminate = signal(SignalKind::terminate())?;
     let mut hangup = signal(SignalKind::hangup())?;
     let url = base.join("gpu/lease")?;
-    let response = remote.send(client.post(url).json(&body)).await?;
+    // Asking is inside the select too: a server that never answers must not keep a SIGTERM
+    // waiting.
+    let granted = async {
+        let response = remote.send(client.post(url).json(&body)).await?;
+        wait_for_grant(response).await
+    };
     let lease_id = tokio::select! {
-        granted = wait_for_grant(response) => granted?,
+        granted = granted => granted?,
         // The request goes with us: the server drops the waiting lease.
         Some(()) = terminate.recv() => return Ok(ExitCode::from(128 + libc::SIGTERM as u8)),
         Some(()) = hangup.recv() => return Ok(ExitCode::from(128 + libc::SIGHUP as u8)),

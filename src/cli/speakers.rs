@@ -49,14 +49,14 @@ pub(crate) async fn speakers(
 ) -> anyhow::Result<ExitCode> {
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
     let mut url = remote.base.join("speakers")?;
-    let client = reqwest::Client::new();
+    let client = remote.client.clone();
     let request = match args.action {
-        SpeakersAction::List => client.get(url.clone()),
+        SpeakersAction::List => client.get(url.clone()).timeout(super::QUICK),
         SpeakersAction::Delete { name } => {
             url.path_segments_mut()
                 .map_err(|()| anyhow::anyhow!("{} cannot be a base URL", remote.base))?
                 .push(&name);
-            client.delete(url.clone())
+            client.delete(url.clone()).timeout(super::QUICK)
         }
         SpeakersAction::Add {
             name,
@@ -88,7 +88,12 @@ pub(crate) async fn speakers(
             client.post(url.clone()).multipart(form)
         }
     };
-    let body: Value = remote.send(request).await?.json().await.unwrap_or_default();
+    let body: Value = remote
+        .send(request)
+        .await?
+        .json()
+        .await
+        .context("the server's answer is not JSON: is --server a gpuhost?")?;
     println!("{}", serde_json::to_string_pretty(&body)?);
     Ok(ExitCode::SUCCESS)
 }

@@ -24,7 +24,7 @@ pub(crate) async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
     let url = remote.base.join("status")?;
     let body: Value = remote
-        .send(reqwest::Client::new().get(url))
+        .send(remote.client.get(url).timeout(super::QUICK))
         .await?
         .json()
         .await
@@ -58,19 +58,22 @@ pub(crate) fn render(s: &Value) -> String {
         "{decision}  {}\n",
         s["reason"].as_str().unwrap_or("")
     ));
-    match s["gpu"].as_object() {
-        Some(g) => {
+    // Read as `Value`s, never indexed into a map: a field the answer lacks reads as null.
+    let g = &s["gpu"];
+    match g.is_object() {
+        true => {
             let used = g["memory_used_mib"].as_u64().unwrap_or(0);
             let total = g["memory_total_mib"].as_u64().unwrap_or(0).max(1);
-            let filled = (used * 30 / total) as usize;
+            // At most the bar's 30 cells, whatever the figures say.
+            let filled = (used.min(total).saturating_mul(30) / total) as usize;
             out.push_str(&format!(
                 "GPU {} {}  util {}%  {} °C  {:.0} W\nVRAM [{}{}] {used}/{total} MiB  free {} MiB  reclaimable {} MiB\n",
                 g["index"], g["name"].as_str().unwrap_or(""), g["utilization"], g["temperature"],
-                g["power_draw"].as_f64().unwrap_or(0.0), "#".repeat(filled), "-".repeat(30 - filled.min(30)),
+                g["power_draw"].as_f64().unwrap_or(0.0), "#".repeat(filled), "-".repeat(30 - filled),
                 s["free_mib"], s["reclaimable_mib"],
             ));
         }
-        None => out.push_str(&format!(
+        false => out.push_str(&format!(
             "GPU: no sample ({}; backend {})\n",
             s["error"].as_str().unwrap_or("none yet"),
             s["backend"]["active"].as_str().unwrap_or("?")
@@ -108,4 +111,27 @@ pub(crate) fn render(s: &Value) -> String {
         s["queue"]["running"], s["queue"]["waiting"]
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+    use serde_json::json;
+
+    #[test]
+    fn any_answer_renders_and_the_bar_stays_30_cells() {
+        for gpu in [
+            json!({"name": "x"}),
+            json!({"memory_used_mib": 600_000_000_000_000_000u64, "memory_total_mib": 0}),
+            json!({"memory_used_mib": 1_000_000_000u64, "memory_total_mib": 1}),
+            json!({"memory_used_mib": 20000, "memory_total_mib": 0}),
+            json!({"memory_used_mib": 8000, "memory_total_mib": 32000}),
+        ] {
+            let text = render(&json!({ "gpu": gpu, "processes": [{}], "workers": "x" }));
+            let bar = text.lines().find(|l| l.starts_with("VRAM [")).unwrap();
+            let cells = &bar[6..bar.find(']').unwrap()];
+            assert_eq!(cells.chars().count(), 30, "{bar}");
+        }
+        assert!(render(&json!("not an object")).contains("no sample"));
+    }
 }

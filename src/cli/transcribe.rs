@@ -148,7 +148,7 @@ async fn remote(
     let file = tokio::fs::File::open(&args.file)
         .await
         .with_context(|| format!("opening {}", args.file.display()))?;
-    let client = reqwest::Client::new();
+    let client = server.client.clone();
     // A refused request is answered before the upload is read, and the connection closes under
     // the upload: ask a small protected endpoint first, so a wrong token reads as a 401, not as
     // a broken pipe.

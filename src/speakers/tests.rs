@@ -114,6 +114,8 @@ fn broken_files_and_leftovers_are_not_voices() {
         "a crash's leftover is removed"
     );
     assert!(check_name("a\u{200B}b").is_err());
+    assert!(check_name("..").is_err() && check_name(".").is_err());
+    assert!(check_name("...").is_ok());
     assert!(
         check_name("a\u{200D}b").is_err(),
         "joiners make look-alike voice names"

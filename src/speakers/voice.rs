@@ -104,6 +104,12 @@ pub fn check_name(name: &str) -> Result<String, SpeakerError> {
             "`name` must not contain control or invisible characters".into(),
         ));
     }
+    // URLs take `.` and `..` as steps in the path: `DELETE /speakers/..` could never reach it.
+    if name == "." || name == ".." {
+        return Err(SpeakerError::BadName(
+            "`.` and `..` cannot be names (a URL cannot hold them); choose another".into(),
+        ));
+    }
     if name.starts_with("SPEAKER_") {
         return Err(SpeakerError::BadName(
             "names starting with `SPEAKER_` are the labels of speakers nobody enrolled; choose another".into(),

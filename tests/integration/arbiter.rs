@@ -1010,6 +1010,35 @@ async fn a_terminated_lease_client_stops_its_program_and_releases_at_once() {
     host.stop().await;
 }
 
+#[test]
+fn a_lease_client_whose_server_never_answers_still_stops_at_sigterm() {
+    // A server that takes the connection and never answers (hung, or not a gpuhost).
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    let mut client = std::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+        .args(["lease", "--server", &url, "--", "true"])
+        .env_remove("GPUHOST_TOKEN")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Its request has arrived: the client is waiting for the answer.
+    let (_held, _) = silent.accept().unwrap();
+    let asked = std::time::Instant::now();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(client.id() as i32, libc::SIGTERM) };
+    let status = loop {
+        if let Some(status) = client.try_wait().unwrap() {
+            break status;
+        }
+        if asked.elapsed() > Duration::from_secs(10) {
+            let _ = client.kill();
+            panic!("the lease client ignored SIGTERM while its request went unanswered");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status:?}");
+}
+
 #[tokio::test]
 async fn a_program_that_cannot_start_gives_its_lease_back_at_once() {
     let gpu = FakeGpu::new(IDLE);
