@@ -78,20 +78,38 @@ pub fn render(result: &Value, format: Format) -> String {
     }
 }
 
+/// Text a worker wrote, on one line: line breaks and other control characters (which would end
+/// a cue or start a forged one) become single spaces.
+fn one_line(text: &str) -> String {
+    let spaced: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    spaced.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// A segment's speaker as shown: one line, and none when that leaves nothing.
+fn speaker_of(seg: &Segment) -> Option<String> {
+    seg.speaker
+        .as_deref()
+        .map(one_line)
+        .filter(|s| !s.is_empty())
+}
+
 fn text(transcript: &Transcript) -> String {
     let mut out = String::new();
     let mut last_speaker = None;
     for seg in &transcript.segments {
-        let speaker = seg.speaker.as_deref();
+        let speaker = speaker_of(seg);
         if speaker.is_some() && speaker != last_speaker {
             if !out.is_empty() {
                 out.push('\n');
             }
-            let _ = write!(out, "{}: ", speaker.unwrap_or_default());
+            let _ = write!(out, "{}: ", speaker.as_deref().unwrap_or_default());
         } else if !out.is_empty() && !seg.joins_previous() {
             out.push(' ');
         }
-        out.push_str(seg.text.trim());
+        out.push_str(&one_line(&seg.text));
         last_speaker = speaker;
     }
     out.push('\n');
@@ -109,12 +127,13 @@ fn cues(transcript: &Transcript, vtt: bool) -> String {
     let mut out = String::from(if vtt { "WEBVTT\n\n" } else { "" });
     for (i, seg) in transcript.segments.iter().enumerate() {
         let (start, end) = (timestamp(seg.start, vtt), timestamp(seg.end, vtt));
-        let text = seg.text.trim();
-        let line = match (&seg.speaker, vtt) {
-            (Some(sp), true) => format!("<v {}>{}", vtt_escape(sp), vtt_escape(text)),
-            (None, true) => vtt_escape(text),
+        // An SRT reader takes a line holding `-->` for a cue's times (WebVTT's `>` is escaped).
+        let text = one_line(&seg.text).replace("-->", "->");
+        let line = match (speaker_of(seg).map(|s| s.replace("-->", "->")), vtt) {
+            (Some(sp), true) => format!("<v {}>{}", vtt_escape(&sp), vtt_escape(&text)),
+            (None, true) => vtt_escape(&text),
             (Some(sp), false) => format!("[{sp}] {text}"),
-            (None, _) => text.to_string(),
+            (None, _) => text,
         };
         if vtt {
             let _ = write!(out, "{start} --> {end}\n{line}\n\n");
@@ -153,12 +172,25 @@ fn rttm(transcript: &Transcript) -> String {
     for (start, end, speaker) in turns {
         let speaker: String = speaker
             .chars()
-            .map(|c| if c.is_whitespace() { '_' } else { c })
+            .map(|c| {
+                if c.is_whitespace() || c.is_control() {
+                    '_'
+                } else {
+                    c
+                }
+            })
             .collect();
+        // Every field present: a speaker left blank would shift the columns after it.
+        let speaker = if speaker.is_empty() {
+            "<NA>".into()
+        } else {
+            speaker
+        };
+        let start = start.max(0.0);
         let _ = writeln!(
             out,
             "SPEAKER audio 1 {start:.3} {:.3} <NA> <NA> {speaker} <NA> <NA>",
-            end - start
+            (end - start).max(0.0)
         );
     }
     out
@@ -195,6 +227,49 @@ mod tests {
             ),
             "{vtt}"
         );
+    }
+
+    #[test]
+    fn what_a_worker_writes_cannot_forge_cues_or_shift_columns() {
+        let forged = "hi\n\n2\n00:00:00,000 --> 00:00:09,000\nX";
+        let result = json!({
+            "segments": [
+                {"start": 0.5, "end": 2.0, "speaker": forged, "text": forged, "words": []},
+                {"start": 3.0, "end": 4.0, "speaker": " \n ", "text": "plain", "words": []}
+            ],
+            "turns": [
+                {"start": -5.0, "end": 1.0, "speaker": ""},
+                {"start": 1.0, "end": 2.0, "speaker": "a\tb\nc"}
+            ]
+        });
+        let srt = render(&result, Format::Srt);
+        assert_eq!(srt.matches("-->").count(), 2, "{srt}");
+        assert_eq!(
+            srt.split("\n\n").filter(|c| !c.is_empty()).count(),
+            2,
+            "{srt}"
+        );
+        assert!(
+            srt.contains("\n[hi 2 00:00:00,000 -> 00:00:09,000 X] hi"),
+            "{srt}"
+        );
+        assert!(
+            srt.ends_with("00:00:04,000\nplain\n\n"),
+            "a blank speaker is none: {srt}"
+        );
+        let vtt = render(&result, Format::Vtt);
+        assert_eq!(vtt.matches("-->").count(), 2, "{vtt}");
+        let rttm = render(&result, Format::Rttm);
+        for line in rttm.lines() {
+            assert_eq!(line.split(' ').count(), 10, "{line}");
+        }
+        assert!(
+            rttm.starts_with("SPEAKER audio 1 0.000 1.000 <NA> <NA> <NA>"),
+            "{rttm}"
+        );
+        assert!(rttm.contains(" a_b_c "), "{rttm}");
+        let txt = render(&result, Format::Txt);
+        assert_eq!(txt.lines().count(), 1, "no line breaks but its own: {txt}");
     }
 
     #[test]

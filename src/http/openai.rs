@@ -138,6 +138,15 @@ pub(super) async fn translations(
 
 /// One job from the form; the transcript (or translation) in `response_format`.
 async fn answer(app: AppState, request: Request, translate: bool) -> Result<Response, OpenAiError> {
+    // Refused before the upload is read (the drain layer reads it after the answer).
+    let pipeline = &app.config.pipeline.stages;
+    if !pipeline.iter().any(|s| s == "asr") {
+        return Err(ApiError::bad_request(format!(
+            "this server's pipeline ({}) has no `asr` stage: there is no text to answer with",
+            pipeline.join(", ")
+        ))
+        .into());
+    }
     let (intake, request) = upload::FormIntake::begin(&app, request)?;
     let form = read_form(
         request,

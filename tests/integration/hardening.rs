@@ -10,6 +10,15 @@ use serde_json::Value;
 
 use super::support::*;
 
+/// The pipeline of one fake worker named `asr`: the OpenAI endpoints answer only a pipeline with
+/// an ASR stage.
+fn asr_stage(extra_top: &str) -> String {
+    format!(
+        "{extra_top}\n[pipeline]\nstages = [\"asr\"]\n{}",
+        fake_worker("asr", "")
+    )
+}
+
 fn one_stage(extra_top: &str, worker_extra: &str) -> String {
     format!(
         "{extra_top}\n[pipeline]\nstages = [\"w\"]\n{}",
@@ -217,7 +226,7 @@ async fn an_upload_still_decoding_at_shutdown_is_answered_shutting_down() {
 
 #[tokio::test]
 async fn a_form_part_whose_headers_never_end_is_refused_early() {
-    let host = TestHost::start(&one_stage("", "")).await.ready().await;
+    let host = TestHost::start(&asr_stage("")).await.ready().await;
     // 8 MiB of one header line: the parser would hold it all and search it again at every chunk.
     let mut body = b"--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"".to_vec();
     body.extend(std::iter::repeat(b'a').take(8 << 20));
@@ -248,9 +257,8 @@ async fn a_form_part_whose_headers_never_end_is_refused_early() {
 
 #[tokio::test]
 async fn form_fields_are_bounded() {
-    let host = TestHost::start(&one_stage(
+    let host = TestHost::start(&asr_stage(
         "[limits]\nmax_upload_bytes = 1000000\nmax_field_bytes = 1024",
-        "",
     ))
     .await
     .ready()
@@ -764,7 +772,7 @@ async fn a_refusal_is_answered_at_once_even_while_its_body_trickles_in() {
 async fn a_form_refused_mid_body_gets_its_error_with_or_without_100_continue() {
     // A prompt over limits.max_field_bytes, then a 4 MiB file the host never reads: a 413 both
     // for a client that sends everything first and for one that waited for `100 Continue`.
-    let host = TestHost::start(&one_stage("", "")).await.ready().await;
+    let host = TestHost::start(&asr_stage("")).await.ready().await;
     let addr = host.url.trim_start_matches("http://").to_string();
     let boundary = "XyZ";
     let mut body = format!(

@@ -163,3 +163,26 @@ async fn the_openai_form_refuses_what_it_would_otherwise_drop() {
     assert_eq!(body["text"], "hello there", "{body}");
     host.stop().await;
 }
+
+#[tokio::test]
+async fn the_openai_endpoints_need_an_asr_stage() {
+    let config = format!(
+        "[pipeline]\nstages = [\"diarizer\"]\n{}",
+        fake_worker("diarizer", "")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    for path in ["/v1/audio/transcriptions", "/v1/audio/translations"] {
+        let r = host
+            .post(path)
+            .multipart(form_with_file().text("response_format", "srt"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        let body: Value = r.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("no `asr` stage"), "{path}: {body}");
+    }
+    assert_eq!(host.worker("diarizer").await["tasks_done"], 0);
+    host.stop().await;
+}
