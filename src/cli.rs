@@ -60,6 +60,12 @@ impl Remote {
         let text = server.map_or_else(|| format!("http://{}", config.listen), String::from);
         let mut base =
             reqwest::Url::parse(&text).with_context(|| format!("{text} is not a URL"))?;
+        if base.scheme() != "http" {
+            anyhow::bail!(
+                "{text}: this client speaks plain http:// only (gpuhost serves HTTP; reach a \
+                 remote one through an SSH tunnel or a local proxy)"
+            );
+        }
         if base.cannot_be_a_base() {
             anyhow::bail!("{text} cannot be a base URL (give http://host:port[/prefix])");
         }

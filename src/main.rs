@@ -113,10 +113,27 @@ fn main() -> std::process::ExitCode {
     match outcome {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gpuhost: {e:#}");
+            eprintln!("gpuhost: {}", causes(&e));
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, `: `-separated as `{:#}` writes them, but a cause that an earlier
+/// message already quotes (an OS error in a message that names it) only once.
+fn causes(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {

@@ -319,3 +319,47 @@ async fn gpuhost_status_without_a_gpu_says_so_in_one_line() {
     );
     host.stop().await;
 }
+
+#[test]
+fn a_missing_input_or_an_https_server_is_said_plainly() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let missing = dir.path().join("missing.wav");
+    for (args, says) in [
+        (
+            vec!["transcribe".to_string(), missing.display().to_string()],
+            format!(
+                "gpuhost: cannot read {}: No such file or directory (os error 2)\n",
+                missing.display()
+            ),
+        ),
+        (
+            vec!["transcribe".to_string(), dir.path().display().to_string()],
+            format!("gpuhost: {} is not a file", dir.path().display()),
+        ),
+        (
+            vec![
+                "status".to_string(),
+                "--server".to_string(),
+                "https://gpu.example".to_string(),
+            ],
+            "plain http:// only".to_string(),
+        ),
+    ] {
+        let out = gpuhost()
+            .arg("--config")
+            .arg(&config)
+            .args(&args)
+            .env_remove("GPUHOST_TOKEN")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(&says), "{args:?}: {err}");
+        assert_eq!(
+            err.matches("os error").count(),
+            err.contains("os error") as usize,
+            "{err}"
+        );
+    }
+}
