@@ -13,7 +13,7 @@ pub enum ReadError {
     Io(#[from] std::io::Error),
     #[error("not a regular file")]
     NotRegular,
-    #[error("{} MiB, more than the {} MiB allowed", .size >> 20, .max >> 20)]
+    #[error("{size} bytes, more than the {} MiB allowed", .max >> 20)]
     TooBig { size: u64, max: u64 },
 }
 

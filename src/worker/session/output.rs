@@ -148,7 +148,7 @@ mod tests {
             .set_len(RESULT_MAX + 1)
             .unwrap();
         let why = read_result(&path).unwrap_err();
-        assert!(why.contains("64 MiB at most"), "{why}");
+        assert!(why.contains("more than the 64 MiB allowed"), "{why}");
         // A link (to a device that never ends) is not followed.
         std::fs::remove_file(&path).unwrap();
         std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
