@@ -51,7 +51,8 @@ pub(crate) async fn control(
         // Its events stream until the service is healthy.
         return follow_start(&args.name, remote.send(request).await?).await;
     }
-    let response = remote.send(request.timeout(super::QUICK)).await?;
+    // An unload waits for the task in progress, a stop for the service's grace: untimed.
+    let response = remote.send(request).await?;
     let body: Value = response
         .json()
         .await
@@ -64,11 +65,19 @@ pub(crate) async fn control(
 async fn follow_start(name: &str, response: reqwest::Response) -> anyhow::Result<ExitCode> {
     let mut stream = response.bytes_stream();
     let mut buf = Vec::new();
+    // The server says the queue place again while the wait lasts: shown once.
+    let mut queued: Option<GrantEvent> = None;
     while let Some(chunk) = stream.next().await {
         buf.extend_from_slice(&chunk?);
         while let Some(end) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=end).collect();
             let event: GrantEvent = serde_json::from_slice(&line).context("a malformed event")?;
+            if matches!(event, GrantEvent::Queued { .. }) {
+                if queued.as_ref() == Some(&event) {
+                    continue;
+                }
+                queued = Some(event.clone());
+            }
             match event {
                 GrantEvent::Queued {
                     position,

@@ -219,11 +219,19 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
 async fn wait_for_grant(response: reqwest::Response) -> anyhow::Result<u64> {
     let mut stream = response.bytes_stream();
     let mut buf = Vec::new();
+    // The server says the queue place again while the wait lasts: shown once.
+    let mut queued: Option<GrantEvent> = None;
     while let Some(chunk) = stream.next().await {
         buf.extend_from_slice(&chunk?);
         while let Some(end) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=end).collect();
             let event: GrantEvent = serde_json::from_slice(&line).context("a malformed event")?;
+            if matches!(event, GrantEvent::Queued { .. }) {
+                if queued.as_ref() == Some(&event) {
+                    continue;
+                }
+                queued = Some(event.clone());
+            }
             match event {
                 GrantEvent::Queued {
                     position,

@@ -58,12 +58,13 @@ pub(crate) async fn transcribe(
     config: gpuhost::Config,
     args: TranscribeArgs,
 ) -> anyhow::Result<ExitCode> {
-    // A file that is not there is the user's to fix, whichever way the job would run.
+    // A file that is not there is the user's to fix, whichever way the job would run (a pipe,
+    // `/dev/stdin` or `<(…)`, is fine).
     let meta = std::fs::metadata(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     anyhow::ensure!(
-        meta.is_file(),
-        "{} is not a file: give an audio or video file",
+        !meta.is_dir(),
+        "{} is a folder: give an audio or video file",
         args.file.display()
     );
     let mut progress = Progress::new(args.verbose);

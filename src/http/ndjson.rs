@@ -12,7 +12,8 @@ use tokio::sync::mpsc;
 use crate::protocol::{ClientEvent, GrantEvent};
 
 mod beat;
-use beat::{Beat, GrantBeat, JobBeat};
+use beat::JobBeat;
+pub(super) use beat::{Beat, GrantBeat};
 
 /// An event that goes out as one NDJSON line.
 pub(super) trait Event: Sized + Send + 'static {

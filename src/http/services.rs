@@ -79,15 +79,27 @@ pub(super) async fn start(
     let handle = service(&app, &name)?;
     let mut events = handle.start();
     let status = handle.status();
+    let heartbeat = std::time::Duration::from_secs_f64(app.config.http.heartbeat_s);
     let stream = async_stream::stream! {
         if status.state == ServiceState::Healthy {
             handle.touch();
             yield Ok::<_, Infallible>(bytes::Bytes::from(GrantEvent::Healthy { pid: status.pid, seconds: 0.0 }.to_line()));
             return;
         }
+        // A start waiting in the queue says so again after each `heartbeat_s` of silence.
+        use super::ndjson::Beat;
+        let mut beat = super::ndjson::GrantBeat::default();
         loop {
-            match events.recv().await {
+            let Ok(event) = tokio::time::timeout(heartbeat, events.recv()).await else {
+                let again: String = beat.again().iter().map(GrantEvent::to_line).collect();
+                if !again.is_empty() {
+                    yield Ok(bytes::Bytes::from(again));
+                }
+                continue;
+            };
+            match event {
                 Ok(event) => {
+                    beat.saw(&event);
                     let last = event.is_final();
                     yield Ok(bytes::Bytes::from(event.to_line()));
                     if last {

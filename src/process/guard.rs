@@ -269,6 +269,21 @@ fn marked(procfs: &ProcFs, token: &str, me: u32) -> Seen {
         .collect()
 }
 
+/// [`marked`], given up after 2 s: reading a process's environment waits for its memory map,
+/// and one process stuck in the kernel (a GPU driver call) must not hold up the cleanup. The
+/// scan's thread is left behind; the guard's exit ends it.
+fn marked_soon(token: &str, me: u32) -> Seen {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let token = token.to_string();
+    let scan = std::thread::Builder::new().spawn(move || {
+        let _ = tx.send(marked(&ProcFs::new("/proc"), &token, me));
+    });
+    match scan {
+        Ok(_) => rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default(),
+        Err(_) => Seen::new(),
+    }
+}
+
 /// SIGTERM to every group, and to every process of every tree, of the last look below the host
 /// and with the host's `token` in its environment's mark (with all below them now), up to a second for
 /// them to go, then SIGKILL to what is left (read again: a process that died meanwhile left its
@@ -312,7 +327,12 @@ fn stop(registered: &Registered, seen: &Seen, token: &str) {
             }
         }
     };
-    let first = targets(&marked(&procfs, token, me));
+    // The registered groups first: nothing below (a scan of /proc) may hold them up.
+    for &g in &registered.groups {
+        // SAFETY: signals a process group; one that is gone yields ESRCH.
+        unsafe { libc::killpg(g, libc::SIGTERM) };
+    }
+    let first = targets(&marked_soon(token, me));
     signal(&first, libc::SIGTERM);
     // SAFETY: signal 0 only checks that a group exists.
     let group_alive = |g: libc::pid_t| unsafe { libc::killpg(g, 0) } == 0;
@@ -324,7 +344,7 @@ fn stop(registered: &Registered, seen: &Seen, token: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut last = first;
-    last.extend(marked(&procfs, token, me));
+    last.extend(marked_soon(token, me));
     signal(&targets(&last), libc::SIGKILL);
 }
 

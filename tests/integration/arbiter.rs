@@ -593,6 +593,64 @@ async fn a_health_url_that_never_answers_fails_the_start_at_its_timeout() {
     host.stop().await;
 }
 
+#[tokio::test]
+async fn a_start_waiting_behind_a_lease_says_so_again_while_it_waits() {
+    // Heartbeats every 0.2 s: the start's stream repeats its queue place until the lease goes.
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(
+        &gpu,
+        &format!(
+            "[http]\nheartbeat_s = 0.2\n{}",
+            service(&gpu, "llm", "--load-s 0.1 --mib 6000", "")
+        ),
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = grant_events(
+        host.post("/gpu/lease")
+            .json(&json!({"holder": "alice", "wait": true, "ttl_s": 60}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
+        panic!("{events:?}")
+    };
+    let response = host.post("/services/llm/start").send().await.unwrap();
+    let mut stream = response.bytes_stream();
+    let mut text = String::new();
+    while text.matches("\"queued\"").count() < 3 {
+        let chunk = tokio::time::timeout(
+            Duration::from_secs(15),
+            futures_util::StreamExt::next(&mut stream),
+        )
+        .await
+        .expect("a heartbeat within 15 s")
+        .unwrap()
+        .unwrap();
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let released = host
+        .client()
+        .delete(format!("{}/gpu/lease/{lease_id}", host.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 200);
+    while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
+        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    let events: Vec<GrantEvent> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect(l))
+        .collect();
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
+        "{events:?}"
+    );
+    host.stop().await;
+}
+
 async fn leases(host: &TestHost) -> Vec<Value> {
     host.get_json("/gpu/leases").await["leases"]
         .as_array()

@@ -187,6 +187,28 @@ async fn transcribe_through_a_server() {
     assert!(result["stages"].get("a").is_none());
     assert_eq!(result["stages"]["b"]["worker"], "b");
 
+    // From a pipe, as `cat x.mp3 | gpuhost transcribe --server … /dev/stdin` sends it.
+    let url = host.url.clone();
+    let piped = tokio::task::spawn_blocking(move || {
+        gpuhost()
+            .args([
+                "transcribe",
+                "--server",
+                &url,
+                "--token",
+                "tok",
+                "--format",
+                "json",
+            ])
+            .arg("/dev/stdin")
+            .stdin(std::fs::File::open(fixture("audio/tone.mp3")).unwrap())
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(json_stdout(&piped)["stages"]["b"]["worker"], "b");
+
     let url = host.url.clone();
     let denied = tokio::task::spawn_blocking(move || {
         gpuhost()
@@ -335,7 +357,7 @@ fn a_missing_input_or_an_https_server_is_said_plainly() {
         ),
         (
             vec!["transcribe".to_string(), dir.path().display().to_string()],
-            format!("gpuhost: {} is not a file", dir.path().display()),
+            format!("gpuhost: {} is a folder", dir.path().display()),
         ),
         (
             vec![

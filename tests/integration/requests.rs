@@ -152,6 +152,7 @@ async fn the_openai_form_refuses_what_it_would_otherwise_drop() {
         .text("model", "whisper-1")
         .text("temperature", "0")
         .text("stream", "false")
+        .text("chunking_strategy[type]", "server_vad")
         .text("num_speakers", "2")
         .text("language", "English")
         .text("response_format", "verbose_json");

@@ -94,8 +94,10 @@ pub(super) async fn read_form(
                     )))
                 }
             },
-            // Accepted and ignored, as clients send them: the server's pipeline decides.
+            // Accepted and ignored, as clients send them: the server's pipeline decides. The
+            // official client sends an object as `chunking_strategy[type]` and so on.
             "model" | "chunking_strategy" | "include[]" | "include" => {}
+            other if other.starts_with("chunking_strategy[") => {}
             other => {
                 return Err(ApiError::bad_request(format!(
                     "unknown form field `{}`; this endpoint reads {FIELDS}",
