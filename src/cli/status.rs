@@ -29,6 +29,11 @@ pub(crate) async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow
         .json()
         .await
         .context("the server's answer is not JSON")?;
+    anyhow::ensure!(
+        body.get("decision").is_some(),
+        "the answer has no `decision`: is {} a gpuhost?",
+        remote.base
+    );
     if args.json {
         println!("{}", serde_json::to_string_pretty(&body)?);
     } else {
