@@ -42,8 +42,9 @@ pub(crate) fn shown(text: &str) -> String {
 pub(crate) struct Remote {
     pub(crate) base: reqwest::Url,
     token: Option<String>,
-    /// Connects within 10 s; short requests add [`QUICK`]. Nothing else is timed: a job, an
-    /// unload behind a long task, a service that loads for many minutes take what they take.
+    /// Connects within 10 s, with TCP keep-alive; short requests add [`QUICK`]. Nothing else is
+    /// timed: a job, an unload behind a long task, a service that loads for many minutes take
+    /// what they take.
     pub(crate) client: reqwest::Client,
 }
 
@@ -75,6 +76,8 @@ impl Remote {
         }
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs(10))
+            // A server machine that is gone (powered off, unplugged) ends a long stream too.
+            .tcp_keepalive(std::time::Duration::from_secs(30))
             .build()
             .context("cannot set up an HTTP client")?;
         Ok(Remote {
