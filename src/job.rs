@@ -10,13 +10,15 @@ use tokio::sync::mpsc;
 
 use crate::audio::{self, AudioError, AudioInfo, Source};
 use crate::pipeline::JobOptions;
-use crate::protocol::{ClientEvent, OptionsError};
+use crate::protocol::ClientEvent;
 use crate::AppState;
 
 mod fields;
 mod folders;
+mod request;
 
 pub use folders::{job_dir, job_dir_for, redact, sweep_stale, temp_dir_usable};
+pub use request::{accept_options, options_for_stages_run, select_stages};
 
 /// A request that passed every check and waits for the GPU. Dropping it removes its folder.
 pub struct PreparedJob {
@@ -119,50 +121,6 @@ impl PreparedJob {
     }
 }
 
-/// Stages that work on another's result (the aligner aligns the ASR's words): asked for without
-/// it, when the pipeline has it, the request is refused before it waits in the queue.
-const WORKS_ON: &[(&str, &str)] = &[("aligner", "asr")];
-
-/// The stages a request runs, in pipeline order: all of them when `requested` is absent or
-/// blank, else the named ones (comma-separated), each known, at least one, and none without
-/// the stage whose result it works on.
-pub fn select_stages(pipeline: &[String], requested: Option<&str>) -> Result<Vec<String>, String> {
-    let Some(requested) = requested.filter(|s| !s.trim().is_empty()) else {
-        return Ok(pipeline.to_vec());
-    };
-    let wanted: Vec<&str> = requested
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect();
-    if let Some(unknown) = wanted.iter().find(|w| !pipeline.iter().any(|p| p == *w)) {
-        return Err(format!(
-            "unknown stage `{unknown}`; this server's pipeline is: {}",
-            pipeline.join(", ")
-        ));
-    }
-    if wanted.is_empty() {
-        return Err(format!(
-            "`stages` names no stage; name some of {} (comma-separated), or leave it out for all",
-            pipeline.join(", ")
-        ));
-    }
-    let in_pipeline = |s: &str| pipeline.iter().any(|p| p == s);
-    for (stage, input) in WORKS_ON {
-        if wanted.contains(stage) && !wanted.contains(input) && in_pipeline(input) {
-            return Err(format!(
-                "the `{stage}` stage works on the `{input}` stage's result: ask for both \
-                 (stages={input},{stage})"
-            ));
-        }
-    }
-    Ok(pipeline
-        .iter()
-        .filter(|p| wanted.contains(&p.as_str()))
-        .cloned()
-        .collect())
-}
-
 /// Spawns the job: it waits in the queue, runs, and sends events until its final one. The
 /// receiver dropping (client gone) makes it leave the queue, or skip the stages not yet started.
 /// `Err` when `limits.max_queue` requests wait already.
@@ -246,84 +204,6 @@ async fn run_job(
     drop(job); // removes the job folder
 }
 
-/// The request options as every door (HTTP query, OpenAI form, Wyoming) accepts them:
-/// [`JobOptions::validated`], then a `language` refused when a stage's loaded model does not
-/// know it (its `ready` said which it does) — so a request is never silently answered in English,
-/// and is refused before it waits in the queue. A worker not loaded yet is not checked here; its
-/// engine refuses the job itself.
-pub fn accept_options(
-    app: &AppState,
-    options: JobOptions,
-    stages: &[String],
-) -> Result<JobOptions, OptionsError> {
-    let options = options.validated(app.config.limits.max_field_bytes)?;
-    options_for_stages_run(&options, &app.config.pipeline.stages, stages)?;
-    // Already the bare lowercase code (`validated`).
-    let language = options.language.as_deref();
-    for stage in stages {
-        let Some(loaded) = app.supervisor.get(stage).and_then(|w| w.status().loaded) else {
-            continue;
-        };
-        // The stage that says which languages it knows is the ASR.
-        let Some(known) = &loaded.languages else {
-            continue;
-        };
-        let model = || loaded.model.clone().unwrap_or_else(|| "its model".into());
-        if options.translate && !loaded.translate {
-            return Err(OptionsError::CannotTranslate {
-                stage: stage.clone(),
-                model: model(),
-            });
-        }
-        if let Some(language) = language {
-            if !known
-                .iter()
-                .any(|k| k == "*" || k.eq_ignore_ascii_case(language))
-            {
-                return Err(OptionsError::UnsupportedLanguage {
-                    language: language.to_string(),
-                    stage: stage.clone(),
-                    model: model(),
-                    known: known.clone(),
-                });
-            }
-        }
-    }
-    Ok(options)
-}
-
-/// Options for a stage of the pipeline that the request leaves out are refused, not dropped
-/// (`num_speakers` with `stages=asr` would otherwise be silently ignored).
-pub fn options_for_stages_run(
-    options: &JobOptions,
-    pipeline: &[String],
-    stages: &[String],
-) -> Result<(), OptionsError> {
-    let left_out =
-        |stage: &str| pipeline.iter().any(|p| p == stage) && !stages.iter().any(|s| s == stage);
-    let for_asr = [
-        ("language", options.language.is_some()),
-        ("prompt", options.prompt.is_some()),
-        ("translate", options.translate),
-    ];
-    let for_diarizer = [
-        ("num_speakers", options.num_speakers.is_some()),
-        ("min_speakers", options.min_speakers.is_some()),
-        ("max_speakers", options.max_speakers.is_some()),
-    ];
-    for (stage, given) in [("asr", &for_asr), ("diarizer", &for_diarizer)] {
-        if let Some((option, _)) = given.iter().find(|(_, set)| *set) {
-            if left_out(stage) {
-                return Err(OptionsError::StageNotRun {
-                    option,
-                    stage: stage.to_string(),
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The final result of a job: the merged transcript when the pipeline has an ASR stage (the
 /// raw stage results otherwise), plus timings and what the host knows of the audio.
 pub fn finish_result(mut result: Value, job: &PreparedJob) -> Value {
@@ -343,38 +223,4 @@ pub fn finish_result(mut result: Value, job: &PreparedJob) -> Value {
         "source_channels": job.info.source_channels,
     });
     result
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stages_keep_pipeline_order() {
-        let p: Vec<String> = ["diarizer", "asr", "aligner"].map(String::from).to_vec();
-        assert_eq!(
-            select_stages(&p, Some("aligner,asr")).unwrap(),
-            ["asr", "aligner"]
-        );
-        assert_eq!(select_stages(&p, None).unwrap(), p);
-        let err = select_stages(&p, Some("asr,ocr")).unwrap_err();
-        assert!(err.contains("`ocr`"));
-        assert_eq!(
-            select_stages(&p, Some(" ")).unwrap(),
-            p,
-            "blank is not given"
-        );
-        for none in [",", " , ", ",,"] {
-            assert!(select_stages(&p, Some(none))
-                .unwrap_err()
-                .contains("names no stage"));
-        }
-        for alone in ["aligner", "diarizer,aligner"] {
-            let err = select_stages(&p, Some(alone)).unwrap_err();
-            assert!(err.contains("stages=asr,aligner"), "{err}");
-        }
-        // A pipeline without an asr stage has nothing to refuse for.
-        let custom: Vec<String> = ["aligner"].map(String::from).to_vec();
-        assert_eq!(select_stages(&custom, Some("aligner")).unwrap(), custom);
-    }
 }
