@@ -17,7 +17,7 @@
 //! Every child also carries a mark in its environment, `GPUHOST_GUARD=<host pid>-<nanos>`, which
 //! its own children inherit: when the host dies the guard stops, besides the above, every process
 //! whose environment holds this host's mark (a gpuhost started by another keeps the outer mark
-//! too, space-separated). That catches a daemon (`setsid`) made in the second
+//! too, space-separated; `guard/mark.rs`). That catches a daemon (`setsid`) made in the second
 //! before the host died, after the guard's last look (the way Jenkins finds a build's strays).
 //!
 //! The write end and the mark live in process-wide cells: like the pid, the guard belongs to the
@@ -30,17 +30,12 @@ use std::time::{Duration, Instant};
 
 use crate::gpu::procfs::ProcFs;
 
+mod mark;
+pub(super) use mark::mark;
+use mark::marked_soon;
+pub use mark::MARK_VAR;
+
 static GUARD: OnceLock<OwnedFd> = OnceLock::new();
-
-/// The environment variable that marks this host's children, and this host's value of it.
-pub const MARK_VAR: &str = "GPUHOST_GUARD";
-static MARK: OnceLock<String> = OnceLock::new();
-
-/// This host's mark for its children's environment, once a guard runs (else `None`: no guard
-/// would look for it).
-pub(super) fn mark() -> Option<&'static str> {
-    MARK.get().map(String::as_str)
-}
 
 /// Forks the guard. Call it from `main` while the process has a single thread (before the async
 /// runtime starts): the forked child then runs ordinary code safely.
@@ -52,17 +47,7 @@ pub fn install() -> io::Result<()> {
     }
     let (read_end, write_end) = (fds[0], fds[1]);
     let host = std::process::id();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    // The pid and the moment: no other host, before or after, has the same.
-    let token = format!("{host}-{nanos}");
-    // A host started by another gpuhost keeps that one's mark beside its own: both guards then
-    // find what this host starts.
-    let mark = match std::env::var(MARK_VAR) {
-        Ok(outer) if !outer.trim().is_empty() => format!("{} {token}", outer.trim()),
-        _ => token.clone(),
-    };
+    let (token, mark) = mark::new(host);
     // SAFETY: the caller guarantees a single-threaded process, so the child may run any code.
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
@@ -73,7 +58,7 @@ pub fn install() -> io::Result<()> {
         }
         guard => {
             super::adopted::record(guard as u32);
-            let _ = MARK.set(mark);
+            mark::set(mark);
             // SAFETY: the read end belongs to the guard now; the write end is ours alone.
             unsafe { libc::close(read_end) };
             let _ = GUARD.set(unsafe { OwnedFd::from_raw_fd(write_end) });
@@ -249,38 +234,6 @@ fn apply(registered: &mut Registered, line: &[u8]) {
         b'>' => trees.push(id),
         b'<' => trees.retain(|&t| t != id),
         _ => {}
-    }
-}
-
-/// Every process whose environment's mark holds `token`, but `me`, with its start time.
-fn marked(procfs: &ProcFs, token: &str, me: u32) -> Seen {
-    let has_token = |value: &[u8]| value.split(|&b| b == b' ').any(|t| t == token.as_bytes());
-    procfs
-        .pids()
-        .into_iter()
-        .filter(|&p| {
-            p != me
-                && p > 1
-                && procfs
-                    .environ_value(p, MARK_VAR)
-                    .is_some_and(|v| has_token(&v))
-        })
-        .filter_map(|p| Some((p, procfs.start_time(p)?)))
-        .collect()
-}
-
-/// [`marked`], given up after 2 s: reading a process's environment waits for its memory map,
-/// and one process stuck in the kernel (a GPU driver call) must not hold up the cleanup. The
-/// scan's thread is left behind; the guard's exit ends it.
-fn marked_soon(token: &str, me: u32) -> Seen {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let token = token.to_string();
-    let scan = std::thread::Builder::new().spawn(move || {
-        let _ = tx.send(marked(&ProcFs::new("/proc"), &token, me));
-    });
-    match scan {
-        Ok(_) => rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default(),
-        Err(_) => Seen::new(),
     }
 }
 
