@@ -28,6 +28,13 @@ pub enum SetupError {
     },
     #[error("worker `{worker}`: {problem}; run `gpuhost setup {worker}`")]
     Stale { worker: String, problem: String },
+    #[error(
+        "worker `{worker}` has no `command`, so it is the package at {}, which has no \
+         pyproject.toml: run gpuhost from the checkout, set `workers_dir` in the config, or give \
+         [workers.{worker}] a `command`",
+        home.display()
+    )]
+    NoPackage { worker: String, home: PathBuf },
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -76,8 +83,15 @@ impl Package {
             .get(name)
             .ok_or_else(|| SetupError::UnknownWorker(name.into()))?;
         let home = config.worker_home(name);
-        if !w.command.is_empty() || !home.join("pyproject.toml").is_file() {
+        if !w.command.is_empty() {
             return Ok(None);
+        }
+        if !home.join("pyproject.toml").is_file() {
+            // A packaged worker (no `command`) whose package is not where `workers_dir` says.
+            return Err(SetupError::NoPackage {
+                worker: name.into(),
+                home: std::path::absolute(&home).unwrap_or(home),
+            });
         }
         let module = w
             .module
@@ -144,11 +158,27 @@ impl Package {
         Ok(out.stdout)
     }
 
-    /// Imports the SDK, the worker module and what it declares in `REQUIRES` inside the venv.
+    /// Imports the SDK, the worker module and what it declares in `REQUIRES` inside the venv:
+    /// each from a file (a package whose `__init__.py` is gone imports as an empty namespace),
+    /// and the SDK and the worker from this checkout (a venv copied from another one runs that
+    /// one's code).
     async fn self_test(&self) -> Result<(), SetupError> {
         let code = format!(
-            "import importlib, gpuhost_worker, {m}\nfor name in getattr({m}, 'REQUIRES', []): importlib.import_module(name)",
-            m = self.module
+            r#"import importlib, os, sys, gpuhost_worker, {m}
+def check(mod, home=None):
+    f = getattr(mod, "__file__", None)
+    if f is None:
+        sys.exit(f"{{mod.__name__}} imports from no file: its install is broken")
+    if home and not os.path.realpath(f).startswith(os.path.realpath(home) + os.sep):
+        sys.exit(f"{{mod.__name__}} is imported from {{f}}, not from {{home}}: the venv was made for another checkout")
+check(gpuhost_worker, {sdk:?})
+check({m}, {home:?})
+for name in getattr({m}, "REQUIRES", []):
+    check(importlib.import_module(name))
+"#,
+            m = self.module,
+            sdk = self.sdk.display().to_string(),
+            home = self.home.display().to_string(),
         );
         self.run_python("import self-test", code, Duration::from_secs(120))
             .await
@@ -200,13 +230,23 @@ pub async fn setup(
             done.push((name, Outcome::NotManaged));
             continue;
         };
-        if !force
-            && pkg.state().is_some_and(|s| s.inputs == pkg.inputs())
-            && pkg.self_test().await.is_ok()
-        {
+        let current = pkg.state().is_some_and(|s| s.inputs == pkg.inputs());
+        let sound = pkg.self_test().await.is_ok();
+        if !force && current && sound {
             say(&format!("[{name}] up to date"));
             done.push((name, Outcome::UpToDate));
             continue;
+        }
+        // Forced, or broken: built again from nothing (pip leaves what it takes for installed
+        // alone, and a venv whose interpreter link dangles cannot be made over). Only stale
+        // (the package's or the SDK's pyproject.toml changed): refreshed where it is.
+        if (force || !sound) && pkg.venv().exists() {
+            say(&format!(
+                "[{name}] removing {} to build it again",
+                pkg.venv().display()
+            ));
+            std::fs::remove_dir_all(pkg.venv())
+                .map_err(|e| pkg.step_error("remove the old venv", e.to_string()))?;
         }
         let started = Instant::now();
         build(config, &pkg, say).await?;

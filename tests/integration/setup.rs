@@ -125,4 +125,51 @@ async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
         log.contains("prepare models") && log.contains("does not match its pinned sha256"),
         "{log}"
     );
+
+    // A venv whose interpreter link dangles (the Python it was made from was uninstalled):
+    // `gpuhost setup` builds it again from nothing (venv creation over it failed every time).
+    let fixed = gpuhost(&root, &["setup"]);
+    assert!(
+        fixed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fixed.stderr)
+    );
+    let bin = root.join("workers/tiny/.venv/bin");
+    for name in ["python", "python3"] {
+        let _ = std::fs::remove_file(bin.join(name));
+        std::os::unix::fs::symlink("/nonexistent/python3", bin.join(name)).unwrap();
+    }
+    let refused = gpuhost(&root, &["serve"]);
+    let log = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && log.contains("broken"), "{log}");
+    let rebuilt = gpuhost(&root, &["setup"]);
+    let log = String::from_utf8_lossy(&rebuilt.stderr);
+    assert!(rebuilt.status.success(), "{log}");
+    assert!(
+        log.contains("removing") && log.contains("[tiny] ready in"),
+        "{log}"
+    );
+    let again = gpuhost(&root, &["setup"]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("[tiny] up to date"));
+
+    // A packaged worker whose package is not where `workers_dir` points (gpuhost run from
+    // elsewhere) is an error that says where it looked, not a worker that crash-loops.
+    std::fs::write(
+        root.join("elsewhere.toml"),
+        "listen = \"127.0.0.1:0\"\nworkers_dir = \"nowhere\"\n[pipeline]\nstages = [\"tiny\"]\n[workers.tiny]\n",
+    )
+    .unwrap();
+    for command in ["setup", "serve"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+            .args([command, "--config"])
+            .arg(root.join("elsewhere.toml"))
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command}: {log}");
+        assert!(
+            log.contains("nowhere/tiny") && log.contains("no pyproject.toml"),
+            "{command}: {log}"
+        );
+    }
 }
