@@ -144,16 +144,18 @@ impl Package {
             .await
             .map_err(|e| self.step_error(step, e.to_string()))?;
         if !out.status.success() {
+            // pip says what went wrong first and how it unwound last: both are kept.
             let stderr = String::from_utf8_lossy(&out.stderr);
-            let tail: Vec<&str> = stderr
-                .lines()
-                .rev()
-                .take(12)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
-            return Err(self.step_error(step, tail.join("\n")));
+            let lines: Vec<&str> = stderr.lines().collect();
+            let shown = if lines.len() > 20 {
+                let skipped = format!("… ({} lines)", lines.len() - 17);
+                [&lines[..5], &[skipped.as_str()], &lines[lines.len() - 12..]]
+                    .concat()
+                    .join("\n")
+            } else {
+                lines.join("\n")
+            };
+            return Err(self.step_error(step, shown));
         }
         Ok(out.stdout)
     }
