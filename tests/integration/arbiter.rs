@@ -177,21 +177,15 @@ async fn a_lease_makes_room_and_residents_come_back_after_it() {
         .ready()
         .await;
     let old_pid = host.worker("w").await["pid"].as_u64().unwrap();
-    let events = grant_events(
-        host.post("/gpu/lease")
-            .json(&json!({"holder": "alice", "purpose": "training", "wait": true, "ttl_s": 30}))
-            .send()
-            .await
-            .unwrap(),
+    let (lease_id, events) = granted_lease(
+        &host,
+        json!({"holder": "alice", "purpose": "training", "wait": true, "ttl_s": 30}),
     )
     .await;
     assert!(
         events.iter().any(|e| matches!(e, GrantEvent::MakingRoom { action, target } if action == "unload" && target == "worker w")),
         "{events:?}"
     );
-    let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
-        panic!("{events:?}")
-    };
     assert_eq!(host.worker("w").await["state"], "unloaded");
     let s = status(&host).await;
     assert_eq!(s["decision"], "busy");
@@ -207,13 +201,7 @@ async fn a_lease_makes_room_and_residents_come_back_after_it() {
         .await
         .unwrap();
     assert_eq!(renewed.status(), 200);
-    let released = host
-        .client()
-        .delete(format!("{}/gpu/lease/{lease_id}", host.url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(released.status(), 200);
+    assert_eq!(release(&host, lease_id).await, 200);
     let handle = host.state.supervisor.get("w").unwrap();
     tokio::time::timeout(
         Duration::from_secs(15),
@@ -222,13 +210,7 @@ async fn a_lease_makes_room_and_residents_come_back_after_it() {
     .await
     .expect("the worker reloads after the lease");
     assert_ne!(host.worker("w").await["pid"].as_u64().unwrap(), old_pid);
-    let gone = host
-        .client()
-        .delete(format!("{}/gpu/lease/{lease_id}", host.url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(gone.status(), 404);
+    assert_eq!(release(&host, lease_id).await, 404);
     host.stop().await;
 }
 
@@ -605,17 +587,8 @@ async fn a_start_waiting_behind_a_lease_says_so_again_while_it_waits() {
         ),
     );
     let host = TestHost::start(&config).await.ready().await;
-    let events = grant_events(
-        host.post("/gpu/lease")
-            .json(&json!({"holder": "alice", "wait": true, "ttl_s": 60}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
-        panic!("{events:?}")
-    };
+    let (lease_id, _) =
+        granted_lease(&host, json!({"holder": "alice", "wait": true, "ttl_s": 60})).await;
     let response = host.post("/services/llm/start").send().await.unwrap();
     let mut stream = response.bytes_stream();
     let mut text = String::new();
@@ -630,13 +603,7 @@ async fn a_start_waiting_behind_a_lease_says_so_again_while_it_waits() {
         .unwrap();
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
-    let released = host
-        .client()
-        .delete(format!("{}/gpu/lease/{lease_id}", host.url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(released.status(), 200);
+    assert_eq!(release(&host, lease_id).await, 200);
     while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
         text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
     }
@@ -649,6 +616,26 @@ async fn a_start_waiting_behind_a_lease_says_so_again_while_it_waits() {
         "{events:?}"
     );
     host.stop().await;
+}
+
+/// Takes a lease with `wait` (the request's JSON body) and returns its id once granted.
+async fn granted_lease(host: &TestHost, body: Value) -> (u64, Vec<GrantEvent>) {
+    let events = grant_events(host.post("/gpu/lease").json(&body).send().await.unwrap()).await;
+    let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
+        panic!("{events:?}")
+    };
+    (lease_id, events)
+}
+
+/// Releases lease `id`; the answer's status.
+async fn release(host: &TestHost, id: u64) -> u16 {
+    host.client()
+        .delete(format!("{}/gpu/lease/{id}", host.url))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
 }
 
 async fn leases(host: &TestHost) -> Vec<Value> {
