@@ -33,9 +33,10 @@ pub struct App {
     /// Uploads decoded at once (one per CPU): a few small compressed files can expand to hours
     /// of audio, and each decode holds a blocking thread and a core. The rest wait their turn.
     pub decodes: tokio::sync::Semaphore,
-    /// Cancelled once the host begins to shut down: work that has not reached the queue yet
-    /// (an upload waiting for or in its decode) ends then with `shutting_down` instead of
-    /// running out the connections' grace and being cut off without an answer.
+    /// Cancelled once the host begins to shut down, its one stop signal: the HTTP and Wyoming
+    /// listeners stop accepting, and work that has not reached the queue yet (an upload waiting
+    /// for or in its decode) ends with `shutting_down` instead of running out the connections'
+    /// grace and being cut off without an answer.
     pub stopping: tokio_util::sync::CancellationToken,
 }
 

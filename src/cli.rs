@@ -48,6 +48,16 @@ pub(crate) struct Remote {
     pub(crate) client: reqwest::Client,
 }
 
+/// Whether `event` is the queue place last shown, said again by the server while the wait
+/// lasts (a heartbeat): shown once. Notes a new place in `last`.
+pub(crate) fn said_again<E: Clone + PartialEq>(last: &mut Option<E>, event: &E) -> bool {
+    if last.as_ref() == Some(event) {
+        return true;
+    }
+    *last = Some(event.clone());
+    false
+}
+
 /// How long a request that only reads state (status, the list of voices) may take in all.
 pub(crate) const QUICK: std::time::Duration = std::time::Duration::from_secs(60);
 

@@ -106,16 +106,12 @@ impl Server {
             state,
         } = self;
         tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "gpuhost listening");
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        // `state.stopping` is the one stop signal: the listeners, the decodes and the jobs.
         let wyoming = wyoming.map(|listener| {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(%addr, "wyoming speech-to-text listening");
             }
-            tokio::spawn(wyoming::serve(
-                listener,
-                Arc::clone(&state),
-                stop_rx.clone(),
-            ))
+            tokio::spawn(wyoming::serve(listener, Arc::clone(&state)))
         });
         // Orphans adopted as subreaper (`gpuhost serve` only) are killed as they appear.
         let sweeper = process::adopted::is_subreaper().then(|| {
@@ -129,7 +125,6 @@ impl Server {
         let stopper = tokio::spawn(async move {
             shutdown.await;
             tracing::info!("shutting down: stopping workers");
-            let _ = stop_tx.send(true);
             stopping.cancel();
             arbiter.stop().await;
             supervisor.stop_all().await;
@@ -138,11 +133,11 @@ impl Server {
             listener,
             app(Arc::clone(&state)),
             &state.config.http,
-            stop_rx.clone(),
+            state.stopping.clone(),
         )
         .await;
         // Whether serving ended by shutdown or by an error, no worker may outlive us.
-        if !*stop_rx.borrow() {
+        if !state.stopping.is_cancelled() {
             stopper.abort();
         }
         let _ = stopper.await;

@@ -15,19 +15,20 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::HttpConfig;
 use crate::http::SpareConnection;
 
-/// Serves `router` on `listener` until `stop` turns true; then open connections get
+/// Serves `router` on `listener` until `stop` is cancelled; then open connections get
 /// `shutdown_grace_s` to finish before they are dropped.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     config: &HttpConfig,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) -> std::io::Result<()> {
     // HTTP/1.1 only: every client of this API speaks it, and hyper's header timeout then covers
     // a connection from its first byte, idle keep-alive included.
@@ -52,7 +53,7 @@ pub async fn serve(
             biased;
             permit = Arc::clone(&slots).acquire_owned() => Slot::Full { _permit: permit.expect("the semaphore is never closed") },
             permit = Arc::clone(&spare).acquire_owned() => Slot::Spare { _permit: permit.expect("the semaphore is never closed") },
-            _ = stopped(&mut stop) => break,
+            _ = stop.cancelled() => break,
         };
         let (tcp, _peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -64,7 +65,7 @@ pub async fn serve(
                     continue;
                 }
             },
-            _ = stopped(&mut stop) => break,
+            _ = stop.cancelled() => break,
         };
         // Events are small writes: without TCP_NODELAY, Nagle + delayed ACK add ~40 ms to each.
         if let Err(e) = tcp.set_nodelay(true) {
@@ -127,11 +128,6 @@ enum Slot {
     Full { _permit: OwnedSemaphorePermit },
     /// One of [`PROBE_SLOTS`]: the probes, and a 503 for the rest.
     Spare { _permit: OwnedSemaphorePermit },
-}
-
-/// Resolves once `stop` turns true (the `Ref` of `wait_for` is not `Send`, so it ends here).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stopping| *stopping).await;
 }
 
 /// Raises the soft open-file limit to the hard one: every connection, pipe and job file is a

@@ -233,8 +233,9 @@ pub async fn setup(
             continue;
         };
         let current = pkg.state().is_some_and(|s| s.inputs == pkg.inputs());
-        let sound = pkg.self_test().await.is_ok();
-        if !force && current && sound {
+        // Forced: rebuilt whatever the venv holds, so not tested first.
+        let sound = !force && pkg.self_test().await.is_ok();
+        if current && sound {
             say(&format!("[{name}] up to date"));
             done.push((name, Outcome::UpToDate));
             continue;
@@ -242,7 +243,7 @@ pub async fn setup(
         // Forced, or broken: built again from nothing (pip leaves what it takes for installed
         // alone, and a venv whose interpreter link dangles cannot be made over). Only stale
         // (the package's or the SDK's pyproject.toml changed): refreshed where it is.
-        if (force || !sound) && pkg.venv().exists() {
+        if !sound && pkg.venv().exists() {
             say(&format!(
                 "[{name}] removing {} to build it again",
                 pkg.venv().display()

@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::io::BufReader;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::job;
 use crate::AppState;
@@ -25,8 +25,9 @@ use event::{read_event, write_event, Event, FrameError};
 /// How long a connection may sit between requests before it is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Accepts connections until `stop` turns true; open connections are dropped with it.
-pub async fn serve(listener: TcpListener, app: AppState, mut stop: watch::Receiver<bool>) {
+/// Accepts connections until the host stops (`App::stopping`); open connections are dropped
+/// with it.
+pub async fn serve(listener: TcpListener, app: AppState) {
     let slots = Arc::new(Semaphore::new(app.config.http.max_connections.max(1)));
     let mut connections = tokio::task::JoinSet::new();
     let mut backoff = false;
@@ -35,11 +36,10 @@ pub async fn serve(listener: TcpListener, app: AppState, mut stop: watch::Receiv
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         tokio::select! {
-            _ = stop.wait_for(|stopped| *stopped) => break,
+            _ = app.stopping.cancelled() => break,
             accepted = listener.accept() => {
                 let Ok((stream, peer)) = accepted else {
-                    // Out of file descriptors, most likely: give it a moment (after the
-                    // select, which holds `stop`'s guard), do not spin.
+                    // Out of file descriptors, most likely: give it a moment, do not spin.
                     backoff = true;
                     continue;
                 };

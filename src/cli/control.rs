@@ -72,11 +72,9 @@ async fn follow_start(name: &str, response: reqwest::Response) -> anyhow::Result
         while let Some(end) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=end).collect();
             let event: GrantEvent = serde_json::from_slice(&line).context("a malformed event")?;
-            if matches!(event, GrantEvent::Queued { .. }) {
-                if queued.as_ref() == Some(&event) {
-                    continue;
-                }
-                queued = Some(event.clone());
+            if matches!(event, GrantEvent::Queued { .. }) && super::said_again(&mut queued, &event)
+            {
+                continue;
             }
             match event {
                 GrantEvent::Queued {

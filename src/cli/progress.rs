@@ -35,12 +35,11 @@ impl Progress {
 
     pub(crate) fn show(&mut self, event: &ClientEvent) {
         match event {
-            ClientEvent::Queued { .. } if self.queued.as_ref() == Some(event) => {}
+            ClientEvent::Queued { .. } if super::said_again(&mut self.queued, event) => {}
             ClientEvent::Queued {
                 position,
                 waiting_for,
             } => {
-                self.queued = Some(event.clone());
                 let why = waiting_for
                     .as_deref()
                     .map(|w| format!(" (the GPU is held by {w})"))

@@ -80,15 +80,7 @@ impl ServiceConfig {
         if self.command.first().map_or(true, |p| p.is_empty()) {
             return Err(format!("{at}: command is empty"));
         }
-        if let Some(bad) = self
-            .command
-            .iter()
-            .chain(self.env.keys())
-            .chain(self.env.values())
-            .find(|s| s.contains('\0'))
-        {
-            return Err(format!("{at}: {bad:?} holds a NUL byte"));
-        }
+        super::validate::launchable(&self.command, &self.env).map_err(|e| format!("{at}: {e}"))?;
         match reqwest::Url::parse(&self.health_url) {
             Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
             Ok(_) => {

@@ -21,6 +21,28 @@ pub(super) fn plain_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
+/// A `command` and `env` a process can be started with: the program not empty, no NUL byte
+/// anywhere (exec refuses them: the child would fail at every start), env names non-empty and
+/// without `=`. An empty `command` passes (a worker's default; a service checks its own).
+pub(super) fn launchable(
+    command: &[String],
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<(), String> {
+    if command.first().is_some_and(|p| p.is_empty()) {
+        return Err("command starts with an empty program".into());
+    }
+    let texts = command.iter().chain(env.keys()).chain(env.values());
+    if let Some(bad) = texts.into_iter().find(|s| s.contains('\0')) {
+        return Err(format!("{bad:?} holds a NUL byte"));
+    }
+    if let Some(key) = env.keys().find(|k| k.is_empty() || k.contains('=')) {
+        return Err(format!(
+            "env has the key {key:?}: a name must be non-empty and hold no `=`"
+        ));
+    }
+    Ok(())
+}
+
 /// Every `(key, value)` of section `at` is a positive, finite number of seconds, at most
 /// `MAX_SECONDS`.
 pub(super) fn positive_seconds(at: &str, fields: &[(&str, f64)]) -> Result<(), String> {

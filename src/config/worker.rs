@@ -72,25 +72,11 @@ impl Default for WorkerConfig {
 impl WorkerConfig {
     /// What the section alone can get wrong.
     pub(super) fn validate(&self) -> Result<(), String> {
-        if self.command.first().is_some_and(|p| p.is_empty()) {
-            return Err(
-                "command starts with an empty program; leave `command` out for the packaged \
-                 worker, or name the program"
-                    .into(),
-            );
-        }
-        let texts = self
-            .command
-            .iter()
-            .chain(self.env.keys())
-            .chain(self.env.values());
-        if let Some(bad) = texts.chain(self.module.iter()).find(|s| s.contains('\0')) {
-            return Err(format!("{bad:?} holds a NUL byte"));
-        }
-        if let Some(key) = self.env.keys().find(|k| k.is_empty() || k.contains('=')) {
-            return Err(format!(
-                "env has the key {key:?}: a name must be non-empty and hold no `=`"
-            ));
+        super::validate::launchable(&self.command, &self.env).map_err(|e| {
+            format!("{e}; leave `command` out for the packaged worker, or name the program")
+        })?;
+        if let Some(module) = self.module.as_ref().filter(|m| m.contains('\0')) {
+            return Err(format!("module {module:?} holds a NUL byte"));
         }
         Ok(())
     }

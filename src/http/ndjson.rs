@@ -12,8 +12,7 @@ use tokio::sync::mpsc;
 use crate::protocol::{ClientEvent, GrantEvent};
 
 mod beat;
-use beat::JobBeat;
-pub(super) use beat::{Beat, GrantBeat};
+use beat::{Beat, GrantBeat, JobBeat};
 
 /// An event that goes out as one NDJSON line.
 pub(super) trait Event: Sized + Send + 'static {

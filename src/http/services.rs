@@ -2,8 +2,6 @@
 //! (NDJSON until `healthy` or `error`; single flight), `/stop`, `/touch`, and
 //! `POST /workers/{name}/unload` / `/load`.
 
-use std::convert::Infallible;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -79,42 +77,36 @@ pub(super) async fn start(
     let handle = service(&app, &name)?;
     let mut events = handle.start();
     let status = handle.status();
-    let heartbeat = std::time::Duration::from_secs_f64(app.config.http.heartbeat_s);
-    let stream = async_stream::stream! {
+    // The service's events, as every NDJSON stream takes them (heartbeats included): a task
+    // passes them on until the final one, or until the client is gone.
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
         if status.state == ServiceState::Healthy {
             handle.touch();
-            yield Ok::<_, Infallible>(bytes::Bytes::from(GrantEvent::Healthy { pid: status.pid, seconds: 0.0 }.to_line()));
+            let healthy = GrantEvent::Healthy {
+                pid: status.pid,
+                seconds: 0.0,
+            };
+            let _ = tx.send(healthy).await;
             return;
         }
-        // A start waiting in the queue says so again after each `heartbeat_s` of silence.
-        use super::ndjson::Beat;
-        let mut beat = super::ndjson::GrantBeat::default();
         loop {
-            let Ok(event) = tokio::time::timeout(heartbeat, events.recv()).await else {
-                let again: String = beat.again().iter().map(GrantEvent::to_line).collect();
-                if !again.is_empty() {
-                    yield Ok(bytes::Bytes::from(again));
-                }
-                continue;
-            };
-            match event {
-                Ok(event) => {
-                    beat.saw(&event);
-                    let last = event.is_final();
-                    yield Ok(bytes::Bytes::from(event.to_line()));
-                    if last {
-                        return;
-                    }
-                }
+            let event = match events.recv().await {
+                Ok(event) => event,
                 Err(RecvError::Lagged(_)) => continue,
-                Err(RecvError::Closed) => {
-                    yield Ok(bytes::Bytes::from(GrantEvent::Error { code: "shutting_down".into(), message: "gpuhost is shutting down".into() }.to_line()));
-                    return;
-                }
+                Err(RecvError::Closed) => GrantEvent::Error {
+                    code: "shutting_down".into(),
+                    message: "gpuhost is shutting down".into(),
+                },
+            };
+            let last = event.is_final();
+            if tx.send(event).await.is_err() || last {
+                return;
             }
         }
-    };
-    Ok(super::ndjson::response(stream))
+    });
+    let heartbeat = std::time::Duration::from_secs_f64(app.config.http.heartbeat_s);
+    Ok(super::ndjson::from_channel(rx, heartbeat))
 }
 
 /// Stops the service (release call, signal → grace → kill, verified teardown) and waits for it.
