@@ -38,6 +38,8 @@ pub struct App {
     /// for or in its decode) ends with `shutting_down` instead of running out the connections'
     /// grace and being cut off without an answer.
     pub stopping: tokio_util::sync::CancellationToken,
+    /// Whether job folders can be made (`/health`, `/ready`), probed at most once a second.
+    pub temp_probe: job::TempProbe,
 }
 
 pub type AppState = Arc<App>;
@@ -100,6 +102,7 @@ impl App {
                 "voices are enrolled, but [speakers] stage is not in the pipeline: nobody will be named after them"
             );
         }
+        let temp_probe = job::TempProbe::new(config.temp_dir());
         Arc::new(App {
             speakers,
             gpu,
@@ -119,6 +122,7 @@ impl App {
                 std::thread::available_parallelism().map_or(2, |n| n.get()),
             ),
             stopping: tokio_util::sync::CancellationToken::new(),
+            temp_probe,
         })
     }
 }

@@ -15,9 +15,11 @@ use crate::AppState;
 
 mod fields;
 mod folders;
+mod probe;
 mod request;
 
 pub use folders::{job_dir, job_dir_for, redact, sweep_stale, temp_dir_usable};
+pub use probe::TempProbe;
 pub use request::{accept_options, options_for_stages_run, select_stages};
 
 /// A request that passed every check and waits for the GPU. Dropping it removes its folder.

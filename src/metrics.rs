@@ -46,11 +46,32 @@ impl Scrape {
 }
 
 fn set(family: &Gauges, labels: Labels, value: f64) {
-    family.get_or_create(&labels).set(value);
+    family.get_or_create(&escaped(labels)).set(value);
 }
 
 fn count(family: &Counters, labels: Labels, value: f64) {
-    family.get_or_create(&labels).inc_by(value);
+    family.get_or_create(&escaped(labels)).inc_by(value);
+}
+
+/// Label values as the text format writes them (`\\`, `\"`, `\n`): `prometheus-client` writes
+/// them as given, and a process name is whatever its owner chose (`x"} 1` broke every scrape,
+/// a newline in a `comm` forged lines).
+fn escaped(labels: Labels) -> Labels {
+    labels
+        .into_iter()
+        .map(|(key, value)| {
+            let mut out = String::with_capacity(value.len());
+            for c in value.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '"' => out.push_str("\\\""),
+                    '\n' => out.push_str("\\n"),
+                    c => out.push(c),
+                }
+            }
+            (key, out)
+        })
+        .collect()
 }
 
 fn flag(on: bool) -> f64 {
@@ -234,4 +255,23 @@ fn serde_name(value: impl serde::Serialize) -> String {
         .ok()
         .and_then(|v| v.as_str().map(String::from))
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_cannot_break_out_of_their_quotes() {
+        let mut scrape = Scrape(Registry::default());
+        let family = scrape.gauges("g", "a gauge");
+        set(&family, vec![("name", "x\"} 1\\\nforged 2".into())], 1.0);
+        let mut text = String::new();
+        encode(&mut text, &scrape.0).unwrap();
+        assert!(
+            text.contains(r#"g{name="x\"} 1\\\nforged 2"} 1.0"#),
+            "{text}"
+        );
+        assert!(!text.lines().any(|l| l.starts_with("forged")), "{text}");
+    }
 }

@@ -35,6 +35,12 @@ pub enum SetupError {
         home.display()
     )]
     NoPackage { worker: String, home: PathBuf },
+    #[error(
+        "worker `{worker}`: the worker SDK is not at {} (no pyproject.toml there): set \
+         [setup] sdk_dir to the checkout's protocol/sdk",
+        sdk.display()
+    )]
+    NoSdk { worker: String, sdk: PathBuf },
 }
 
 #[derive(Debug, Serialize, Deserialize, PartialEq)]
@@ -93,6 +99,14 @@ impl Package {
                 home: std::path::absolute(&home).unwrap_or(home),
             });
         }
+        let sdk = config.sdk_dir();
+        if !sdk.join("pyproject.toml").is_file() {
+            // Checked before any venv is judged: a venv is not stale or broken for want of it.
+            return Err(SetupError::NoSdk {
+                worker: name.into(),
+                sdk: std::path::absolute(&sdk).unwrap_or(sdk),
+            });
+        }
         let module = w
             .module
             .clone()
@@ -100,7 +114,7 @@ impl Package {
         Ok(Some(Package {
             name: name.into(),
             home,
-            sdk: config.resolve(&config.setup.sdk_dir),
+            sdk,
             module,
         }))
     }

@@ -33,7 +33,7 @@ pub enum SpeakerError {
     DeletedMeanwhile(String),
     #[error("the {stage} worker answered without a valid voiceprint: {why}")]
     BadVoiceprint { stage: String, why: String },
-    #[error("cannot keep the voiceprint in the state folder: {0}")]
+    #[error("the voices folder in the state folder could not be written ({0}); check its permissions and free space")]
     Io(String),
 }
 
@@ -76,6 +76,9 @@ impl Speakers {
             if !name.ends_with(".json") {
                 continue;
             }
+            // Voiceprints are personal data: readable by the owner only, whatever an older
+            // build or a copy left.
+            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
             match read_voice(&path, &name) {
                 Ok(voice) => {
                     inner.voices.insert(voice.name.clone(), voice);
@@ -172,23 +175,28 @@ impl Speakers {
         voice.samples.drain(..excess);
         // The file first, outside the map's lock: readers see the voice once it is on disk.
         self.write(&voice)
-            .map_err(|e| SpeakerError::Io(e.to_string()))?;
+            .map_err(|e| SpeakerError::Io(io_kind(&e)))?;
         let summary = voice.summary();
         self.lock().voices.insert(name.into(), voice);
         Ok(summary)
     }
 
-    /// Forgets `name` and removes its file. Touches the disk: call it off the async runtime.
+    /// Forgets `name` and removes its file, for good (the folder is synced). A file of that
+    /// name that could not be read at startup (cut short, damaged) is removed too: deleting a
+    /// voice must not leave its voiceprint on disk. Touches the disk: call it off the async
+    /// runtime.
     pub fn delete(&self, name: &str) -> Result<(), SpeakerError> {
         let _writing = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.lock().voices.contains_key(name) {
-            return Err(SpeakerError::NotFound(name.into()));
-        }
+        let known = self.lock().voices.contains_key(name);
         match std::fs::remove_file(self.file(name)) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(SpeakerError::Io(e.to_string())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && known => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(SpeakerError::NotFound(name.into()))
+            }
+            Err(e) => return Err(SpeakerError::Io(io_kind(&e))),
         }
+        sync_dir(&self.dir).map_err(|e| SpeakerError::Io(io_kind(&e)))?;
         let mut inner = self.lock();
         inner.voices.remove(name);
         *inner.deletions.entry(name.into()).or_default() += 1;
@@ -214,12 +222,23 @@ impl Speakers {
         tmp.write_all(&serde_json::to_vec(voice).map_err(std::io::Error::other)?)?;
         tmp.as_file().sync_all()?;
         tmp.persist(self.file(&voice.name)).map_err(|e| e.error)?;
-        Ok(())
+        sync_dir(&self.dir)
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+}
+
+/// Makes a rename or removal in `dir` survive a power cut.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// What went wrong on disk, without the server path tempfile puts in its errors (clients see
+/// this message; docs/security.md: errors never name server paths).
+fn io_kind(e: &std::io::Error) -> String {
+    e.kind().to_string()
 }
 
 /// Files a write in progress goes to first.

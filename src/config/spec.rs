@@ -12,6 +12,24 @@ impl Config {
         self.resolve(&self.workers_dir).join(name)
     }
 
+    /// The worker SDK: `[setup] sdk_dir`, or `protocol/sdk` beside the workers folder (a config
+    /// kept outside the checkout, such as `/etc/gpuhost/gpuhost.toml` with `workers_dir` naming
+    /// the checkout's `workers`, finds the checkout's SDK).
+    pub fn sdk_dir(&self) -> PathBuf {
+        match &self.setup.sdk_dir {
+            Some(dir) => self.resolve(dir),
+            None => {
+                let workers = self.resolve(&self.workers_dir);
+                let workers = std::path::absolute(&workers).unwrap_or(workers);
+                workers
+                    .parent()
+                    .unwrap_or(&workers)
+                    .join("protocol")
+                    .join("sdk")
+            }
+        }
+    }
+
     /// The launch description for worker `name`, with defaults filled in.
     pub fn worker_spec(&self, name: &str) -> Option<WorkerSpec> {
         let w = self.workers.get(name)?;

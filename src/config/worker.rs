@@ -108,8 +108,11 @@ pub struct WorkerSpec {
 pub struct SetupConfig {
     /// Interpreter that creates the venvs (when `uv` is not on PATH).
     pub python: String,
-    /// The worker SDK package, installed into every worker venv.
-    pub sdk_dir: PathBuf,
+    /// The worker SDK package, installed into every worker venv. `None`: the `protocol/sdk`
+    /// beside the `workers_dir` folder, as in the checkout ([`Config::sdk_dir`]).
+    ///
+    /// [`Config::sdk_dir`]: super::Config::sdk_dir
+    pub sdk_dir: Option<PathBuf>,
     /// Longest a single install step may take.
     pub timeout_s: f64,
 }
@@ -118,7 +121,7 @@ impl Default for SetupConfig {
     fn default() -> Self {
         SetupConfig {
             python: "python3".into(),
-            sdk_dir: PathBuf::from("protocol/sdk"),
+            sdk_dir: None,
             timeout_s: 1800.0,
         }
     }

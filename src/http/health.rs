@@ -29,7 +29,7 @@ pub(super) async fn health(State(app): State<AppState>) -> Response {
         .iter()
         .filter(|s| s.state == WorkerState::Starting)
         .count();
-    let temp = crate::job::temp_dir_usable(&app.config.temp_dir());
+    let temp = app.temp_probe.check().await;
     let mut problems = Vec::new();
     if let Err(why) = &temp {
         problems.push(why.clone());
@@ -95,7 +95,7 @@ pub(super) async fn ready(
             app.config.limits.max_queue
         ));
     }
-    if let Err(why) = crate::job::temp_dir_usable(&app.config.temp_dir()) {
+    if let Err(why) = app.temp_probe.check().await {
         reasons.push(why);
     }
     let status = if reasons.is_empty() {

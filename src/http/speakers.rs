@@ -77,12 +77,14 @@ struct Form {
     request_body(content = EnrollForm, content_type = "multipart/form-data"),
     responses(
         (status = 201, description = "The voice: name, model, samples, seconds of speech", body = Object),
-        (status = 400, description = "Bad name, segments or transcript", body = ErrorBody),
+        (status = 400, description = "Bad name, segments or transcript, or a form field given twice", body = ErrorBody),
+        (status = 408, description = "The upload stalled (http.body_idle_timeout_s) or came too slowly", body = ErrorBody),
         (status = 409, description = "Too many voices, another model, or no stage makes voiceprints", body = ErrorBody),
         (status = 413, description = "Upload or field too large", body = ErrorBody),
         (status = 415, description = "Not decodable as audio", body = ErrorBody),
         (status = 422, description = "Too little speech to learn the voice from", body = ErrorBody),
         (status = 429, description = "The GPU queue is full", body = ErrorBody),
+        (status = 500, description = "The voice could not be written to the state folder", body = ErrorBody),
         (status = 502, description = "The worker crashed or answered without a voiceprint", body = ErrorBody),
         (status = 503, description = "The worker is unavailable", body = ErrorBody),
         super::openapi::GuardErrors,
@@ -172,7 +174,9 @@ pub(super) async fn list(State(app): State<AppState>) -> Json<Value> {
 /// Forget a voice: its file is removed, and later jobs no longer name anyone after it.
 #[utoipa::path(delete, path = "/speakers/{name}", params(("name" = String, Path, description = "The voice's name (URL-encoded)")), responses(
     (status = 200, description = "Deleted", body = Object),
+    (status = 400, description = "The name is not valid UTF-8 once decoded", body = ErrorBody),
     (status = 404, description = "No voice of that name", body = ErrorBody),
+    (status = 500, description = "Its file could not be removed", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
 pub(super) async fn delete(
@@ -221,6 +225,20 @@ async fn read_form(
     let mut form = Form::default();
     while let Some(field) = fields.next().await? {
         let name = field.name().unwrap_or("").to_string();
+        let given = match name.as_str() {
+            "file" => form.file.is_some(),
+            "transcript" => form.transcript.is_some(),
+            "segments" => form.segments.is_some(),
+            "name" => form.name.is_some(),
+            "speaker" => form.speaker.is_some(),
+            _ => false,
+        };
+        if given {
+            // Which one was meant? The last silently won (a voice enrolled under the second name).
+            return Err(ApiError::bad_request(format!(
+                "the form field `{name}` is given twice; send it once"
+            )));
+        }
         match name.as_str() {
             "file" => form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?),
             "transcript" => {

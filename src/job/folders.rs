@@ -88,11 +88,21 @@ pub fn temp_dir_usable(temp_dir: &std::path::Path) -> Result<(), String> {
     let mut probe = tempfile::Builder::new()
         .prefix(".gpuhost-probe-")
         .tempfile_in(temp_dir)
-        .map_err(|e| format!("cannot create files in the temp dir: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "cannot create files in the temp dir (limits.temp_dir): {}",
+                e.kind()
+            )
+        })?;
     probe
         .write_all(&[0u8; 4096])
         .and_then(|()| probe.as_file().sync_data())
-        .map_err(|e| format!("cannot write to the temp dir: {e}"))
+        .map_err(|e| {
+            format!(
+                "cannot write to the temp dir (limits.temp_dir): {}",
+                e.kind()
+            )
+        })
 }
 
 /// Replaces the job folder's path in a message meant for a client: paths on the server are

@@ -2,36 +2,90 @@
 //! shows as it reads, with no control characters and none of the invisible ones that make two
 //! labels look alike or turn a terminal or a page around.
 
-/// A control character, or an invisible one that hides or reorders text: zero-width space,
-/// direction marks, bidirectional embeddings, overrides and isolates, word joiner and the
-/// invisible operators, byte-order mark, soft hyphen, combining grapheme joiner, Mongolian vowel
-/// separator, and the Hangul fillers (letters that draw nothing, so a name of them looks blank).
-/// The zero-width joiner and non-joiner (U+200C, U+200D) pass: Persian, Indic scripts and emoji
-/// sequences need them.
+/// A control character, or an invisible one that hides or reorders text: every format
+/// character (zero-width space, direction marks, bidirectional embeddings, overrides and
+/// isolates, word joiner and the invisible operators, byte-order mark, soft hyphen, the Arabic
+/// and Egyptian format signs, tags), the line and paragraph separators, the combining grapheme
+/// joiner, the Mongolian selectors and vowel separator, the Khmer inherent vowels, and the
+/// letters that draw nothing (Hangul fillers, the blank Braille pattern), so that a name of them
+/// looks blank. The zero-width joiner and non-joiner (U+200C, U+200D) pass: Persian, Indic
+/// scripts and emoji sequences need them. Variation selectors are judged in context
+/// ([`shows_as_text`]).
 pub fn invisible(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
             '\u{00AD}'
                 | '\u{034F}'
+                | '\u{0600}'..='\u{0605}'
+                | '\u{061C}'
+                | '\u{06DD}'
+                | '\u{070F}'
+                | '\u{0890}'..='\u{0891}'
+                | '\u{08E2}'
                 | '\u{115F}'
                 | '\u{1160}'
-                | '\u{180E}'
+                | '\u{17B4}'..='\u{17B5}'
+                | '\u{180B}'..='\u{180F}'
                 | '\u{200B}'
-                | '\u{200E}'
-                | '\u{200F}'
-                | '\u{202A}'..='\u{202E}'
-                | '\u{2060}'..='\u{2064}'
-                | '\u{2066}'..='\u{2069}'
+                | '\u{200E}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}'
+                | '\u{2800}'
                 | '\u{3164}'
                 | '\u{FEFF}'
                 | '\u{FFA0}'
+                | '\u{FFF0}'..='\u{FFFB}'
+                | '\u{110BD}'
+                | '\u{110CD}'
+                | '\u{13430}'..='\u{1343F}'
+                | '\u{1BCA0}'..='\u{1BCA3}'
+                | '\u{1D173}'..='\u{1D17A}'
+                | '\u{E0000}'..='\u{E0FFF}'
         )
 }
 
-/// Whether `label` shows as it reads (no `invisible` character).
+/// A variation selector: it draws nothing and picks a glyph of the character before it.
+fn variation_selector(c: char) -> bool {
+    matches!(c, '\u{FE00}'..='\u{FE0F}')
+}
+
+/// A character that has a text and an emoji look, which U+FE0E and U+FE0F choose between:
+/// symbols, arrows, dingbats and emoji, and the keycap bases (`1️⃣`).
+fn emoji_base(c: char) -> bool {
+    matches!(
+        c,
+        '0'..='9'
+            | '#'
+            | '*'
+            | '\u{00A9}'
+            | '\u{00AE}'
+            | '\u{2000}'..='\u{2BFF}'
+            | '\u{3030}'
+            | '\u{303D}'
+            | '\u{3297}'
+            | '\u{3299}'
+            | '\u{1F000}'..='\u{1FAFF}'
+    )
+}
+
+/// Whether `label` shows as it reads: no `invisible` character, and a variation selector only
+/// as the emoji or text look of a character that has both (`❤️`); after a letter it hides
+/// (`Bob\u{FE0F}` looks like `Bob`).
 pub fn shows_as_text(label: &str) -> bool {
-    !label.chars().any(invisible)
+    let mut before = None;
+    for c in label.chars() {
+        if invisible(c) {
+            return false;
+        }
+        if variation_selector(c)
+            && !(matches!(c, '\u{FE0E}' | '\u{FE0F}') && before.is_some_and(emoji_base))
+        {
+            return false;
+        }
+        before = Some(c);
+    }
+    true
 }
 
 #[cfg(test)]
@@ -42,6 +96,7 @@ mod tests {
     fn names_in_any_script_pass_and_hidden_characters_do_not() {
         assert!(shows_as_text("민수 (지하 서버) — nightly"));
         assert!(shows_as_text("می\u{200c}خواهم 👩\u{200d}🔬"));
+        assert!(shows_as_text("Dana ❤\u{fe0f} 1\u{fe0f}\u{20e3}"));
         for bad in [
             "iso\u{2067}late",
             "a\u{1b}]0;x\u{7}",
@@ -50,6 +105,12 @@ mod tests {
             "tab\there",
             "a\u{ad}b",
             "\u{3164}",
+            "Bob\u{fe0f}",
+            "Bob\u{e0041}",
+            "Bo\u{2028}b",
+            "\u{2800}",
+            "a\u{2066}b",
+            "\u{fe0f}",
         ] {
             assert!(!shows_as_text(bad), "{bad:?}");
         }

@@ -39,6 +39,30 @@ fn voices_survive_a_restart_and_deletion_removes_the_file() {
 }
 
 #[test]
+fn a_voice_file_that_cannot_be_read_is_still_deleted_for_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Speakers::load(dir.path().to_path_buf());
+    store.add("Eve", "m", sample(1.0), 0, (10, 2)).unwrap();
+    store.add("Hal", "m", sample(1.0), 0, (10, 2)).unwrap();
+    // Eve's file cut in half; Hal's rewritten with a name as the API never keeps it.
+    let eve = store.file("Eve");
+    let bytes = std::fs::read(&eve).unwrap();
+    std::fs::write(&eve, &bytes[..bytes.len() / 2]).unwrap();
+    let hal = std::fs::read_to_string(store.file("Hal")).unwrap();
+    std::fs::write(store.file(" Hal"), hal.replace("\"Hal\"", "\" Hal\"")).unwrap();
+    std::fs::remove_file(store.file("Hal")).unwrap();
+    let again = Speakers::load(dir.path().to_path_buf());
+    assert!(again.list().is_empty(), "{:?}", again.list());
+    // Not listed, yet DELETE removes the voiceprint left on disk; then it is gone.
+    again.delete("Eve").unwrap();
+    assert!(!eve.exists());
+    assert_eq!(
+        again.delete("Eve"),
+        Err(SpeakerError::NotFound("Eve".into()))
+    );
+}
+
+#[test]
 fn limits_and_models_are_kept() {
     let dir = tempfile::tempdir().unwrap();
     let store = Speakers::load(dir.path().to_path_buf());

@@ -51,7 +51,14 @@ impl Voice {
 
 /// A voice read from disk is one the API could have made.
 pub(super) fn sound(voice: &Voice) -> Result<(), String> {
-    check_name(&voice.name).map_err(|e| e.to_string())?;
+    // As the API keeps it: a name stored otherwise (" Hal", an older build's NFD) could be
+    // listed but never deleted, since DELETE looks the normalized name up.
+    if check_name(&voice.name).map_err(|e| e.to_string())? != voice.name {
+        return Err(format!(
+            "its name {:?} is not written as names are kept (trimmed, NFC)",
+            voice.name
+        ));
+    }
     if voice.samples.is_empty() {
         return Err("it has no samples".into());
     }

@@ -172,4 +172,44 @@ async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
             "{command}: {log}"
         );
     }
+
+    // A config kept outside the checkout (`workers_dir` absolute, no `sdk_dir`) takes the SDK
+    // beside the workers folder. Where there is none, setup and serve say so and leave the
+    // venv alone (they called it stale, and setup removed it as broken).
+    let etc = root.join("etc");
+    std::fs::create_dir(&etc).unwrap();
+    std::fs::write(
+        etc.join("gpuhost.toml"),
+        format!(
+            "listen = \"127.0.0.1:0\"\nworkers_dir = {:?}\n[pipeline]\nstages = [\"tiny\"]\n[workers.tiny]\n",
+            root.join("workers").display().to_string()
+        ),
+    )
+    .unwrap();
+    let outside = |command: &str| {
+        Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+            .args([command, "--config"])
+            .arg(etc.join("gpuhost.toml"))
+            .output()
+            .unwrap()
+    };
+    for command in ["setup", "serve"] {
+        let out = outside(command);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command}: {log}");
+        let want = format!(
+            "the worker SDK is not at {}",
+            root.join("protocol/sdk").display()
+        );
+        assert!(log.contains(&want), "{command}: {log}");
+    }
+    assert!(root.join("workers/tiny/.venv/bin/python").exists());
+    std::fs::create_dir(root.join("protocol")).unwrap();
+    std::os::unix::fs::symlink(repo().join("protocol/sdk"), root.join("protocol/sdk")).unwrap();
+    let out = outside("setup");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && log.contains("[tiny] up to date"),
+        "{log}"
+    );
 }

@@ -195,6 +195,12 @@ async fn every_mistake_gets_a_status_and_what_to_do() {
             400,
             "unknown form field",
         ),
+        (
+            form("Ann", 3.0).text("name", "Bea"),
+            400,
+            "`name` is given twice",
+        ),
+        (form("Bob\u{fe0f}", 3.0), 400, "invisible"),
         (form("Ann", 1.0), 422, "speech to learn the voice"),
     ];
     for (form, status, says) in cases {

@@ -66,6 +66,9 @@ struct Spoken {
     segments: Vec<Span>,
     #[serde(default)]
     overlaps: Vec<[f64; 2]>,
+    /// A result without an `asr` stage has no top-level turns: they are its diarizer's.
+    #[serde(default)]
+    stages: std::collections::BTreeMap<String, Spoken>,
 }
 
 #[derive(serde::Deserialize)]
@@ -92,7 +95,15 @@ fn turns_of(text: &str, speaker: &str) -> Result<Vec<[f64; 2]>, ApiError> {
             "`transcript` is not a transcript (send the JSON `result` of a transcription): {e}"
         ))
     })?;
-    let (Sent::Event { result: spoken } | Sent::Result(spoken)) = sent;
+    let (Sent::Event { result: mut spoken } | Sent::Result(mut spoken)) = sent;
+    if spoken.turns.is_empty() && spoken.segments.is_empty() {
+        if let Some(stage) = std::mem::take(&mut spoken.stages)
+            .into_values()
+            .find(|stage| !stage.turns.is_empty())
+        {
+            spoken = stage;
+        }
+    }
     let of = |spans: &[Span]| -> Vec<[f64; 2]> {
         spans
             .iter()
@@ -198,6 +209,21 @@ mod tests {
         // A cut over a whole span leaves nothing of it; slivers of 50 ms or less go too.
         assert_eq!(minus(&[[1.0, 2.0]], &[[0.0, 5.0]]), Vec::<[f64; 2]>::new());
         assert_eq!(minus(&[[1.0, 2.0]], &[[1.03, 2.0]]), Vec::<[f64; 2]>::new());
+    }
+
+    #[test]
+    fn a_diarizer_only_result_gives_its_stage_s_turns() {
+        // `?stages=diarizer` has no top-level turns: they are under `stages.diarizer`.
+        let event = serde_json::json!({"type": "result", "result": {"stages": {"diarizer": {
+            "turns": [
+                {"start": 0.0, "end": 4.0, "speaker": "SPEAKER_00"},
+                {"start": 3.0, "end": 9.0, "speaker": "SPEAKER_01"},
+            ],
+            "overlaps": [[3.0, 4.0]],
+        }}}})
+        .to_string();
+        assert_eq!(turns_of(&event, "SPEAKER_01").unwrap(), [[4.0, 9.0]]);
+        assert!(turns_of(&event, "SPEAKER_07").is_err());
     }
 
     #[test]

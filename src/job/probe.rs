@@ -1,0 +1,81 @@
+//! The temp dir check behind `/health` and `/ready`: at most one probe a second, off the async
+//! runtime. Both endpoints are open to anyone, and each probe writes and syncs a file.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::temp_dir_usable;
+
+/// How long a probe's answer is given again without a new probe.
+const FRESH: Duration = Duration::from_secs(1);
+
+#[derive(Default)]
+struct Last {
+    answer: Option<(Instant, Result<(), String>)>,
+    probing: bool,
+}
+
+pub struct TempProbe {
+    dir: PathBuf,
+    /// std: held only to read or store the answer, never across an `.await`.
+    last: std::sync::Mutex<Last>,
+}
+
+impl TempProbe {
+    pub fn new(dir: PathBuf) -> TempProbe {
+        TempProbe {
+            dir,
+            last: std::sync::Mutex::new(Last::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Last> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether job folders can be made now; `Err` says why, without the server's path (the
+    /// log has it). Callers while a probe runs get the one before it (none yet: usable).
+    pub async fn check(&self) -> Result<(), String> {
+        {
+            let mut last = self.lock();
+            match &last.answer {
+                Some((at, answer)) if at.elapsed() < FRESH => return answer.clone(),
+                Some((_, answer)) if last.probing => return answer.clone(),
+                None if last.probing => return Ok(()),
+                _ => last.probing = true,
+            }
+        }
+        let dir = self.dir.clone();
+        let answer = tokio::task::spawn_blocking(move || temp_dir_usable(&dir))
+            .await
+            .unwrap_or_else(|_| Err("the temp dir check failed".into()));
+        let mut last = self.lock();
+        let was_ok = last.answer.as_ref().map_or(true, |(_, a)| a.is_ok());
+        if let (true, Err(why)) = (was_ok, &answer) {
+            tracing::warn!(dir = %self.dir.display(), problem = %why, "the temp dir is unusable: no job can start");
+        }
+        last.answer = Some((Instant::now(), answer.clone()));
+        last.probing = false;
+        answer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn says_why_without_the_path_and_sees_a_repair_within_a_second() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("secret-place");
+        let probe = TempProbe::new(gone.clone());
+        let why = probe.check().await.unwrap_err();
+        assert!(!why.contains("secret-place"), "{why}");
+        assert!(why.contains("limits.temp_dir"), "{why}");
+        std::fs::create_dir(&gone).unwrap();
+        // The answer is kept for a second, then probed again.
+        assert!(probe.check().await.is_err());
+        probe.lock().answer.as_mut().unwrap().0 -= FRESH;
+        assert_eq!(probe.check().await, Ok(()));
+    }
+}
