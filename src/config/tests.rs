@@ -50,6 +50,38 @@ fn example_config_is_valid_and_matches_defaults() {
 }
 
 #[test]
+fn the_kubernetes_config_finds_its_workers_and_keeps_state_off_the_config_map() {
+    let manifest = include_str!("../../deploy/kubernetes/daemonset.yaml");
+    let key = "gpuhost.toml: |\n";
+    let start = manifest.find(key).unwrap() + key.len();
+    let text: String = manifest[start..]
+        .lines()
+        .take_while(|l| l.starts_with("    "))
+        .map(|l| format!("{}\n", &l[4..]))
+        .collect();
+    // The token comes from a Secret through GPUHOST_TOKEN.
+    let text = format!("token = \"from-the-secret\"\n{text}");
+    let c = Config::from_toml(&text, "/etc/gpuhost".into()).unwrap();
+    assert_eq!(
+        c.sdk_dir(),
+        std::path::Path::new("/opt/gpuhost/protocol/sdk")
+    );
+    assert_eq!(
+        c.worker_home("asr"),
+        std::path::Path::new("/opt/gpuhost/workers/asr")
+    );
+    assert!(!c.resolve(&c.state_dir).starts_with("/etc/gpuhost"));
+}
+
+#[test]
+fn the_sdk_is_found_beside_the_workers_unless_set() {
+    let c = Config::from_toml("workers_dir = \"/srv/gh/workers\"\n", "/etc/x".into()).unwrap();
+    assert_eq!(c.sdk_dir(), std::path::Path::new("/srv/gh/protocol/sdk"));
+    let c = Config::from_toml("[setup]\nsdk_dir = \"sdk\"\n", "/etc/x".into()).unwrap();
+    assert_eq!(c.sdk_dir(), std::path::Path::new("/etc/x/sdk"));
+}
+
+#[test]
 fn non_loopback_needs_token() {
     let err = Config::from_toml("listen = \"0.0.0.0:9090\"\n", ".".into()).unwrap_err();
     assert!(err.to_string().contains("without a token"));
