@@ -2,8 +2,11 @@
 //! protocol, whose requests become jobs in the same GPU queue as every other. Off by default.
 //!
 //! One connection: `describe` → `info`; `transcribe` (optional `language`) → `audio-start`,
-//! `audio-chunk`s of 16-bit PCM, `audio-stop` → `transcript` (or `error`).
+//! `audio-chunk`s of 16-bit PCM, `audio-stop` → `transcript` (or `error`). An `error` ends the
+//! connection: Home Assistant reads on until a transcript or the end of the stream, so an
+//! error on an open connection left it waiting for minutes.
 
+mod ahead;
 mod event;
 mod transcribe;
 
@@ -59,8 +62,17 @@ pub async fn serve(listener: TcpListener, app: AppState) {
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
     }
+    // Connections see the same signal: a job in flight answers `shutting_down`, the rest
+    // close. A moment for those answers, then whatever is left is dropped.
+    let _ = tokio::time::timeout(STOP_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
     connections.shutdown().await;
 }
+
+/// How long connections get to answer once the host stops.
+const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// Where a connection stands with its audio.
 enum Audio {
@@ -75,15 +87,11 @@ enum Audio {
         channels: u16,
         bytes: u64,
     },
-    /// A request refused while its audio came in (over a limit, a bad format): the rest of its
-    /// chunks and its `audio-stop` are dropped, so it gets one answer, not an error and then a
-    /// transcript of its tail. Ends at the next `audio-start` or `transcribe`.
-    Refused,
 }
 
 struct Connection {
     app: AppState,
-    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    reader: BufReader<ahead::ReadSide>,
     writer: tokio::net::tcp::OwnedWriteHalf,
     /// The `language` of the last `transcribe`, for the next audio.
     language: Option<String>,
@@ -99,6 +107,8 @@ enum ConnectionError {
     Io(#[from] std::io::Error),
     #[error("idle for too long")]
     Idle,
+    #[error("answered with an error: {0}")]
+    Answered(String),
 }
 
 impl Connection {
@@ -106,7 +116,7 @@ impl Connection {
         let (reader, writer) = stream.into_split();
         Connection {
             app,
-            reader: BufReader::new(reader),
+            reader: BufReader::new(ahead::ReadSide::new(reader)),
             writer,
             language: None,
             audio: Audio::Idle,
@@ -114,14 +124,33 @@ impl Connection {
     }
 
     async fn run(mut self) -> Result<(), ConnectionError> {
+        let result = self.serve().await;
+        if let Err(ConnectionError::Answered(_)) = &result {
+            self.close_after_error().await;
+        }
+        result
+    }
+
+    async fn serve(&mut self) -> Result<(), ConnectionError> {
         loop {
             let timeout = match self.audio {
                 Audio::Idle => IDLE_TIMEOUT,
-                Audio::Receiving { .. } | Audio::Refused => {
+                Audio::Receiving { .. } => {
                     Duration::from_secs_f64(self.app.config.http.body_idle_timeout_s)
                 }
             };
-            let event = match tokio::time::timeout(timeout, read_event(&mut self.reader)).await {
+            let stopping = self.app.stopping.clone();
+            let read = tokio::select! {
+                read = tokio::time::timeout(timeout, read_event(&mut self.reader)) => read,
+                () = stopping.cancelled() => {
+                    if matches!(self.audio, Audio::Receiving { .. }) {
+                        let text = "gpuhost is shutting down; send the audio again once it is back";
+                        return Err(self.error("shutting_down", text).await);
+                    }
+                    return Ok(());
+                }
+            };
+            let event = match read {
                 Err(_) => return Err(ConnectionError::Idle),
                 Ok(Ok(Some(event))) => event,
                 Ok(Ok(None)) => return Ok(()),
@@ -130,16 +159,44 @@ impl Connection {
                     | FrameError::TooLarge { .. }
                     | FrameError::HeaderTooLong),
                 )) => {
-                    let _ = self.error("bad_event", &e.to_string()).await;
-                    return Err(e.into());
+                    return Err(self.error("bad_event", &e.to_string()).await);
                 }
                 Ok(Err(e)) => return Err(e.into()),
             };
-            let audio = matches!(event.kind.as_str(), "audio-start" | "audio-chunk");
             if let Err(message) = self.handle(event).await? {
-                self.audio = if audio { Audio::Refused } else { Audio::Idle };
-                self.error("bad_request", &message).await?;
+                self.audio = Audio::Idle;
+                return Err(self.error("bad_request", &message).await);
             }
+        }
+    }
+
+    /// After an `error`: the end of the stream tells the client there is no more to wait for,
+    /// and what it still sends (the rest of its audio) is read and dropped, within the upload
+    /// limits, so that closing does not reset the connection before it read the error.
+    async fn close_after_error(&mut self) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let _ = self.writer.shutdown().await;
+        let idle = Duration::from_secs_f64(self.app.config.http.body_idle_timeout_s);
+        let mut left = self.app.config.limits.max_upload_bytes;
+        let mut buf = vec![0u8; 64 * 1024];
+        while left > 0 && !self.app.stopping.is_cancelled() {
+            match tokio::time::timeout(idle, self.reader.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n as u64),
+                _ => break,
+            }
+        }
+    }
+
+    /// Writes one event, within `http.send_timeout_s`: a client that reads nothing must not
+    /// hold its connection (and its slot, job folder and audio) forever.
+    async fn send(&mut self, kind: &str, data: Value) -> std::io::Result<()> {
+        let limit = Duration::from_secs_f64(self.app.config.http.send_timeout_s);
+        match tokio::time::timeout(limit, write_event(&mut self.writer, kind, data)).await {
+            Ok(written) => written,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing for http.send_timeout_s",
+            )),
         }
     }
 
@@ -148,27 +205,19 @@ impl Connection {
         match event.kind.as_str() {
             "describe" => {
                 let info = self.info();
-                write_event(&mut self.writer, "info", info).await?;
+                self.send("info", info).await?;
             }
             "transcribe" => {
                 self.language = event.str("language").map(String::from);
-                if matches!(self.audio, Audio::Refused) {
-                    self.audio = Audio::Idle;
-                }
             }
             "audio-start" => return Ok(self.start(&event)),
-            "audio-chunk" | "audio-stop" if matches!(self.audio, Audio::Refused) => {
-                if event.kind == "audio-stop" {
-                    self.audio = Audio::Idle; // answered already, with the error
-                }
-            }
             "audio-chunk" => {
                 if matches!(self.audio, Audio::Idle) {
                     if let Err(message) = self.start(&event) {
                         return Ok(Err(message));
                     }
                 }
-                return Ok(self.chunk(&event.payload));
+                return Ok(self.chunk(&event));
             }
             "audio-stop" => return self.transcribe().await,
             other => tracing::debug!(event = other, "wyoming: event ignored"),
@@ -239,7 +288,8 @@ impl Connection {
         Ok(())
     }
 
-    fn chunk(&mut self, payload: &[u8]) -> Result<(), String> {
+    fn chunk(&mut self, event: &Event) -> Result<(), String> {
+        let payload = &event.payload;
         let limits = &self.app.config.limits;
         let Audio::Receiving {
             writer,
@@ -251,6 +301,21 @@ impl Connection {
         else {
             return Err("`audio-chunk` before `audio-start`".into());
         };
+        // A chunk says its own format; one that differs from the start's would be read as
+        // something else (a job on garbage, answered with an empty transcript).
+        for (field, declared, started) in [
+            ("rate", event.u32("rate"), *rate),
+            ("width", event.u32("width"), 2),
+            ("channels", event.u32("channels"), u32::from(*channels)),
+        ] {
+            if declared.is_some_and(|d| d != started) {
+                return Err(format!(
+                    "an `audio-chunk` with {field} {} in audio that started with {field} \
+                     {started}; keep one format from `audio-start` to `audio-stop`",
+                    declared.unwrap_or_default()
+                ));
+            }
+        }
         // Whole frames only: a stray byte would shift every later sample by half of one.
         let frame = 2 * usize::from(*channels);
         if payload.len() % frame != 0 {
@@ -277,12 +342,14 @@ impl Connection {
             .map_err(|e| format!("cannot store the audio: {e}"))
     }
 
-    pub(super) async fn error(&mut self, code: &str, text: &str) -> std::io::Result<()> {
-        write_event(
-            &mut self.writer,
-            "error",
-            json!({"text": text, "code": code}),
-        )
-        .await
+    /// Answers with an `error` event; what it gives back ends the connection.
+    pub(super) async fn error(&mut self, code: &str, text: &str) -> ConnectionError {
+        match self
+            .send("error", json!({"text": text, "code": code}))
+            .await
+        {
+            Ok(()) => ConnectionError::Answered(format!("{code}: {text}")),
+            Err(e) => e.into(),
+        }
     }
 }

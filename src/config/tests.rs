@@ -259,3 +259,17 @@ fn a_pipeline_without_workers_tables_starts_only_its_stages() {
     );
     assert_eq!(one_changed.workers["asr"].engine.as_deref(), Some("base"));
 }
+
+#[test]
+fn a_wyoming_server_must_run_the_asr() {
+    let on = "[wyoming]\nlisten = \"127.0.0.1:10300\"\n";
+    for bad in ["stages = []\n", "stages = [\"diarizer\"]\n"] {
+        let err = Config::from_toml(&format!("{on}{bad}"), ".".into())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("must include `asr`"), "{bad}: {err}");
+    }
+    assert!(Config::from_toml(on, ".".into()).is_ok());
+    // Off, its stages do not matter.
+    assert!(Config::from_toml("[wyoming]\nstages = []\n", ".".into()).is_ok());
+}

@@ -120,6 +120,16 @@ impl Config {
                 )));
             }
         }
+        if self.wyoming.listen.is_some() {
+            // Wyoming answers with text: without the asr every answer would be an empty one.
+            let stages = self.wyoming.stages(&self.pipeline.stages);
+            crate::render::fits(crate::render::Format::Txt, &stages).map_err(|_| {
+                ConfigError::Invalid(format!(
+                    "[wyoming] runs the stages {stages:?}, which give no text: its stages must \
+                     include `asr`"
+                ))
+            })?;
+        }
         self.http.validate().map_err(ConfigError::Invalid)?;
         self.arbiter.validate().map_err(ConfigError::Invalid)?;
         self.speakers.validate().map_err(ConfigError::Invalid)?;

@@ -80,7 +80,14 @@ pub(super) async fn read_event<R: AsyncBufRead + Unpin>(
         Some(_) => return Err(FrameError::BadHeader("`data` is not an object".into())),
     };
     let length = |field: &'static str, max: u64| -> Result<u64, FrameError> {
-        let len = header.get(field).and_then(Value::as_u64).unwrap_or(0);
+        // A length that is not a count of bytes ("4", -4, 2.0) cannot be skipped over: reading
+        // it as 0 ran the payload as the next event.
+        let len = match header.get(field) {
+            None | Some(Value::Null) => 0,
+            Some(v) => v.as_u64().ok_or_else(|| {
+                FrameError::BadHeader(format!("`{field}` is not a whole number of bytes: {v}"))
+            })?,
+        };
         if len > max {
             return Err(FrameError::TooLarge { field, len, max });
         }
@@ -168,6 +175,16 @@ mod tests {
             read_event(&mut &b"[1]\n"[..]).await,
             Err(FrameError::BadHeader(_))
         ));
+        for bad in ["\"4\"", "-4", "2.0", "true"] {
+            let header = format!("{{\"type\":\"audio-chunk\",\"payload_length\":{bad}}}\n");
+            assert!(
+                matches!(
+                    read_event(&mut header.as_bytes()).await,
+                    Err(FrameError::BadHeader(_))
+                ),
+                "{bad}"
+            );
+        }
         // A payload cut short is an error, not a zero-padded chunk.
         let mut short: &[u8] = b"{\"type\":\"audio-chunk\",\"payload_length\":4194304}\n\x01\x02";
         assert!(matches!(

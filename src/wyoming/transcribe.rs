@@ -1,13 +1,11 @@
 //! `audio-stop`: the received audio becomes a job in the GPU queue, and its final event becomes
-//! the connection's `transcript` or `error`. A client that hangs up meanwhile cancels the job.
+//! the connection's `transcript` or `error`. A client that hangs up meanwhile (a half-close
+//! counts: Wyoming clients keep the connection open until their transcript) cancels the job.
 
 use std::sync::Arc;
 
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::tcp::OwnedReadHalf;
 
-use super::event::write_event;
 use super::{Audio, Connection, ConnectionError};
 use crate::audio::{AudioError, Source};
 use crate::job::{self, PreparedJob};
@@ -49,12 +47,11 @@ impl Connection {
             prepared = upload => match prepared {
                 Ok(prepared) => prepared,
                 Err(e @ AudioError::ShuttingDown) => {
-                    self.error("shutting_down", &e.to_string()).await?;
-                    return Ok(Ok(()));
+                    return Err(self.error("shutting_down", &e.to_string()).await);
                 }
                 Err(e) => return Ok(Err(e.to_string())),
             },
-            () = hung_up(&mut self.reader) => return Ok(Ok(())),
+            () = self.reader.get_mut().hung_up() => return Ok(Ok(())),
         };
         let mut events = match job::start_job(Arc::clone(&self.app), prepared) {
             Ok(events) => events,
@@ -63,12 +60,13 @@ impl Connection {
                     "the GPU queue is full ({} waiting); retry in about {} s",
                     full.max_queue, full.retry_after_s
                 );
-                self.error("queue_full", &message).await?;
-                return Ok(Ok(()));
+                return Err(self.error("queue_full", &message).await);
             }
         };
         // Wait for the final event; a client that hangs up meanwhile cancels the job (the
         // receiver is dropped on return).
+        // The host stopping answers at once (the job is cancelled with the receiver).
+        let stopping = self.app.stopping.clone();
         let last = loop {
             tokio::select! {
                 event = events.recv() => match event {
@@ -76,41 +74,33 @@ impl Connection {
                     Some(_) => {}
                     None => break None,
                 },
-                () = hung_up(&mut self.reader) => return Ok(Ok(())),
+                () = self.reader.get_mut().hung_up() => return Ok(Ok(())),
+                () = stopping.cancelled() => {
+                    let text = "gpuhost is shutting down; send the audio again once it is back";
+                    return Err(self.error("shutting_down", text).await);
+                }
             }
         };
         match last {
-            Some(ClientEvent::Result { result }) => {
-                let transcript = Transcript::from_result(&result).unwrap_or_default();
-                let mut data = json!({"text": transcript.text.trim()});
-                if let Some(language) = transcript.language {
-                    data["language"] = language.into();
+            Some(ClientEvent::Result { result }) => match Transcript::from_result(&result) {
+                Some(transcript) => {
+                    let mut data = json!({"text": transcript.text.trim()});
+                    if let Some(language) = transcript.language {
+                        data["language"] = language.into();
+                    }
+                    self.send("transcript", data).await?;
+                    Ok(Ok(()))
                 }
-                write_event(&mut self.writer, "transcript", data).await?;
-            }
+                None => Err(self
+                    .error("internal", "the job's result holds no transcript")
+                    .await),
+            },
             Some(ClientEvent::Error { code, message }) => {
-                self.error(code.as_str(), &message).await?;
+                Err(self.error(code.as_str(), &message).await)
             }
-            _ => {
-                self.error("internal", "the job ended without a result")
-                    .await?
-            }
+            _ => Err(self
+                .error("internal", "the job ended without a result")
+                .await),
         }
-        Ok(Ok(()))
-    }
-}
-
-/// Completes when the client hangs up while its job runs. What it sent early (its next request)
-/// stays unread in the buffer; past that, the socket itself is watched for the hangup. Pending
-/// for good when even more is waiting in the socket (a client that keeps talking is there).
-async fn hung_up(reader: &mut BufReader<OwnedReadHalf>) {
-    match reader.fill_buf().await {
-        Ok([]) | Err(_) => return,
-        Ok(_) => {}
-    }
-    let mut one = [0u8; 1];
-    match reader.get_mut().peek(&mut one).await {
-        Ok(0) | Err(_) => {}
-        Ok(_) => std::future::pending().await,
     }
 }

@@ -219,12 +219,15 @@ def test_home_assistant_wyoming_client_transcribes(server, recordings):
                 await client.write_event(chunk.event())
             await client.write_event(AudioStop().event())
             answer = await client.read_event()
-            # A wrong format is refused with an `error` event and the connection stays usable.
+            # A wrong format is refused with an `error` event, and the stream ends: Home
+            # Assistant reads on until a transcript or the end, and gives up only then.
             await client.write_event(AudioStart(rate=rate, width=4, channels=channels).event())
             refused = await client.read_event()
-            return info, answer, refused
+            ended = await asyncio.wait_for(client.read_event(), 10)
+            return info, answer, refused, ended
 
-    info, answer, refused = asyncio.run(converse())
+    info, answer, refused, ended = asyncio.run(converse())
+    assert ended is None
     assert info.asr[0].name == "gpuhost" and info.asr[0].installed
     assert info.asr[0].models[0].languages == ["en"]
     assert Transcript.is_type(answer.type), answer
