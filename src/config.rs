@@ -31,7 +31,8 @@ pub use wyoming::WyomingConfig;
 pub struct Config {
     /// Address the HTTP server binds to.
     pub listen: SocketAddr,
-    /// Bearer token required on every endpoint except `/health`. `GPUHOST_TOKEN` overrides it.
+    /// Bearer token required on every endpoint except `/health`, `/ready`, `/openapi.json` and the
+    /// dashboard page `/`. `GPUHOST_TOKEN` overrides it.
     pub token: Option<String>,
     /// Folder holding one package per worker (`workers/<name>/`), relative to the config file.
     pub workers_dir: PathBuf,
