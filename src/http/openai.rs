@@ -140,7 +140,7 @@ pub(super) async fn translations(
 async fn answer(app: AppState, request: Request, translate: bool) -> Result<Response, OpenAiError> {
     // Refused before the upload is read (the drain layer reads it after the answer).
     let pipeline = &app.config.pipeline.stages;
-    if !pipeline.iter().any(|s| s == "asr") {
+    if crate::render::fits(crate::render::Format::Txt, pipeline).is_err() {
         return Err(ApiError::bad_request(format!(
             "this server's pipeline ({}) has no `asr` stage: there is no text to answer with",
             pipeline.join(", ")
