@@ -53,6 +53,16 @@ impl Client {
         (header["type"].as_str().unwrap().to_string(), data)
     }
 
+    /// Expects an `error` and then the end of the stream; its data.
+    async fn error_then_end(&mut self) -> Value {
+        let (kind, error) = self.recv().await;
+        assert_eq!(kind, "error", "{error}");
+        // Home Assistant reads until a transcript or the end of the stream: an error on an
+        // open connection left it waiting five minutes.
+        self.ended().await;
+        error
+    }
+
     /// Expects the end of the stream (within 10 s): what an `error` leaves.
     async fn ended(&mut self) {
         let mut rest = Vec::new();
@@ -136,12 +146,8 @@ async fn refused(host: &TestHost, events: &[(&str, Value, Vec<u8>)], says: &str)
     for (kind, data, payload) in events {
         client.send(kind, data.clone(), payload).await;
     }
-    let (kind, error) = client.recv().await;
-    assert_eq!(kind, "error", "{error}");
+    let error = client.error_then_end().await;
     assert!(error["text"].as_str().unwrap().contains(says), "{error}");
-    // Home Assistant reads until a transcript or the end of the stream: an error on an open
-    // connection left it waiting five minutes.
-    client.ended().await;
 }
 
 #[tokio::test]
@@ -171,8 +177,7 @@ async fn bad_audio_gets_one_error_and_the_end_of_the_stream() {
         .await;
     let mut long = Client::connect(&host2).await;
     long.request("en", 1.5).await;
-    let (kind, error) = long.recv().await;
-    assert_eq!(kind, "error");
+    let error = long.error_then_end().await;
     assert!(
         error["text"]
             .as_str()
@@ -180,7 +185,6 @@ async fn bad_audio_gets_one_error_and_the_end_of_the_stream() {
             .contains("max_audio_seconds"),
         "{error}"
     );
-    long.ended().await;
     host2.stop().await;
     // A new connection works after all that.
     let mut client = Client::connect(&host).await;
@@ -225,13 +229,8 @@ async fn a_request_in_flight_at_shutdown_is_answered_shutting_down() {
     })
     .await;
     let stopped = tokio::spawn(host.stop());
-    let (kind, error) = client.recv().await;
-    assert_eq!(
-        (kind.as_str(), &error["code"]),
-        ("error", &json!("shutting_down")),
-        "{error}"
-    );
-    client.ended().await;
+    let error = client.error_then_end().await;
+    assert_eq!(error["code"], "shutting_down", "{error}");
     stopped.await.unwrap();
 }
 
@@ -258,13 +257,8 @@ async fn a_wyoming_request_waits_in_the_same_gpu_queue() {
     .await;
     let mut client = Client::connect(&host).await;
     client.request("en", 0.2).await;
-    let (kind, error) = client.recv().await;
-    assert_eq!(
-        (kind.as_str(), &error["code"]),
-        ("error", &json!("queue_full")),
-        "{error}"
-    );
-    client.ended().await;
+    let error = client.error_then_end().await;
+    assert_eq!(error["code"], "queue_full", "{error}");
     running.await.unwrap();
     waiting.await.unwrap();
     let mut client = Client::connect(&host).await;
