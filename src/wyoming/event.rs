@@ -6,8 +6,9 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWr
 
 /// Longest header line and longest extra data accepted.
 const MAX_HEADER_BYTES: u64 = 64 * 1024;
-/// Largest payload of one event (an audio chunk is a few KiB).
-pub(super) const MAX_PAYLOAD_BYTES: usize = 4 * 1024 * 1024;
+/// Largest payload of one event: an audio chunk is a few KiB (Home Assistant's are 20 ms); 1 MiB
+/// is 32 s of 16 kHz mono. Each connection may hold one while it arrives.
+pub(super) const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 /// The protocol version written in our headers.
 const VERSION: &str = "1.5.4";
 
@@ -186,7 +187,7 @@ mod tests {
             );
         }
         // A payload cut short is an error, not a zero-padded chunk.
-        let mut short: &[u8] = b"{\"type\":\"audio-chunk\",\"payload_length\":4194304}\n\x01\x02";
+        let mut short: &[u8] = b"{\"type\":\"audio-chunk\",\"payload_length\":1048576}\n\x01\x02";
         assert!(matches!(
             read_event(&mut short).await,
             Err(FrameError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof
