@@ -136,11 +136,11 @@ def _score(pairs, oracle=False):
             row[2] += len(result["speakers"]) == 1
             row[3] += 1
             continue
-        d = metrics.der_overlap(item["turns"], result["turns"], item["uem"])
-        speech = sum(t["end"] - t["start"] for t in item["turns"])
+        # Corpus level: the split's errors over its scored speaker-frames.
+        errors, total = metrics.der_overlap_counts(item["turns"], result["turns"], item["uem"])
         row = rows.setdefault((item["set"], item["split"]), [0.0, 0.0, 0, 0])
-        row[0] += d * speech
-        row[1] += speech
+        row[0] += errors
+        row[1] += total
         row[2] += len(result["speakers"]) == len({t["speaker"] for t in item["turns"]})
         row[3] += 1
     return {k: (e / s, right, n) for k, (e, s, right, n) in rows.items()}

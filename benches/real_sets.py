@@ -120,7 +120,18 @@ def asterisk(cache):
             continue
         text = re.sub(r"\[[^\]]*\]", " ", text)
         items.append({"name": name, "wav": wav, "text": text})
-    return _alternate(items, "asterisk")
+    items = _alternate(items, "asterisk")
+    # Some prompts are other takes of the same sentence (`confbridge-has-left`, `conf-hasleft`):
+    # a report one whose text a tune one says is marked, and left out of the report's scores.
+    said = {_said(i["text"]) for i in items if i["split"] == "tune"}
+    for item in items:
+        item["seen"] = item["split"] == "report" and _said(item["text"]) in said
+    return items
+
+
+def _said(text):
+    """A prompt's words, lowercase, without punctuation: how two takes are found alike."""
+    return " ".join(re.findall(r"[a-z0-9']+", text.lower()))
 
 
 def multilingual(cache):

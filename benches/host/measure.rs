@@ -76,23 +76,28 @@ pub async fn run_job(client: &reqwest::Client, url: &str, wav: &[u8]) -> Vec<(St
     lines
 }
 
-/// No-op job latency of both hosts and of the floor (the worker over bare pipes), interleaved
-/// job by job in a rotating order, so that all three see the same machine: a burst of load from
-/// elsewhere lands on all of them alike instead of on whichever block ran then. Milliseconds,
-/// after a warm-up of 20 each: (gpuhost, anchor, floor).
+/// No-op job latency of both hosts and of the two floors (the worker over bare pipes, its job
+/// files on disk as the anchor's are, and in memory as gpuhost's small jobs are), interleaved
+/// job by job, so that all see the same machine: a burst of load from elsewhere lands on all of
+/// them alike instead of on whichever block ran then. The order goes through every permutation
+/// in turn, so each runs after each other as often (what one leaves behind, such as a host's
+/// cleanup after its answer, lands on all alike). Milliseconds, after a warm-up of 24 rounds:
+/// (gpuhost, anchor, floor on disk, floor in memory), `n` rounds rounded up to whole cycles.
 pub async fn interleaved_latency(
     client: &reqwest::Client,
     gpuhost_url: &str,
     anchor_url: &str,
-    floor: &mut BarePipe,
+    floors: [&mut BarePipe; 2],
     wav: &[u8],
     n: usize,
-) -> (Vec<Sample>, Vec<Sample>, Vec<Sample>) {
-    let (mut g, mut a, mut f) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..n + 20 {
-        for k in 0..3 {
+) -> [Vec<Sample>; 4] {
+    let [disk, memory] = floors;
+    let orders = permutations(4);
+    let mut out: [Vec<Sample>; 4] = Default::default();
+    // Whole cycles of orders: `n` rounded up to one, plus one cycle of warm-up.
+    for i in 0..(n.div_ceil(orders.len()) + 1) * orders.len() {
+        for &which in &orders[i % orders.len()] {
             let started = Instant::now();
-            let which = (i + k) % 3;
             match which {
                 0 => {
                     run_job(client, gpuhost_url, wav).await;
@@ -100,15 +105,31 @@ pub async fn interleaved_latency(
                 1 => {
                     run_job(client, anchor_url, wav).await;
                 }
-                _ => tokio::task::block_in_place(|| floor.once()),
+                2 => tokio::task::block_in_place(|| disk.once()),
+                _ => tokio::task::block_in_place(|| memory.once()),
             }
-            let ms = started.elapsed().as_secs_f64() * 1000.0;
-            if i >= 20 {
-                [&mut g, &mut a, &mut f][which].push(ms);
+            if i >= orders.len() {
+                out[which].push(started.elapsed().as_secs_f64() * 1000.0);
             }
         }
     }
-    (g, a, f)
+    out
+}
+
+/// Every order of `0..n`.
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut out = Vec::new();
+    for rest in permutations(n - 1) {
+        for at in 0..=rest.len() {
+            let mut order = rest.clone();
+            order.insert(at, n - 1);
+            out.push(order);
+        }
+    }
+    out
 }
 
 /// `total` jobs from `clients` concurrent clients; jobs per second.
@@ -210,7 +231,8 @@ pub async fn status_load(
 }
 
 /// The floor under every no-op job: the worker alone, driven over bare pipes (no host, no HTTP):
-/// write the job line, wait for `done`. Started exactly as both hosts start it (`argv`).
+/// write the job line, wait for `done`. Started exactly as both hosts start it (`argv`), its job
+/// files in a folder under `parent` (the system temp dir when `None`).
 pub struct BarePipe {
     child: std::process::Child,
     stdin: std::process::ChildStdin,
@@ -221,9 +243,12 @@ pub struct BarePipe {
 }
 
 impl BarePipe {
-    pub fn start(argv: &[String]) -> BarePipe {
+    pub fn start(argv: &[String], parent: Option<&std::path::Path>) -> BarePipe {
         use std::process::{Command, Stdio};
-        let dir = tempfile::tempdir().unwrap();
+        let dir = match parent {
+            Some(parent) => tempfile::tempdir_in(parent).unwrap(),
+            None => tempfile::tempdir().unwrap(),
+        };
         let wav = dir.path().join("audio.wav");
         std::fs::write(&wav, wav_bytes(0.5)).unwrap();
         let mut child = Command::new(&argv[0])

@@ -118,12 +118,19 @@ def _frames(turns, n):
 
 
 def best_mapping(ref_labels, hyp_labels):
-    refs = sorted({r for r in ref_labels if r})
-    hyps = sorted({h for h in hyp_labels if h})
     overlap = {}
     for r, h in zip(ref_labels, hyp_labels):
         if r and h:
             overlap[(r, h)] = overlap.get((r, h), 0) + 1
+    return optimal_mapping(overlap)
+
+
+def optimal_mapping(overlap):
+    """hyp label -> ref label, one-to-one, with the most shared frames in all (every pairing
+    tried: a greedy pick of the largest overlap first is wrong even for two speakers a side).
+    `overlap` maps (ref, hyp) to the frames they share."""
+    refs = sorted({r for r, _ in overlap})
+    hyps = sorted({h for _, h in overlap})
     best, best_score = {}, -1
     if len(hyps) <= len(refs):
         for perm in itertools.permutations(refs, len(hyps)):
@@ -217,7 +224,14 @@ def der_overlap(ref_turns, hyp_turns, span, collar=0.25):
     """DER with overlapped speech scored (NIST style): per 10 ms frame inside `span` and outside
     the collar around every reference boundary, missed = max(0, |ref| - |hyp|), false alarm =
     max(0, |hyp| - |ref|), confusion = min(|ref|, |hyp|) - correctly mapped speakers, over the
-    sum of |ref|; one speaker mapping for the whole recording, chosen by overlap."""
+    sum of |ref|; one speaker mapping for the whole recording, the one sharing the most frames."""
+    errors, total = der_overlap_counts(ref_turns, hyp_turns, span, collar)
+    return errors / max(1, total)
+
+
+def der_overlap_counts(ref_turns, hyp_turns, span, collar=0.25):
+    """`der_overlap`'s (errors, scored reference speaker-frames): a set's DER is the sum of one
+    over the sum of the other (corpus level), not a mean of the recordings' DERs."""
     start, end = span
     n = int((end - start) / FRAME) + 1
 
@@ -241,12 +255,7 @@ def der_overlap(ref_turns, hyp_turns, span, collar=0.25):
         for x in r:
             for y in h:
                 overlap[(x, y)] = overlap.get((x, y), 0) + 1
-    # Greedy one-to-one mapping by overlap (exact for the small speaker counts here).
-    mapping, used = {}, set()
-    for (x, y), _ in sorted(overlap.items(), key=lambda kv: -kv[1]):
-        if y not in mapping and x not in used:
-            mapping[y] = x
-            used.add(x)
+    mapping = optimal_mapping(overlap)
     total = errors = 0
     for r, h, x in zip(ref, hyp, excluded):
         if x:
@@ -254,4 +263,4 @@ def der_overlap(ref_turns, hyp_turns, span, collar=0.25):
         total += len(r)
         hits = len({mapping.get(y) for y in h} & r)
         errors += max(len(r), len(h)) - hits
-    return errors / max(1, total)
+    return errors, total

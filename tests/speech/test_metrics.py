@@ -65,6 +65,22 @@ def test_der_scores_overlapped_speech():
     assert metrics.der_overlap(both, renamed, (0.0, 3.0)) == 0.0
 
 
+def test_der_maps_speakers_optimally_not_greedily():
+    # x shares 5 s with A and 4 s with B; y shares 4 s with A only. Greedy takes x=A (5) and
+    # leaves y unmapped (5 s right); the best mapping is x=B, y=A (8 s right).
+    ref = [
+        {"start": 0.0, "end": 9.0, "speaker": "A"},
+        {"start": 9.0, "end": 13.0, "speaker": "B"},
+    ]
+    hyp = [
+        {"start": 0.0, "end": 5.0, "speaker": "x"},
+        {"start": 5.0, "end": 9.0, "speaker": "y"},
+        {"start": 9.0, "end": 13.0, "speaker": "x"},
+    ]
+    errors, total = metrics.der_overlap_counts(ref, hyp, (0.0, 13.0), collar=0.0)
+    assert total == 1300 and abs(errors - 500) <= 2, (errors, total)
+
+
 def test_boundary_errors_pair_the_words_both_sides_have():
     ref = [
         {"word": "bobby", "start": 0.06, "end": 0.41},
