@@ -8,6 +8,36 @@ pub(crate) mod speakers;
 pub(crate) mod status;
 pub(crate) mod transcribe;
 
+/// Writes a command's result to stdout. A reader that went away (`| head -1`) ends the command
+/// quietly; any other failure (a full disk) is an error that says so, not a panic.
+pub(crate) fn print_result(text: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(anyhow::Error::new(e).context("writing the result to stdout")),
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM: a one-shot command then stops its workers, removes its job
+/// folder and exits 130.
+pub(crate) async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        },
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// The exit status of a one-shot command stopped by Ctrl-C or SIGTERM.
+pub(crate) const INTERRUPTED: u8 = 130;
+
 /// Makes a one-shot command the subreaper of the workers it starts, so that what they detach
 /// (`setsid`, a double fork) is adopted and can be swept by [`sweep_orphans`] at the end.
 pub(crate) fn adopt_orphans() {

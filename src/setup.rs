@@ -276,7 +276,18 @@ pub async fn setup(
 
 /// Before serving: builds venvs that do not exist yet, refuses stale or broken ones.
 pub async fn ensure(config: &Config, say: &dyn Fn(&str)) -> Result<(), SetupError> {
-    for name in config.workers.keys() {
+    let all: Vec<String> = config.workers.keys().cloned().collect();
+    ensure_these(config, &all, say).await
+}
+
+/// [`ensure`] for the workers `names` only (a one-shot command needs those it runs, not every
+/// venv of the config).
+pub async fn ensure_these(
+    config: &Config,
+    names: &[String],
+    say: &dyn Fn(&str),
+) -> Result<(), SetupError> {
+    for name in names {
         let Some(pkg) = Package::of(config, name)? else {
             continue;
         };

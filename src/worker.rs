@@ -128,13 +128,13 @@ pub enum Control {
 pub enum TaskError {
     #[error("worker `{worker}` could not start: {reason}")]
     Unavailable { worker: String, reason: String },
-    #[error("worker `{worker}` crashed during the task ({exit}); it is restarting. Last stderr lines:\n{tail}")]
+    #[error("worker `{worker}` crashed during the task ({exit}); a new process takes the next task. Last stderr lines:\n{tail}")]
     Crashed {
         worker: String,
         exit: String,
         tail: String,
     },
-    #[error("worker `{worker}` did not finish the task within {seconds:.0} s; it was killed and is restarting")]
+    #[error("worker `{worker}` did not finish the task within {seconds:.0} s; it was killed, and a new process takes the next task")]
     Timeout { worker: String, seconds: f64 },
     #[error("worker `{worker}` failed the task: {message}")]
     Failed { worker: String, message: String },

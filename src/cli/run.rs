@@ -17,18 +17,34 @@ pub(crate) async fn run(
         bail!("no worker `{worker}` in the config (known: {known:?})");
     };
     spec.mode = Mode::Oneshot;
-    gpuhost::setup::ensure(config, &|line| eprintln!("{line}")).await?;
     let text = if task == Path::new("-") {
         std::io::read_to_string(std::io::stdin()).context("reading the task from stdin")?
     } else {
         std::fs::read_to_string(task).with_context(|| format!("reading {}", task.display()))?
     };
-    let serde_json::Value::Object(fields) =
+    let serde_json::Value::Object(mut fields) =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", task.display()))?
     else {
         bail!("the task must be a JSON object");
     };
-    let dir = tempfile::tempdir()?;
+    // Paths in the task are the user's, relative to where the command runs, not to the worker's
+    // own folder.
+    for key in ["audio_path", "wav_path"] {
+        if let Some(serde_json::Value::String(path)) = fields.get_mut(key) {
+            if let Ok(absolute) = std::path::absolute(&*path) {
+                *path = absolute.display().to_string();
+            }
+        }
+    }
+    gpuhost::setup::ensure_these(config, &[worker.to_string()], &|line| eprintln!("{line}"))
+        .await?;
+    // Named like a job folder, so that a sweep finds it if this process is killed.
+    let dir = gpuhost::job::job_dir(config).with_context(|| {
+        format!(
+            "cannot make a folder in {} (limits.temp_dir)",
+            config.temp_dir().display()
+        )
+    })?;
     super::adopt_orphans();
     let (handle, task) = WorkerHandle::spawn(spec);
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
@@ -37,19 +53,25 @@ pub(crate) async fn run(
             eprintln!("{}", serde_json::to_string(&event).unwrap_or_default());
         }
     });
-    let outcome = handle
-        .run(TaskRequest {
-            task: fields,
-            output_path: dir.path().join("result.json"),
-            events: tx,
-            cancel: Default::default(),
-        })
-        .await;
+    let run = handle.run(TaskRequest {
+        task: fields,
+        output_path: dir.path().join("result.json"),
+        events: tx,
+        cancel: Default::default(),
+    });
+    let outcome = tokio::select! {
+        outcome = run => Some(outcome),
+        () = super::interrupted() => None,
+    };
     handle.stop().await;
     let _ = task.await;
     super::sweep_orphans().await;
     let _ = printer.await;
+    drop(dir);
+    let Some(outcome) = outcome else {
+        return Ok(ExitCode::from(super::INTERRUPTED));
+    };
     let result = outcome?;
-    println!("{}", serde_json::to_string_pretty(&result)?);
+    super::print_result(&(serde_json::to_string_pretty(&result)? + "\n"))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -58,6 +58,13 @@ pub(crate) async fn transcribe(
     config: gpuhost::Config,
     args: TranscribeArgs,
 ) -> anyhow::Result<ExitCode> {
+    // `-` is stdin. Relative names are made absolute: the decoder child and ffmpeg must not read
+    // `-x.wav` as an option or `clip:1.webm` as a protocol.
+    let mut args = args;
+    if args.file == std::path::Path::new("-") {
+        args.file = PathBuf::from("/dev/stdin");
+    }
+    args.file = std::path::absolute(&args.file).unwrap_or(args.file);
     // A file that is not there is the user's to fix, whichever way the job would run (a pipe,
     // `/dev/stdin` or `<(…)`, is fine).
     let meta = std::fs::metadata(&args.file)
@@ -67,17 +74,30 @@ pub(crate) async fn transcribe(
         "{} is a folder: give an audio or video file",
         args.file.display()
     );
+    if meta.is_file() {
+        // Unreadable is said here: the decoder would report it as a failed write.
+        std::fs::File::open(&args.file)
+            .with_context(|| format!("cannot read {}", args.file.display()))?;
+    }
     let mut progress = Progress::new(args.verbose);
     let last = match &args.server {
         Some(server) => {
             let server = super::Remote::new(&config, Some(server), args.token.as_deref())?;
             remote(&server, &args, &mut progress).await?
         }
-        None => local(config, &args, &mut progress).await?,
+        None => match local(config, &args, &mut progress).await? {
+            Some(last) => last,
+            None => {
+                eprintln!(
+                    "gpuhost: interrupted; the workers are stopped and the job folder removed"
+                );
+                return Ok(ExitCode::from(super::INTERRUPTED));
+            }
+        },
     };
     match last {
         ClientEvent::Result { result } => {
-            print!("{}", render(&result, args.format));
+            super::print_result(&render(&result, args.format))?;
             Ok(ExitCode::SUCCESS)
         }
         ClientEvent::Error { code, message } => bail!("{code}: {message}"),
@@ -96,39 +116,81 @@ fn options(args: &TranscribeArgs) -> JobOptions {
     }
 }
 
+/// The job run here, every stage one-shot. `None`: interrupted (Ctrl-C, SIGTERM), after the
+/// workers are stopped and the job folder is gone.
 async fn local(
     config: gpuhost::Config,
     args: &TranscribeArgs,
     progress: &mut Progress,
-) -> anyhow::Result<ClientEvent> {
+) -> anyhow::Result<Option<ClientEvent>> {
     let stages = job::select_stages(&config.pipeline.stages, args.stages.as_deref())
         .map_err(anyhow::Error::msg)?;
     gpuhost::render::fits(args.format, &stages).map_err(anyhow::Error::msg)?;
     let opts = options(args).validated(config.limits.max_field_bytes)?;
     job::options_for_stages_run(&opts, &config.pipeline.stages, &stages)?;
-    gpuhost::setup::ensure(&config, &|line| eprintln!("{line}")).await?;
+    // Only the venvs of the stages that run: `--stages asr` needs no diarizer.
+    gpuhost::setup::ensure_these(&config, &stages, &|line| eprintln!("{line}")).await?;
     super::adopt_orphans();
     let app = gpuhost::App::start_oneshot(config);
-    let dir = job::job_dir(&app.config)?;
-    let prepared = PreparedJob::from_upload(
-        &app,
-        dir,
-        gpuhost::audio::Source::File(args.file.clone()),
-        opts,
-        stages,
-    )
-    .await
-    .with_context(|| format!("reading {}", args.file.display()))?;
-    let mut events = start_job(Arc::clone(&app), prepared)
-        .map_err(|_| anyhow::anyhow!("the GPU queue is full"))?;
-    let mut last = None;
-    while let Some(event) = events.recv().await {
-        progress.show(&event);
-        last = Some(event);
-    }
+    let run = async {
+        let dir = job::job_dir(&app.config).with_context(|| {
+            format!(
+                "cannot make a job folder in {} (limits.temp_dir)",
+                app.config.temp_dir().display()
+            )
+        })?;
+        let source = spilled(&args.file, dir.path(), app.config.limits.max_upload_bytes).await?;
+        let prepared = PreparedJob::from_upload(&app, dir, source, opts, stages)
+            .await
+            .with_context(|| format!("reading {}", args.file.display()))?;
+        let mut events = start_job(Arc::clone(&app), prepared)
+            .map_err(|_| anyhow::anyhow!("the GPU queue is full"))?;
+        let mut last = None;
+        while let Some(event) = events.recv().await {
+            progress.show(&event);
+            last = Some(event);
+        }
+        last.context("the job ended without a final event")
+    };
+    let last = tokio::select! {
+        last = run => Some(last),
+        () = super::interrupted() => None,
+    };
+    // Interrupted, the job's future is gone with its folder and the workers stop here.
     app.supervisor.stop_all().await;
     super::sweep_orphans().await;
-    last.context("the job ended without a final event")
+    last.transpose()
+}
+
+/// The input as the decoder can read it: a regular file as it is; a pipe, `/dev/stdin` or
+/// `<(…)` read once into the job folder (the decoder child and ffmpeg cannot share this
+/// process's stdin, and a pipe has no length to check), at most `max` bytes; so is a file whose
+/// name is not UTF-8 (the decoder's command line is text).
+async fn spilled(
+    file: &std::path::Path,
+    dir: &std::path::Path,
+    max: u64,
+) -> anyhow::Result<gpuhost::audio::Source> {
+    use tokio::io::AsyncReadExt;
+    if std::fs::metadata(file).is_ok_and(|m| m.is_file()) && file.to_str().is_some() {
+        return Ok(gpuhost::audio::Source::File(file.to_path_buf()));
+    }
+    let copy = dir.join("input");
+    let mut from = tokio::fs::File::open(file)
+        .await
+        .with_context(|| format!("cannot read {}", file.display()))?
+        .take(max + 1);
+    let mut to = tokio::fs::File::create(&copy).await?;
+    let n = tokio::io::copy(&mut from, &mut to)
+        .await
+        .with_context(|| format!("reading {}", file.display()))?;
+    anyhow::ensure!(n > 0, "{} is empty: nothing to transcribe", file.display());
+    anyhow::ensure!(
+        n <= max,
+        "{} is larger than limits.max_upload_bytes ({max} bytes)",
+        file.display()
+    );
+    Ok(gpuhost::audio::Source::File(copy))
 }
 
 async fn remote(

@@ -80,6 +80,10 @@ impl GpuMonitor {
             Some(path) => {
                 tracing::info!(backend = report.active, %path, unavailable = ?report.unavailable, "GPU status backend")
             }
+            // Chosen (`backend = "none"`, and every one-shot command) is no news.
+            None if st.backend == crate::config::GpuBackendChoice::None => {
+                tracing::debug!("GPU status backend: none, as configured")
+            }
             None => {
                 tracing::warn!(unavailable = ?report.unavailable, "no GPU status backend: /status will read unknown")
             }

@@ -242,7 +242,8 @@ fn serve_stderr(extra: &[&str], env: &[(&str, &str)]) -> Vec<String> {
     let config = dir.path().join("gpuhost.toml");
     std::fs::write(
         &config,
-        "listen = \"127.0.0.1:0\"\n[pipeline]\nstages = []\n[workers]\n[gpu.status]\nbackend = \"none\"\n",
+        // An nvidia-smi that is not there: a warning to log, wherever the test runs.
+        "listen = \"127.0.0.1:0\"\n[pipeline]\nstages = []\n[workers]\n[gpu.status]\nbackend = \"nvidia-smi\"\nnvidia_smi = \"/nonexistent/nvidia-smi\"\n",
     )
     .unwrap();
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"));
@@ -384,4 +385,109 @@ fn a_missing_input_or_an_https_server_is_said_plainly() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn one_shot_output_to_a_closed_pipe_and_relative_task_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    // A result larger than a pipe's buffer, to a reader that takes 10 bytes and leaves
+    // (`| head -c 10`): a quiet end, not a panic.
+    let job = dir.path().join("job.json");
+    let big = serde_json::json!({"audio_path": "hello16.wav", "prompt": "x".repeat(300_000)});
+    std::fs::write(&job, big.to_string()).unwrap();
+    let mut child = gpuhost()
+        .args(["run", "b", "--config"])
+        .arg(&config)
+        .arg("--task")
+        .arg(&job)
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 10];
+    use std::io::Read;
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    // A task's relative `audio_path` is the user's, relative to where the command runs.
+    std::fs::write(&job, r#"{"audio_path": "hello16.wav"}"#).unwrap();
+    let out = gpuhost()
+        .args(["run", "b", "--config"])
+        .arg(&config)
+        .arg("--task")
+        .arg(&job)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let result = json_stdout(&out);
+    assert_eq!(
+        result["audio_path"],
+        dir.path().join("hello16.wav").display().to_string()
+    );
+}
+
+#[test]
+fn a_local_transcription_reads_stdin_and_an_interrupt_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let temp = dir.path().join("tmp");
+    std::fs::create_dir(&temp).unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!("[limits]\ntemp_dir = {:?}", temp.display().to_string()),
+    );
+    // `-` is stdin: read into the job folder (the decoder cannot share this process's stdin).
+    let mut child = gpuhost()
+        .args(["transcribe", "-", "--config"])
+        .arg(&config)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&wav(0.5, 16000, 1)).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        json_stdout(&out)["stages"]["b"]["duration"]
+            .as_f64()
+            .unwrap()
+            > 0.4
+    );
+    // Ctrl-C while a stage works: exit 130, the workers stopped, the job folder removed.
+    let child = gpuhost()
+        .args(["transcribe", "--language", "fake:sleep=60000", "--config"])
+        .arg(&config)
+        .arg(fixture("audio/tone.flac"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let folders = || std::fs::read_dir(&temp).unwrap().count();
+    let started = std::time::Instant::now();
+    while folders() == 0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "no job folder"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The stage has begun once the folder holds the normalized audio.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: signals our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert_eq!(folders(), 0, "the job folder is left: {stderr}");
 }
