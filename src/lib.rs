@@ -9,6 +9,7 @@ pub mod files;
 pub mod gpu;
 pub mod http;
 pub mod job;
+pub mod logwriter;
 pub mod metrics;
 pub mod pipeline;
 pub mod process;

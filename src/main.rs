@@ -101,7 +101,7 @@ fn main() -> std::process::ExitCode {
         eprintln!("gpuhost: warning: cannot start the orphan guard ({e}); worker children may outlive a killed host");
     }
     gpuhost::serve::raise_fd_limit();
-    init_logging(&args);
+    let flush_logs = init_logging(&args);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -110,6 +110,8 @@ fn main() -> std::process::ExitCode {
     // Work still on blocking threads (a decode at its next packet, a stuck driver call) gets a
     // few seconds; exit does not wait for it longer.
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    // Log lines still queued go out before the final message.
+    drop(flush_logs);
     match outcome {
         Ok(code) => code,
         Err(e) => {
@@ -171,19 +173,23 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
 
 /// `GPUHOST_LOG` filters (default `info`; `warn` for `gpuhost transcribe`, whose progress bars
 /// would be broken up by log lines, unless `-v`).
-fn init_logging(args: &Args) {
+/// Logs to stderr through [`gpuhost::logwriter`] (a stderr nobody reads must not stop the host);
+/// the returned guard writes what is still queued at exit.
+fn init_logging(args: &Args) -> gpuhost::logwriter::Flush {
     use std::io::IsTerminal;
     let quiet = matches!(&args.command, Command::Transcribe(t) if !t.verbose());
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUHOST_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if quiet { "warn" } else { "info" })
     });
+    let (writer, flush) = gpuhost::logwriter::non_blocking(std::io::stderr());
     let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_env_filter(filter);
     match args.log_format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
     }
+    flush
 }
 
 fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<gpuhost::Config> {

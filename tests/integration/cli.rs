@@ -1,6 +1,7 @@
 //! The command line: `gpuhost run`, and `gpuhost transcribe` both locally and through a server.
 
 use std::process::Command;
+use std::time::Duration;
 
 use super::support::*;
 
@@ -490,4 +491,66 @@ fn a_local_transcription_reads_stdin_and_an_interrupt_leaves_nothing_behind() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{stderr}");
     assert_eq!(folders(), 0, "the job folder is left: {stderr}");
+}
+
+#[tokio::test]
+async fn a_stderr_nobody_reads_does_not_stop_the_server() {
+    // Log lines go through a queue of their own: written on the runtime, the first write into
+    // a full pipe (a paused terminal, a stalled journal) stopped every request, /health too.
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("gpuhost.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:{port}\"\n[pipeline]\nstages = [\"w\"]\n{}[gpu.status]\nbackend = \"none\"\n",
+            fake_worker("w", "")
+        ),
+    )
+    .unwrap();
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("GPUHOST_LOG", "debug")
+        .env_remove("GPUHOST_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped()) // never read
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    wait_for(
+        "the server to be ready",
+        Duration::from_secs(30),
+        || async {
+            let ready = client.get(format!("{base}/ready")).send().await;
+            ready.is_ok_and(|r| r.status() == 200)
+        },
+    )
+    .await;
+    // Far more log lines than a pipe holds (each job logs its worker's 2000 lines).
+    for _ in 0..3 {
+        let job = client
+            .post(format!("{base}/transcribe?language=fake:logs=2000"))
+            .body(wav(0.2, 16000, 1))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .expect("a job with a stalled stderr");
+        assert!(job.text().await.unwrap().contains("\"result\""));
+    }
+    let health = client
+        .get(format!("{base}/health"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .expect("/health with a stalled stderr");
+    assert_eq!(health.status(), 200);
+    server.start_kill().unwrap();
+    let _ = server.wait().await;
 }
