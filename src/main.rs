@@ -179,7 +179,12 @@ fn init_logging(args: &Args) -> gpuhost::logwriter::Flush {
     use std::io::IsTerminal;
     let quiet = matches!(&args.command, Command::Transcribe(t) if !t.verbose());
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUHOST_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(if quiet { "warn" } else { "info" })
+        tracing_subscriber::EnvFilter::new(if quiet {
+            // The job's failure is the command's own last line; the log need not say it first.
+            "warn,gpuhost::job=error"
+        } else {
+            "info"
+        })
     });
     let (writer, flush) = gpuhost::logwriter::non_blocking(std::io::stderr());
     let builder = tracing_subscriber::fmt()
