@@ -20,23 +20,22 @@ pub(crate) fn print_result(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Resolves on Ctrl-C or SIGTERM: a one-shot command then stops its workers, removes its job
-/// folder and exits 130.
-pub(crate) async fn interrupted() {
+/// Resolves on Ctrl-C or SIGTERM with the exit status a shell gives a command the signal
+/// stopped (130, 143): a one-shot command then stops its workers, removes its job folder and
+/// exits with it.
+pub(crate) async fn interrupted() -> u8 {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
         Ok(mut term) => tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => 130,
+            _ = term.recv() => 143,
         },
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
+            130
         }
     }
 }
-
-/// The exit status of a one-shot command stopped by Ctrl-C or SIGTERM.
-pub(crate) const INTERRUPTED: u8 = 130;
 
 /// Makes a one-shot command the subreaper of the workers it starts, so that what they detach
 /// (`setsid`, a double fork) is adopted and can be swept by [`sweep_orphans`] at the end.

@@ -126,13 +126,12 @@ impl Drop for Line {
         }
         let owner = &self.owner;
         // Lines dropped before this one are said where they were lost, before it.
-        let lost = owner.dropped.load(Ordering::Relaxed);
-        if lost > 0 {
-            if owner.queue.try_send(Message::Lost(lost)).is_err() {
-                owner.dropped.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-            owner.dropped.fetch_sub(lost, Ordering::Relaxed);
+        // Taken whole (another thread logging at once must not say or subtract it too), and
+        // given back with this line when it cannot be said yet.
+        let lost = owner.dropped.swap(0, Ordering::Relaxed);
+        if lost > 0 && owner.queue.try_send(Message::Lost(lost)).is_err() {
+            owner.dropped.fetch_add(lost + 1, Ordering::Relaxed);
+            return;
         }
         if owner
             .queue

@@ -77,8 +77,10 @@ impl Speakers {
                 continue;
             }
             // Voiceprints are personal data: readable by the owner only, whatever an older
-            // build or a copy left.
-            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+            // build or a copy left (regular files only: a link's target is not ours to change).
+            if entry.file_type().is_ok_and(|t| t.is_file()) {
+                let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+            }
             match read_voice(&path, &name) {
                 Ok(voice) => {
                     inner.voices.insert(voice.name.clone(), voice);
@@ -188,6 +190,10 @@ impl Speakers {
     pub fn delete(&self, name: &str) -> Result<(), SpeakerError> {
         let _writing = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let known = self.lock().voices.contains_key(name);
+        if !known && name.len() > NAME_MAX {
+            // No voice can have it, and its file name would be too long to ask about.
+            return Err(SpeakerError::NotFound(name.into()));
+        }
         match std::fs::remove_file(self.file(name)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && known => {}
@@ -196,7 +202,7 @@ impl Speakers {
             }
             Err(e) => return Err(SpeakerError::Io(io_kind(&e))),
         }
-        sync_dir(&self.dir).map_err(|e| SpeakerError::Io(io_kind(&e)))?;
+        synced(&self.dir);
         let mut inner = self.lock();
         inner.voices.remove(name);
         *inner.deletions.entry(name.into()).or_default() += 1;
@@ -222,7 +228,8 @@ impl Speakers {
         tmp.write_all(&serde_json::to_vec(voice).map_err(std::io::Error::other)?)?;
         tmp.as_file().sync_all()?;
         tmp.persist(self.file(&voice.name)).map_err(|e| e.error)?;
-        sync_dir(&self.dir)
+        synced(&self.dir);
+        Ok(())
     }
 
     pub fn dir(&self) -> &Path {
@@ -230,9 +237,12 @@ impl Speakers {
     }
 }
 
-/// Makes a rename or removal in `dir` survive a power cut.
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    std::fs::File::open(dir)?.sync_all()
+/// Makes a rename or removal in `dir` survive a power cut. The change itself is made by then:
+/// a failed sync is logged, not an error (memory and disk would disagree about it otherwise).
+fn synced(dir: &Path) {
+    if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot sync the voices folder");
+    }
 }
 
 /// What went wrong on disk, without the server path tempfile puts in its errors (clients see

@@ -71,6 +71,10 @@ pub async fn serve(listener: TcpListener, app: AppState) {
     connections.shutdown().await;
 }
 
+/// What is read and dropped after an `error` before the connection closes, at most.
+const DRAIN_BYTES: u64 = 32 * 1024 * 1024;
+const DRAIN_TIME: Duration = Duration::from_secs(10);
+
 /// How long connections get to answer once the host stops.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -171,20 +175,23 @@ impl Connection {
     }
 
     /// After an `error`: the end of the stream tells the client there is no more to wait for,
-    /// and what it still sends (the rest of its audio) is read and dropped, within the upload
-    /// limits, so that closing does not reset the connection before it read the error.
+    /// and what it still sends (the rest of its audio) is read and dropped, so that closing does
+    /// not reset the connection before it read the error. Bounded as HTTP's drain is: at most
+    /// `DRAIN_BYTES` within `DRAIN_TIME`.
     async fn close_after_error(&mut self) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let _ = self.writer.shutdown().await;
-        let idle = Duration::from_secs_f64(self.app.config.http.body_idle_timeout_s);
-        let mut left = self.app.config.limits.max_upload_bytes;
+        let mut left = DRAIN_BYTES;
         let mut buf = vec![0u8; 64 * 1024];
-        while left > 0 && !self.app.stopping.is_cancelled() {
-            match tokio::time::timeout(idle, self.reader.read(&mut buf)).await {
-                Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n as u64),
-                _ => break,
+        let drain = async {
+            while left > 0 && !self.app.stopping.is_cancelled() {
+                match self.reader.read(&mut buf).await {
+                    Ok(n) if n > 0 => left = left.saturating_sub(n as u64),
+                    _ => break,
+                }
             }
-        }
+        };
+        let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
     }
 
     /// Writes one event, within `http.send_timeout_s`: a client that reads nothing must not

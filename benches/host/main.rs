@@ -41,8 +41,13 @@ fn main() {
         // measured interleaved with both hosts' jobs. Each host against the floor whose job
         // files are where its worker's are: the anchor's on disk, gpuhost's (a 0.5 s 16 kHz WAV
         // is a small job) in /dev/shm.
-        let memory = std::path::Path::new("/dev/shm");
-        let memory = memory.is_dir().then_some(memory);
+        let shm = std::path::Path::new("/dev/shm");
+        let memory = shm.is_dir().then_some(shm);
+        if memory.is_none() {
+            println!(
+                "(no /dev/shm here: both floors write to the temp dir, as gpuhost then does)\n"
+            );
+        }
         let mut disk_floor = measure::BarePipe::start(&servers::worker_argv(), None);
         let mut memory_floor = measure::BarePipe::start(&servers::worker_argv(), memory);
         let [g, a, disk, memory] = measure::interleaved_latency(

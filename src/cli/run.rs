@@ -60,16 +60,17 @@ pub(crate) async fn run(
         cancel: Default::default(),
     });
     let outcome = tokio::select! {
-        outcome = run => Some(outcome),
-        () = super::interrupted() => None,
+        outcome = run => Ok(outcome),
+        status = super::interrupted() => Err(status),
     };
     handle.stop().await;
     let _ = task.await;
     super::sweep_orphans().await;
     let _ = printer.await;
     drop(dir);
-    let Some(outcome) = outcome else {
-        return Ok(ExitCode::from(super::INTERRUPTED));
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(status) => return Ok(ExitCode::from(status)),
     };
     let result = outcome?;
     super::print_result(&(serde_json::to_string_pretty(&result)? + "\n"))?;

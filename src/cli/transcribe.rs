@@ -86,12 +86,12 @@ pub(crate) async fn transcribe(
             remote(&server, &args, &mut progress).await?
         }
         None => match local(config, &args, &mut progress).await? {
-            Some(last) => last,
-            None => {
+            Ok(last) => last,
+            Err(status) => {
                 eprintln!(
                     "gpuhost: interrupted; the workers are stopped and the job folder removed"
                 );
-                return Ok(ExitCode::from(super::INTERRUPTED));
+                return Ok(ExitCode::from(status));
             }
         },
     };
@@ -116,13 +116,13 @@ fn options(args: &TranscribeArgs) -> JobOptions {
     }
 }
 
-/// The job run here, every stage one-shot. `None`: interrupted (Ctrl-C, SIGTERM), after the
-/// workers are stopped and the job folder is gone.
+/// The job run here, every stage one-shot. `Err(status)`: interrupted (Ctrl-C, SIGTERM; the
+/// exit status to give), after the workers are stopped and the job folder is gone.
 async fn local(
     config: gpuhost::Config,
     args: &TranscribeArgs,
     progress: &mut Progress,
-) -> anyhow::Result<Option<ClientEvent>> {
+) -> anyhow::Result<Result<ClientEvent, u8>> {
     let stages = job::select_stages(&config.pipeline.stages, args.stages.as_deref())
         .map_err(anyhow::Error::msg)?;
     gpuhost::render::fits(args.format, &stages).map_err(anyhow::Error::msg)?;
@@ -153,13 +153,16 @@ async fn local(
         last.context("the job ended without a final event")
     };
     let last = tokio::select! {
-        last = run => Some(last),
-        () = super::interrupted() => None,
+        last = run => Ok(last),
+        status = super::interrupted() => Err(status),
     };
     // Interrupted, the job's future is gone with its folder and the workers stop here.
     app.supervisor.stop_all().await;
     super::sweep_orphans().await;
-    last.transpose()
+    match last {
+        Ok(last) => last.map(Ok),
+        Err(status) => Ok(Err(status)),
+    }
 }
 
 /// The input as the decoder can read it: a regular file as it is; a pipe, `/dev/stdin` or
@@ -172,7 +175,12 @@ async fn spilled(
     max: u64,
 ) -> anyhow::Result<gpuhost::audio::Source> {
     use tokio::io::AsyncReadExt;
-    if std::fs::metadata(file).is_ok_and(|m| m.is_file()) && file.to_str().is_some() {
+    // Standard input is this process's even when it is a file (`< clip.wav`): the decoder's
+    // `/dev/stdin` would be its own, /dev/null.
+    let stdin = ["/dev/stdin", "/dev/fd/", "/proc/self/fd/"]
+        .iter()
+        .any(|p| file.to_str().is_some_and(|f| f.starts_with(p)));
+    if !stdin && std::fs::metadata(file).is_ok_and(|m| m.is_file()) && file.to_str().is_some() {
         return Ok(gpuhost::audio::Source::File(file.to_path_buf()));
     }
     let copy = dir.join("input");

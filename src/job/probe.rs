@@ -17,20 +17,21 @@ struct Last {
 
 pub struct TempProbe {
     dir: PathBuf,
-    /// std: held only to read or store the answer, never across an `.await`.
-    last: std::sync::Mutex<Last>,
+    /// std: held only to read or store the answer, never across an `.await`. Shared with the
+    /// probe's own task, which stores its answer even when the request that started it is gone.
+    last: std::sync::Arc<std::sync::Mutex<Last>>,
 }
 
 impl TempProbe {
     pub fn new(dir: PathBuf) -> TempProbe {
         TempProbe {
             dir,
-            last: std::sync::Mutex::new(Last::default()),
+            last: Default::default(),
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Last> {
-        self.last.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.last)
     }
 
     /// Whether job folders can be made now; `Err` says why, without the server's path (the
@@ -45,19 +46,31 @@ impl TempProbe {
                 _ => last.probing = true,
             }
         }
-        let dir = self.dir.clone();
-        let answer = tokio::task::spawn_blocking(move || temp_dir_usable(&dir))
+        // A task of its own: a caller that goes away (a client that hangs up, a probe's timeout)
+        // must not leave `probing` set, which froze every later answer.
+        let (dir, shared) = (self.dir.clone(), std::sync::Arc::clone(&self.last));
+        let probe = tokio::spawn(async move {
+            let blocking_dir = dir.clone();
+            let answer = tokio::task::spawn_blocking(move || temp_dir_usable(&blocking_dir))
+                .await
+                .unwrap_or_else(|_| Err("the temp dir check failed".into()));
+            let mut last = lock(&shared);
+            let was_ok = last.answer.as_ref().map_or(true, |(_, a)| a.is_ok());
+            if let (true, Err(why)) = (was_ok, &answer) {
+                tracing::warn!(dir = %dir.display(), problem = %why, "the temp dir is unusable: no job can start");
+            }
+            last.answer = Some((Instant::now(), answer.clone()));
+            last.probing = false;
+            answer
+        });
+        probe
             .await
-            .unwrap_or_else(|_| Err("the temp dir check failed".into()));
-        let mut last = self.lock();
-        let was_ok = last.answer.as_ref().map_or(true, |(_, a)| a.is_ok());
-        if let (true, Err(why)) = (was_ok, &answer) {
-            tracing::warn!(dir = %self.dir.display(), problem = %why, "the temp dir is unusable: no job can start");
-        }
-        last.answer = Some((Instant::now(), answer.clone()));
-        last.probing = false;
-        answer
+            .unwrap_or_else(|_| Err("the temp dir check failed".into()))
     }
+}
+
+fn lock(last: &std::sync::Mutex<Last>) -> std::sync::MutexGuard<'_, Last> {
+    last.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
@@ -77,5 +90,24 @@ mod tests {
         assert!(probe.check().await.is_err());
         probe.lock().answer.as_mut().unwrap().0 -= FRESH;
         assert_eq!(probe.check().await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_goes_away_does_not_freeze_the_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("not-yet");
+        let probe = TempProbe::new(gone.clone());
+        // Polled once (the probe starts), then dropped.
+        let mut started = Box::pin(probe.check());
+        assert!(futures_util::poll!(&mut started).is_pending());
+        drop(started);
+        // The probe finishes on its own and says what it found.
+        for _ in 0..200 {
+            if !probe.lock().probing {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(probe.check().await.is_err(), "frozen on no answer");
     }
 }

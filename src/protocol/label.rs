@@ -26,7 +26,7 @@ pub fn invisible(c: char) -> bool {
                 | '\u{115F}'
                 | '\u{1160}'
                 | '\u{17B4}'..='\u{17B5}'
-                | '\u{180B}'..='\u{180F}'
+                | '\u{180E}'
                 | '\u{200B}'
                 | '\u{200E}'..='\u{200F}'
                 | '\u{2028}'..='\u{202E}'
@@ -41,13 +41,32 @@ pub fn invisible(c: char) -> bool {
                 | '\u{13430}'..='\u{1343F}'
                 | '\u{1BCA0}'..='\u{1BCA3}'
                 | '\u{1D173}'..='\u{1D17A}'
-                | '\u{E0000}'..='\u{E0FFF}'
+                | '\u{E0000}'..='\u{E00FF}'
+                | '\u{E01F0}'..='\u{E0FFF}'
         )
 }
 
 /// A variation selector: it draws nothing and picks a glyph of the character before it.
 fn variation_selector(c: char) -> bool {
-    matches!(c, '\u{FE00}'..='\u{FE0F}')
+    matches!(
+        c,
+        '\u{FE00}'..='\u{FE0F}' | '\u{E0100}'..='\u{E01EF}' | '\u{180B}'..='\u{180D}' | '\u{180F}'
+    )
+}
+
+/// Whether `selector` picks a glyph of `base`, as people write it: the emoji or text look of a
+/// symbol (`❤️`), an ideographic variant of a CJK ideograph (Japanese names), a Mongolian letter's
+/// positional form. After anything else it hides (`Bob\u{FE0F}` looks like `Bob`).
+fn selects(base: char, selector: char) -> bool {
+    match selector {
+        '\u{FE0E}' | '\u{FE0F}' => emoji_base(base),
+        '\u{E0100}'..='\u{E01EF}' => matches!(
+            base,
+            '\u{3400}'..='\u{4DBF}' | '\u{4E00}'..='\u{9FFF}' | '\u{F900}'..='\u{FAFF}' | '\u{20000}'..='\u{3FFFF}'
+        ),
+        '\u{180B}'..='\u{180D}' | '\u{180F}' => matches!(base, '\u{1820}'..='\u{18AF}'),
+        _ => false,
+    }
 }
 
 /// A character that has a text and an emoji look, which U+FE0E and U+FE0F choose between:
@@ -78,9 +97,7 @@ pub fn shows_as_text(label: &str) -> bool {
         if invisible(c) {
             return false;
         }
-        if variation_selector(c)
-            && !(matches!(c, '\u{FE0E}' | '\u{FE0F}') && before.is_some_and(emoji_base))
-        {
+        if variation_selector(c) && !before.is_some_and(|base| selects(base, c)) {
             return false;
         }
         before = Some(c);
@@ -97,6 +114,9 @@ mod tests {
         assert!(shows_as_text("민수 (지하 서버) — nightly"));
         assert!(shows_as_text("می\u{200c}خواهم 👩\u{200d}🔬"));
         assert!(shows_as_text("Dana ❤\u{fe0f} 1\u{fe0f}\u{20e3}"));
+        // An ideographic variant (葛 as written in a Japanese family name), a Mongolian form.
+        assert!(shows_as_text("\u{845b}\u{e0100}城"));
+        assert!(shows_as_text("\u{1820}\u{180b}"));
         for bad in [
             "iso\u{2067}late",
             "a\u{1b}]0;x\u{7}",
@@ -111,6 +131,8 @@ mod tests {
             "\u{2800}",
             "a\u{2066}b",
             "\u{fe0f}",
+            "Bob\u{e0100}",
+            "Bob\u{180b}",
         ] {
             assert!(!shows_as_text(bad), "{bad:?}");
         }

@@ -60,6 +60,12 @@ fn a_voice_file_that_cannot_be_read_is_still_deleted_for_good() {
         again.delete("Eve"),
         Err(SpeakerError::NotFound("Eve".into()))
     );
+    // A name no voice can have (its file name would be too long to ask about) is not found.
+    let long = "a".repeat(130);
+    assert_eq!(
+        again.delete(&long),
+        Err(SpeakerError::NotFound(long.clone()))
+    );
 }
 
 #[test]

@@ -54,7 +54,8 @@ impl AsyncRead for ReadSide {
             buf.put_slice(&this.ahead[this.at..this.at + n]);
             this.at += n;
             if this.at == this.ahead.len() {
-                this.ahead.clear();
+                // Its memory goes too: an idle connection holds none.
+                this.ahead = Vec::new();
                 this.at = 0;
             }
             return Poll::Ready(Ok(()));

@@ -279,7 +279,8 @@ async fn a_client_that_sends_its_next_request_early_and_hangs_up_cancels_its_job
         .unwrap();
     assert_eq!(lease.status(), 200);
     // The next request, early, then gone: a small one stays in the server's buffer; a large
-    // one (its audio) is more than the server reads ahead of it, and the hangup is behind it.
+    // one (its audio) is more than a socket's window, and the hangup waits behind it until the
+    // server reads it ahead.
     let format = json!({"rate": 16000, "width": 2, "channels": 1});
     let small = vec![("describe", json!({}), vec![])];
     let large = vec![

@@ -13,6 +13,7 @@
 """
 
 import itertools
+import math
 import re
 import statistics
 import unicodedata
@@ -131,6 +132,14 @@ def optimal_mapping(overlap):
     `overlap` maps (ref, hyp) to the frames they share."""
     refs = sorted({r for r, _ in overlap})
     hyps = sorted({h for _, h in overlap})
+    if math.perm(max(len(refs), len(hyps)), min(len(refs), len(hyps))) > 200_000:
+        # Too many pairings to try (a diarizer that found a crowd): greedy, largest first.
+        mapping, used = {}, set()
+        for (r, h), _ in sorted(overlap.items(), key=lambda kv: -kv[1]):
+            if h not in mapping and r not in used:
+                mapping[h] = r
+                used.add(r)
+        return mapping
     best, best_score = {}, -1
     if len(hyps) <= len(refs):
         for perm in itertools.permutations(refs, len(hyps)):
