@@ -35,8 +35,11 @@ pub struct Flush {
     queue: SyncSender<Message>,
 }
 
-impl Drop for Flush {
-    fn drop(&mut self) {
+impl Flush {
+    /// Returns once every line queued before it is written, or after a second: for a line
+    /// written to stderr directly that must come after them (`gpuhost listening on …`, which
+    /// scripts wait for).
+    pub fn now(&self) {
         let deadline = std::time::Instant::now() + Duration::from_secs(1);
         let (ack, written) = sync_channel(1);
         let mut message = Message::Flush(ack);
@@ -52,6 +55,12 @@ impl Drop for Flush {
         }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         let _ = written.recv_timeout(left);
+    }
+}
+
+impl Drop for Flush {
+    fn drop(&mut self) {
+        self.now();
     }
 }
 

@@ -106,7 +106,7 @@ fn main() -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("cannot start the tokio runtime");
-    let outcome = runtime.block_on(run(args));
+    let outcome = runtime.block_on(run(args, &flush_logs));
     // Work still on blocking threads (a decode at its next packet, a stuck driver call) gets a
     // few seconds; exit does not wait for it longer.
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
@@ -138,7 +138,10 @@ fn causes(e: &anyhow::Error) -> String {
     text
 }
 
-async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
+async fn run(
+    args: Args,
+    logs: &gpuhost::logwriter::Flush,
+) -> anyhow::Result<std::process::ExitCode> {
     let config = load_config(args.config.as_deref())?;
     match args.command {
         Command::Serve => {
@@ -149,6 +152,8 @@ async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             }
             gpuhost::setup::ensure(&config, &|line| eprintln!("{line}")).await?;
             let server = gpuhost::bind(config).await?;
+            // After the log lines of the start, which go through the log thread.
+            tokio::task::block_in_place(|| logs.now());
             eprintln!("gpuhost listening on http://{}", server.local_addr());
             server.run(shutdown_signal()).await?;
             Ok(std::process::ExitCode::SUCCESS)

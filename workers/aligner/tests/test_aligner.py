@@ -263,3 +263,19 @@ def test_a_request_starts_afresh_whatever_came_before(aligner, speech_wav, monke
     seen_before = len(seen)
     assert aligner.align(audio, segments) == first
     assert seen[seen_before] == seen[0], "the second request started where the first did"
+
+
+def test_no_word_ends_past_the_recording():
+    # The last word of a recording aligned against the padding after it: 19.65-20.03 in a
+    # 20.0 s recording (a real call's last 20 s). Its end is the recording's.
+    from gpuhost_aligner.words import result
+
+    seg = {"start": 19.0, "end": 20.03, "text": "it started.", "words": []}
+    seg["words"] = [
+        {"word": "it", "start": 19.2, "end": 19.6, "score": 1.0, "aligned": True},
+        {"word": "started.", "start": 19.65, "end": 20.03, "score": 1.0, "aligned": True},
+    ]
+    out = result("test", [seg], 20.0)
+    words = out["segments"][0]["words"]
+    assert (words[-1]["start"], words[-1]["end"]) == (19.65, 20.0)
+    assert out["segments"][0]["end"] == 20.0 and words[0]["end"] == 19.6

@@ -1,5 +1,7 @@
 import json
+import random
 import signal
+import string
 import subprocess
 import time
 
@@ -111,8 +113,32 @@ def test_a_long_prompt_keeps_only_the_end_whisper_can_use():
     from gpuhost_asr.engine import PROMPT_CHARS, prompt_tail
 
     assert prompt_tail(None) is None and prompt_tail("Kim, Park") == "Kim, Park"
-    names = " ".join(f"name{i}" for i in range(2000))
+    rng = random.Random(0)
+    word = lambda: "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 9)))  # noqa: E731
+    names = " ".join(f"N{word()}" for i in range(2000))
     tail = prompt_tail(names)
-    assert len(tail) <= PROMPT_CHARS and names.endswith(tail) and tail.startswith("name")
+    assert len(tail) <= PROMPT_CHARS and names.endswith(tail) and tail.startswith("N")
     # No word start to cut at: the last characters (the tokenizer took 10 s on all 8 KB).
-    assert prompt_tail("a" * 8192) == "a" * PROMPT_CHARS
+    letters = "".join(word() for _ in range(2000))
+    assert prompt_tail(letters) == letters[-PROMPT_CHARS:]
+
+
+def test_a_prompt_that_repeats_itself_is_left_out(capsys):
+    from gpuhost_asr.engine import prompt_tail
+
+    # Whisper repeats such a prompt instead of transcribing (223 x "word" for 6 s of speech).
+    assert prompt_tail("word " * 50) is None
+    assert prompt_tail("The quick brown fox. " * 380) is None
+    assert "repeats itself" in capsys.readouterr().err
+    glossary = "Kim Ji-won, Park Min-su, gpuhost, pyannote, Whisper, ComfyUI, 김민수, 회의록"
+    assert prompt_tail(glossary) == glossary
+
+
+def test_a_few_milliseconds_of_speech_are_no_error(transcriber):
+    # 10 ms of espeak-ng speech (cut at 0.2 s from "Hello, this is a test", 16 kHz) made
+    # faster-whisper's word alignment fail on its one mel frame (IndexError).
+    from pathlib import Path
+
+    clip = Path(__file__).with_name("ten_ms_of_speech.wav")
+    result = transcriber.transcribe(str(clip))
+    assert result["duration"] == 0.01 and result["segments"] == [], result

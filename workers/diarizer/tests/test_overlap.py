@@ -235,3 +235,14 @@ def test_a_stretch_several_windows_see_is_embedded_once(engine, crosstalk, monke
     # itself (here one voice's views score 0.7-1.0 against each other, the other voice 0.1-0.2).
     cosines = np.sum(reused.embeddings * fresh.embeddings, axis=1)
     assert cosines.min() >= 0.8, cosines
+
+
+def test_speech_to_the_last_sample_ends_with_the_recording(engine, crosstalk):
+    # The frame grid is rounded up: a turn that runs to the end ended up to 60 ms past it.
+    path, _ = crosstalk
+    audio = read_wav(path)
+    cut = audio[: int(2.0 * 16000)]  # the first voice, mid-sentence
+    result = engine.diarize(cut)
+    assert result["turns"], result
+    assert all(0 <= t["start"] < t["end"] <= 2.0 for t in result["turns"]), result["turns"]
+    assert all(0 <= s < e <= 2.0 for s, e in result["overlaps"]), result["overlaps"]

@@ -169,7 +169,7 @@ class SphinxAligner:
             out_segments.append(segment(seg, words))
             if progress:
                 progress(i + 1, len(segments))
-        return result(self.name, out_segments)
+        return result(self.name, out_segments, len(audio) / RATE)
 
 
 def _written(words: list) -> list:
@@ -251,7 +251,7 @@ class MmsAligner:
             out_segments.append(segment(seg, words))
             if progress:
                 progress(i + 1, len(segments))
-        return result(self.name, out_segments)
+        return result(self.name, out_segments, len(audio) / RATE)
 
 
 def load(engine: str, options: dict):

@@ -24,10 +24,16 @@ def segment(seg: dict, words: list) -> dict:
     return {"start": seg["start"], "end": seg["end"], "text": seg.get("text", ""), "words": words}
 
 
-def result(engine: str, segments: list) -> dict:
-    """What the aligner answers: its segments, their words in order (`keep_order`), and how many
-    words it placed of how many."""
+def result(engine: str, segments: list, duration: float | None = None) -> dict:
+    """What the aligner answers: its segments, their words in order (`keep_order`) and within
+    the recording's `duration` (a last word aligned with the padding ran 30 ms past its end),
+    and how many words it placed of how many."""
     words = [w for seg in keep_order(segments) for w in seg["words"]]
+    if duration is not None:
+        end = round(duration, 3)
+        for item in [*words, *segments]:
+            item["start"] = min(max(item["start"], 0.0), end)
+            item["end"] = min(max(item["end"], item["start"]), end)
     return {
         "engine": engine,
         "segments": segments,

@@ -10,6 +10,8 @@ faster-whisper model name or local path on CUDA, float16.
 from __future__ import annotations
 
 import os
+import sys
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -136,16 +138,34 @@ def refuse_other_languages(model_name: str, language: str | None, translate: boo
 
 # Whisper keeps the last 223 tokens of a prompt, under 1000 characters of any script.
 PROMPT_CHARS = 1000
+# Natural prompts (glossaries, sentences, Korean) compress 1.1-1.9 times with zlib; one that
+# repeats itself 15 times and more.
+PROMPT_MAX_RATIO = 4.0
+# The shortest audio decoded as it is (0.1 s); shorter is padded with silence to it.
+MIN_SAMPLES = 1600
 
 
 def prompt_tail(prompt: str | None) -> str | None:
     """The end of `prompt` that Whisper can use, from a word's start: its tokenizer's time
-    grows with the square of a word's length, and an 8 KB prompt without spaces took 10 s."""
-    if not prompt or len(prompt) <= PROMPT_CHARS:
+    grows with the square of a word's length, and an 8 KB prompt without spaces took 10 s.
+    None for a prompt that repeats itself (compressing more than `PROMPT_MAX_RATIO` times):
+    Whisper goes on repeating it instead of transcribing ("word " × 50 gave 223 × "word" for 6 s of speech, in 16 s)."""
+    if not prompt:
         return prompt
-    tail = prompt[-PROMPT_CHARS:]
-    space = tail.find(" ")
-    return tail[space + 1 :] if 0 <= space < len(tail) // 2 else tail
+    tail = prompt
+    if len(prompt) > PROMPT_CHARS:
+        tail = prompt[-PROMPT_CHARS:]
+        space = tail.find(" ")
+        tail = tail[space + 1 :] if 0 <= space < len(tail) // 2 else tail
+    data = tail.encode()
+    if len(data) >= 64 and len(data) / len(zlib.compress(data)) > PROMPT_MAX_RATIO:
+        print(
+            "the prompt repeats itself; left out (Whisper would repeat it instead of "
+            "transcribing): give names and terms once each",
+            file=sys.stderr,
+        )
+        return None
+    return tail
 
 
 def words_of(words) -> list:
@@ -244,6 +264,13 @@ class Transcriber:
         from faster_whisper.audio import decode_audio
 
         audio = decode_audio(audio_path, sampling_rate=gaps.RATE)
+        duration = len(audio) / gaps.RATE
+        if len(audio) < MIN_SAMPLES:
+            # A few milliseconds: word timestamps fail on a mel frame or two (IndexError in
+            # faster-whisper's alignment); padded with silence there is simply nothing to say.
+            import numpy as np
+
+            audio = np.pad(audio, (0, MIN_SAMPLES - len(audio)))
         decoding = dict(
             beam_size=self.settings.beam_size,
             word_timestamps=True,
@@ -269,7 +296,7 @@ class Transcriber:
         return {
             "language": info.language,
             "language_probability": round(info.language_probability, 4),
-            "duration": round(info.duration, 3),
+            "duration": round(duration, 3),
             "model": self.model_name,
             "task": "translate" if translate else "transcribe",
             "segments": out,

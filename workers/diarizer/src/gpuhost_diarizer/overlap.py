@@ -50,6 +50,7 @@ class Local:
     embeddings: np.ndarray  # (n, 256) unit vectors
     seconds: np.ndarray  # speech behind each embedding
     frames: int  # global frames
+    duration: float | None = None  # seconds of the recording: no turn ends past it
 
 
 class OverlapDiarizer:
@@ -142,6 +143,7 @@ class OverlapDiarizer:
             embeddings=np.array(embeddings, dtype=np.float32).reshape(-1, 256),
             seconds=np.array(seconds),
             frames=frames,
+            duration=n / RATE,
         )
 
     def _window_fbank(self, whole, first: int, window: np.ndarray) -> np.ndarray:
@@ -222,7 +224,7 @@ def assemble(local: Local, threshold, num_speakers, min_speakers, max_speakers, 
         others = on.sum(axis=0)
         for row in on:
             _fill(row, round(FILL_S * RATE / FRAME_HOP), others - row)
-    return _turns(on, engine)
+    return _turns(on, engine, local.duration)
 
 
 def _fill(row: np.ndarray, frames: int, others: np.ndarray) -> None:
@@ -235,25 +237,27 @@ def _fill(row: np.ndarray, frames: int, others: np.ndarray) -> None:
             row[a + 1 : b + 1] = True
 
 
-def _turns(on: np.ndarray, engine: str) -> dict:
+def _turns(on: np.ndarray, engine: str, duration: float | None = None) -> dict:
     half = FRAME_LEN / 2 / RATE
     hop = FRAME_HOP / RATE
+    # A frame's centre past the last sample (the grid is rounded up) is the recording's end.
+    last = float("inf") if duration is None else round(duration, 3)
 
     def time(f):
-        return round(float(f * hop + half), 3)
+        return min(round(float(f * hop + half), 3), last)
 
     raw = []
     for k in range(on.shape[0]):
         edges = np.flatnonzero(np.diff(np.concatenate([[0], on[k].astype(int), [0]])))
         raw += [(time(a), time(b), k) for a, b in zip(edges[::2], edges[1::2])]
-    raw.sort()
+    raw = sorted(r for r in raw if r[1] > r[0])
     names: dict = {}
     for _, _, k in raw:
         names.setdefault(k, f"SPEAKER_{len(names):02d}")
     turns = [{"start": a, "end": b, "speaker": names[k]} for a, b, k in raw]
     many = on.sum(axis=0) >= 2
     edges = np.flatnonzero(np.diff(np.concatenate([[0], many.astype(int), [0]])))
-    overlaps = [[time(a), time(b)] for a, b in zip(edges[::2], edges[1::2])]
+    overlaps = [[time(a), time(b)] for a, b in zip(edges[::2], edges[1::2]) if time(b) > time(a)]
     return {
         "engine": engine,
         "turns": turns,
