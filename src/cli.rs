@@ -20,6 +20,18 @@ pub(crate) fn print_result(text: &str) -> anyhow::Result<()> {
     }
 }
 
+/// A job folder for a one-shot command, named as the server names its own, so that a sweep
+/// finds it if this process is killed; an error names the folder it was to be made in.
+pub(crate) fn job_folder(config: &gpuhost::Config) -> anyhow::Result<tempfile::TempDir> {
+    use anyhow::Context;
+    gpuhost::job::job_dir(config).with_context(|| {
+        format!(
+            "cannot make a job folder in {} (limits.temp_dir)",
+            config.temp_dir().display()
+        )
+    })
+}
+
 /// Resolves on Ctrl-C or SIGTERM with the exit status a shell gives a command the signal
 /// stopped (130, 143): a one-shot command then stops its workers, removes its job folder and
 /// exits with it.

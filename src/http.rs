@@ -23,6 +23,7 @@ use axum::Router;
 
 pub use auth::token_matches;
 pub use drain::Drains;
+pub(crate) use drain::{DRAIN_BYTES, DRAIN_FOR};
 pub use error::ApiError;
 pub use spare::SpareConnection;
 pub use transcribe::TranscribeQuery;

@@ -23,7 +23,6 @@ enum Message {
 
 /// The `MakeWriter` for `tracing_subscriber`: each event is formatted into a buffer of its own
 /// and queued whole when the buffer is dropped.
-#[derive(Clone)]
 pub struct NonBlocking {
     queue: SyncSender<Message>,
     dropped: Arc<AtomicU64>,
@@ -112,12 +111,12 @@ fn write_all<W: Write>(mut out: W, messages: &Receiver<Message>, dropped: &Atomi
 }
 
 /// One event's text, queued when dropped.
-pub struct Line {
+pub struct Line<'a> {
     buf: Vec<u8>,
-    owner: NonBlocking,
+    owner: &'a NonBlocking,
 }
 
-impl Write for Line {
+impl Write for Line<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         self.buf.extend_from_slice(bytes);
         Ok(bytes.len())
@@ -128,12 +127,12 @@ impl Write for Line {
     }
 }
 
-impl Drop for Line {
+impl Drop for Line<'_> {
     fn drop(&mut self) {
         if self.buf.is_empty() {
             return;
         }
-        let owner = &self.owner;
+        let owner = self.owner;
         // Lines dropped before this one are said where they were lost, before it.
         // Taken whole (another thread logging at once must not say or subtract it too), and
         // given back with this line when it cannot be said yet.
@@ -153,12 +152,12 @@ impl Drop for Line {
 }
 
 impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for NonBlocking {
-    type Writer = Line;
+    type Writer = Line<'a>;
 
-    fn make_writer(&'a self) -> Line {
+    fn make_writer(&'a self) -> Line<'a> {
         Line {
             buf: Vec::new(),
-            owner: self.clone(),
+            owner: self,
         }
     }
 }

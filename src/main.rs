@@ -176,10 +176,10 @@ async fn run(
     }
 }
 
-/// `GPUHOST_LOG` filters (default `info`; `warn` for `gpuhost transcribe`, whose progress bars
-/// would be broken up by log lines, unless `-v`).
 /// Logs to stderr through [`gpuhost::logwriter`] (a stderr nobody reads must not stop the host);
-/// the returned guard writes what is still queued at exit.
+/// the returned guard writes what is still queued at exit. `GPUHOST_LOG` filters (default
+/// `info`; `warn` for `gpuhost transcribe`, whose progress bars would be broken up by log lines,
+/// unless `-v`).
 fn init_logging(args: &Args) -> gpuhost::logwriter::Flush {
     use std::io::IsTerminal;
     let quiet = matches!(&args.command, Command::Transcribe(t) if !t.verbose());

@@ -71,9 +71,8 @@ pub async fn serve(listener: TcpListener, app: AppState) {
     connections.shutdown().await;
 }
 
-/// What is read and dropped after an `error` before the connection closes, at most.
-const DRAIN_BYTES: u64 = 32 * 1024 * 1024;
-const DRAIN_TIME: Duration = Duration::from_secs(10);
+/// The answer to a request the host's stop cuts off.
+const SHUTTING_DOWN: &str = "gpuhost is shutting down; send the audio again once it is back";
 
 /// How long connections get to answer once the host stops.
 const STOP_GRACE: Duration = Duration::from_secs(2);
@@ -148,8 +147,7 @@ impl Connection {
                 read = tokio::time::timeout(timeout, read_event(&mut self.reader)) => read,
                 () = stopping.cancelled() => {
                     if matches!(self.audio, Audio::Receiving { .. }) {
-                        let text = "gpuhost is shutting down; send the audio again once it is back";
-                        return Err(self.error("shutting_down", text).await);
+                        return Err(self.error("shutting_down", SHUTTING_DOWN).await);
                     }
                     return Ok(());
                 }
@@ -176,9 +174,10 @@ impl Connection {
 
     /// After an `error`: the end of the stream tells the client there is no more to wait for,
     /// and what it still sends (the rest of its audio) is read and dropped, so that closing does
-    /// not reset the connection before it read the error. Bounded as HTTP's drain is: at most
-    /// `DRAIN_BYTES` within `DRAIN_TIME`.
+    /// not reset the connection before it read the error. Bounded as HTTP's drain of a refused
+    /// body is.
     async fn close_after_error(&mut self) {
+        use crate::http::{DRAIN_BYTES, DRAIN_FOR};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let _ = self.writer.shutdown().await;
         let mut left = DRAIN_BYTES;
@@ -191,7 +190,7 @@ impl Connection {
                 }
             }
         };
-        let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+        let _ = tokio::time::timeout(DRAIN_FOR, drain).await;
     }
 
     /// Writes one event, within `http.send_timeout_s`: a client that reads nothing must not

@@ -38,13 +38,7 @@ pub(crate) async fn run(
     }
     gpuhost::setup::ensure_these(config, &[worker.to_string()], &|line| eprintln!("{line}"))
         .await?;
-    // Named like a job folder, so that a sweep finds it if this process is killed.
-    let dir = gpuhost::job::job_dir(config).with_context(|| {
-        format!(
-            "cannot make a folder in {} (limits.temp_dir)",
-            config.temp_dir().display()
-        )
-    })?;
+    let dir = super::job_folder(config)?;
     super::adopt_orphans();
     let (handle, task) = WorkerHandle::spawn(spec);
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);

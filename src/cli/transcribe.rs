@@ -133,12 +133,7 @@ async fn local(
     super::adopt_orphans();
     let app = gpuhost::App::start_oneshot(config);
     let run = async {
-        let dir = job::job_dir(&app.config).with_context(|| {
-            format!(
-                "cannot make a job folder in {} (limits.temp_dir)",
-                app.config.temp_dir().display()
-            )
-        })?;
+        let dir = super::job_folder(&app.config)?;
         let source = spilled(&args.file, dir.path(), app.config.limits.max_upload_bytes).await?;
         let prepared = PreparedJob::from_upload(&app, dir, source, opts, stages)
             .await

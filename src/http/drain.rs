@@ -26,10 +26,11 @@ use tokio::sync::Semaphore;
 use super::upload::{declared_length, guard, BodyLimits};
 use crate::AppState;
 
-/// How much of a refused request's body is read and dropped.
-const DRAIN_BYTES: u64 = 32 * 1024 * 1024;
+/// How much of a refused request's body is read and dropped (and of a Wyoming client's audio
+/// after its error).
+pub(crate) const DRAIN_BYTES: u64 = 32 * 1024 * 1024;
 /// How long a refused body is read for, pauses included.
-const DRAIN_FOR: Duration = Duration::from_secs(30);
+pub(crate) const DRAIN_FOR: Duration = Duration::from_secs(30);
 /// How long a refused body on a spare connection is read for.
 const SPARE_DRAIN_FOR: Duration = Duration::from_secs(2);
 /// How many refused bodies are read at once; past that, the connection is closed on the body.

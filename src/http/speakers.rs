@@ -223,22 +223,10 @@ async fn read_form(
     let mut fields = upload::Form::open(request).await?;
     let max_field = app.config.limits.max_field_bytes;
     let mut form = Form::default();
+    let mut given = upload::Given::default();
     while let Some(field) = fields.next().await? {
         let name = field.name().unwrap_or("").to_string();
-        let given = match name.as_str() {
-            "file" => form.file.is_some(),
-            "transcript" => form.transcript.is_some(),
-            "segments" => form.segments.is_some(),
-            "name" => form.name.is_some(),
-            "speaker" => form.speaker.is_some(),
-            _ => false,
-        };
-        if given {
-            // Which one was meant? The last silently won (a voice enrolled under the second name).
-            return Err(ApiError::bad_request(format!(
-                "the form field `{name}` is given twice; send it once"
-            )));
-        }
+        given.first(&name)?;
         match name.as_str() {
             "file" => form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?),
             "transcript" => {

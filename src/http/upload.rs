@@ -18,7 +18,7 @@ use crate::audio::Source;
 
 mod form;
 mod parts;
-pub(super) use form::{collect_field, text_field, Form};
+pub(super) use form::{collect_field, text_field, Form, Given};
 
 /// How much of a request body is read, how long a pause in it may be, and how slowly it may
 /// arrive.

@@ -46,14 +46,12 @@ impl TempProbe {
                 _ => last.probing = true,
             }
         }
-        // A task of its own: a caller that goes away (a client that hangs up, a probe's timeout)
-        // must not leave `probing` set, which froze every later answer.
+        // Probed and stored by a blocking task of its own, which runs to its end: a caller that
+        // goes away (a client that hangs up, a probe's timeout) must not leave `probing` set,
+        // which froze every later answer.
         let (dir, shared) = (self.dir.clone(), std::sync::Arc::clone(&self.last));
-        let probe = tokio::spawn(async move {
-            let blocking_dir = dir.clone();
-            let answer = tokio::task::spawn_blocking(move || temp_dir_usable(&blocking_dir))
-                .await
-                .unwrap_or_else(|_| Err("the temp dir check failed".into()));
+        tokio::task::spawn_blocking(move || {
+            let answer = temp_dir_usable(&dir);
             let mut last = lock(&shared);
             let was_ok = last.answer.as_ref().map_or(true, |(_, a)| a.is_ok());
             if let (true, Err(why)) = (was_ok, &answer) {
@@ -62,10 +60,9 @@ impl TempProbe {
             last.answer = Some((Instant::now(), answer.clone()));
             last.probing = false;
             answer
-        });
-        probe
-            .await
-            .unwrap_or_else(|_| Err("the temp dir check failed".into()))
+        })
+        .await
+        .unwrap_or_else(|_| Err("the temp dir check failed".into()))
     }
 }
 

@@ -64,8 +64,7 @@ impl Connection {
             }
         };
         // Wait for the final event; a client that hangs up meanwhile cancels the job (the
-        // receiver is dropped on return).
-        // The host stopping answers at once (the job is cancelled with the receiver).
+        // receiver is dropped on return), and the host's stop is answered at once.
         let stopping = self.app.stopping.clone();
         let last = loop {
             tokio::select! {
@@ -76,8 +75,7 @@ impl Connection {
                 },
                 () = self.reader.get_mut().hung_up() => return Ok(Ok(())),
                 () = stopping.cancelled() => {
-                    let text = "gpuhost is shutting down; send the audio again once it is back";
-                    return Err(self.error("shutting_down", text).await);
+                    return Err(self.error("shutting_down", super::SHUTTING_DOWN).await);
                 }
             }
         };

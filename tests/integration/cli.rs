@@ -164,50 +164,30 @@ async fn transcribe_through_a_server() {
     .await
     .ready()
     .await;
-    let url = host.url.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        gpuhost()
-            .args([
-                "transcribe",
-                "--server",
-                &url,
-                "--token",
-                "tok",
-                "--stages",
-                "b",
-                "--format",
-                "json",
-            ])
-            .arg(fixture("audio/tone.mp3"))
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    // `gpuhost transcribe --server <host> --token tok --format json`, then `extra`.
+    let authorized = |extra: &[&str]| {
+        let mut command = gpuhost();
+        command
+            .args(["transcribe", "--server", &host.url, "--token", "tok"])
+            .args(["--format", "json"])
+            .args(extra);
+        command
+    };
+    let mut command = authorized(&["--stages", "b"]);
+    command.arg(fixture("audio/tone.mp3"));
+    let out = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
     let result = json_stdout(&out);
     assert!(result["stages"].get("a").is_none());
     assert_eq!(result["stages"]["b"]["worker"], "b");
 
     // From a pipe, as `cat x.mp3 | gpuhost transcribe --server … /dev/stdin` sends it.
-    let url = host.url.clone();
-    let piped = tokio::task::spawn_blocking(move || {
-        gpuhost()
-            .args([
-                "transcribe",
-                "--server",
-                &url,
-                "--token",
-                "tok",
-                "--format",
-                "json",
-            ])
-            .arg("/dev/stdin")
-            .stdin(std::fs::File::open(fixture("audio/tone.mp3")).unwrap())
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let mut command = authorized(&["/dev/stdin"]);
+    command.stdin(std::fs::File::open(fixture("audio/tone.mp3")).unwrap());
+    let piped = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
     assert_eq!(json_stdout(&piped)["stages"]["b"]["worker"], "b");
 
     let url = host.url.clone();

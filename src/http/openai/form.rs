@@ -31,18 +31,11 @@ pub(super) async fn read_form(
 ) -> Result<Form, ApiError> {
     let mut fields = upload::Form::open(request).await?;
     let mut form = Form::default();
-    let mut seen: Vec<String> = Vec::new();
+    let mut given = upload::Given::default();
     while let Some(field) = fields.next().await? {
         let name = field.name().unwrap_or("").to_string();
-        let repeatable = name.ends_with("[]") || name == "timestamp_granularities";
-        if !repeatable && seen.contains(&name) {
-            return Err(ApiError::bad_request(format!(
-                "the form field `{}` is given twice; give it once",
-                shown(&name)
-            )));
-        }
-        if !repeatable {
-            seen.push(name.clone());
+        if !(name.ends_with("[]") || name == "timestamp_granularities") {
+            given.first(&name)?;
         }
         if name == "file" {
             form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?);

@@ -44,6 +44,25 @@ impl Form {
     }
 }
 
+/// The names of the fields a form has given so far: each at most once (which one would be
+/// meant? the last silently won, as a voice enrolled under the second of two names).
+#[derive(Default)]
+pub(in crate::http) struct Given(Vec<String>);
+
+impl Given {
+    /// Notes `name`; a 400 when the form gave it before.
+    pub(in crate::http) fn first(&mut self, name: &str) -> Result<(), ApiError> {
+        if self.0.iter().any(|seen| seen == name) {
+            let shown: String = name.chars().take(40).collect();
+            return Err(ApiError::bad_request(format!(
+                "the form field `{shown}` is given twice; give it once"
+            )));
+        }
+        self.0.push(name.to_string());
+        Ok(())
+    }
+}
+
 /// The body of a multipart request with its part headers and preamble bounded as they stream in
 /// (`parts.rs`); what cut it off goes to `cut`. A request without a boundary is left for the
 /// parser to refuse.
