@@ -85,7 +85,18 @@ enum Command {
     },
 }
 
+/// The variables clap reads for flags. Set but empty (`GPUHOST_CONFIG= gpuhost serve`, an
+/// unfilled `Environment=` line) means unset, as the config's own token reading has it; clap
+/// would take it as the flag given with no value and refuse the command.
+const FLAG_VARS: [&str; 3] = ["GPUHOST_CONFIG", "GPUHOST_TOKEN", "GPUHOST_LOG_FORMAT"];
+
 fn main() -> std::process::ExitCode {
+    // Before any thread exists (changing the environment is only sound then).
+    for name in FLAG_VARS {
+        if std::env::var_os(name).is_some_and(|v| v.is_empty()) {
+            std::env::remove_var(name);
+        }
+    }
     let args = Args::parse();
     // A decoding child of the server: no guard, logging or runtime of its own.
     if let Command::DecodeAudio {

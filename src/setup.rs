@@ -139,6 +139,47 @@ impl Package {
         serde_json::from_slice(&std::fs::read(self.venv().join(STATE_FILE)).ok()?).ok()
     }
 
+    /// Moves the venv to `.venv.previous` (one left by a setup that was killed is removed
+    /// first) and returns where it went.
+    fn move_aside(&self, say: &dyn Fn(&str)) -> Result<PathBuf, SetupError> {
+        let aside = self.home.join(".venv.previous");
+        if aside.exists() {
+            std::fs::remove_dir_all(&aside)
+                .map_err(|e| self.step_error("remove the older venv", e.to_string()))?;
+        }
+        say(&format!(
+            "[{}] moving {} aside to build it again",
+            self.name,
+            self.venv().display()
+        ));
+        std::fs::rename(self.venv(), &aside)
+            .map_err(|e| self.step_error("move the old venv aside", e.to_string()))?;
+        Ok(aside)
+    }
+
+    /// After a failed build: the half-built venv removed and the old one back where it was.
+    fn put_back(&self, aside: &Path, say: &dyn Fn(&str)) {
+        let back = std::fs::remove_dir_all(self.venv())
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+            .and_then(|()| std::fs::rename(aside, self.venv()));
+        match back {
+            Ok(()) => say(&format!(
+                "[{}] the build failed; the previous venv is back in {}",
+                self.name,
+                self.venv().display()
+            )),
+            Err(e) => say(&format!(
+                "[{}] the build failed, and the previous venv could not be put back ({e}); it \
+                 is in {}",
+                self.name,
+                aside.display()
+            )),
+        }
+    }
+
     fn step_error(&self, step: &str, detail: String) -> SetupError {
         SetupError::Step {
             worker: self.name.clone(),
@@ -257,16 +298,23 @@ pub async fn setup(
         // Forced, or broken: built again from nothing (pip leaves what it takes for installed
         // alone, and a venv whose interpreter link dangles cannot be made over). Only stale
         // (the package's or the SDK's pyproject.toml changed): refreshed where it is.
-        if !sound && pkg.venv().exists() {
-            say(&format!(
-                "[{name}] removing {} to build it again",
-                pkg.venv().display()
-            ));
-            std::fs::remove_dir_all(pkg.venv())
-                .map_err(|e| pkg.step_error("remove the old venv", e.to_string()))?;
-        }
+        // The old one is moved aside, not removed, until the new one is built: a rebuild that
+        // fails (no network, a bad pin) puts it back rather than leave no venv at all.
+        let aside = (!sound && pkg.venv().exists())
+            .then(|| pkg.move_aside(say))
+            .transpose()?;
         let started = Instant::now();
-        build(config, &pkg, say).await?;
+        if let Err(e) = build(config, &pkg, say).await {
+            if let Some(aside) = aside {
+                pkg.put_back(&aside, say);
+            }
+            return Err(e);
+        }
+        if let Some(aside) = aside {
+            if let Err(e) = std::fs::remove_dir_all(&aside) {
+                say(&format!("[{name}] cannot remove {}: {e}", aside.display()));
+            }
+        }
         let seconds = started.elapsed().as_secs_f64();
         say(&format!("[{name}] ready in {seconds:.0} s"));
         done.push((name, Outcome::Built { seconds }));

@@ -366,6 +366,19 @@ fn a_missing_input_or_an_https_server_is_said_plainly() {
             "{err}"
         );
     }
+
+    // Variables set but empty are unset (clap took `GPUHOST_CONFIG=` for `--config` with no
+    // value and refused every command).
+    let out = gpuhost()
+        .arg("transcribe")
+        .arg(&missing)
+        .env("GPUHOST_CONFIG", "")
+        .env("GPUHOST_TOKEN", "")
+        .env("GPUHOST_LOG_FORMAT", "")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot read"), "{err}");
 }
 
 #[test]

@@ -280,6 +280,12 @@ async fn done_without_result_file_is_bad_output() {
     assert!(message.contains("array, not an object"), "{message}");
     // The worker is fine: the next job works.
     result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    // A result past the size read inline is read on a blocking thread, the same.
+    let events = host
+        .transcribe("?language=fake:bigresult", wav(0.5, 16000, 1))
+        .await;
+    let pad = result_of(&events)["stages"]["w"]["pad"].as_str().unwrap().len();
+    assert_eq!(pad, 100_000);
     host.stop().await;
 }
 

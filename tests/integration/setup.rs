@@ -77,6 +77,22 @@ async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
     let again = gpuhost(&root, &["setup"]);
     assert!(String::from_utf8_lossy(&again.stderr).contains("[tiny] up to date"));
 
+    // A forced rebuild that fails (here its prepare step; offline, pip) puts the old venv back:
+    // it was removed first, and the worker had none until the network came back.
+    let failed = Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+        .args(["setup", "--force", "--config"])
+        .arg(root.join("gpuhost.toml"))
+        .env("TINY_PREPARE_FAIL", "1")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&failed.stderr);
+    assert!(!failed.status.success(), "{log}");
+    assert!(log.contains("the previous venv is back"), "{log}");
+    assert_eq!(std::fs::read_to_string(&prepared).unwrap(), "x");
+    assert!(!root.join("workers/tiny/.venv.previous").exists());
+    let again = gpuhost(&root, &["setup"]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("[tiny] up to date"));
+
     // The SDK worker in its venv serves a real job through the host.
     let config = gpuhost::Config::load(&root.join("gpuhost.toml"), true).unwrap();
     gpuhost::setup::ensure(&config, &|_| {}).await.unwrap();
@@ -146,7 +162,7 @@ async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
     let log = String::from_utf8_lossy(&rebuilt.stderr);
     assert!(rebuilt.status.success(), "{log}");
     assert!(
-        log.contains("removing") && log.contains("[tiny] ready in"),
+        log.contains("moving") && log.contains("aside") && log.contains("[tiny] ready in"),
         "{log}"
     );
     let again = gpuhost(&root, &["setup"]);

@@ -40,13 +40,22 @@ impl Session {
         }
     }
 
-    /// The result, read and parsed on a blocking thread (megabytes of JSON would stall every
-    /// other request on this runtime thread, `/health` too).
+    /// The result, read and parsed here when it is small (most are a few KiB: the hop to the
+    /// blocking pool and back, two thread wake-ups, cost more than the read), else on a blocking
+    /// thread (megabytes of JSON would stall every other request on this runtime thread,
+    /// `/health` too).
     pub(super) async fn read_output(&self, output: &Path) -> Result<Value, TaskError> {
-        let path = output.to_path_buf();
-        let read = tokio::task::spawn_blocking(move || read_result(&path))
-            .await
-            .unwrap_or_else(|e| Err(format!("reading the result failed: {e}")));
+        let read = match crate::files::read_regular(output, INLINE_RESULT_MAX) {
+            Err(crate::files::ReadError::TooBig { .. }) => {
+                let path = output.to_path_buf();
+                tokio::task::spawn_blocking(move || read_result(&path))
+                    .await
+                    .unwrap_or_else(|e| Err(format!("reading the result failed: {e}")))
+            }
+            small => small
+                .map_err(|e| read_error(output, e))
+                .and_then(|text| parse_result(output, &text)),
+        };
         read.map_err(|reason| TaskError::BadOutput {
             worker: self.name.clone(),
             reason,
@@ -99,17 +108,29 @@ impl Session {
 /// parsed JSON a file can take 15 times its size: 134 MB of zeros took 4 GB).
 const RESULT_MAX: u64 = 64 << 20;
 
+/// The largest result read and parsed on the runtime thread (at most a few hundred µs of it).
+const INLINE_RESULT_MAX: u64 = 32 << 10;
+
 /// The JSON object a worker wrote to `output`, or why not. Only a regular file is read (a link
 /// to `/dev/zero` or a FIFO would never end), and no more than [`RESULT_MAX`] of it.
 fn read_result(output: &Path) -> Result<Value, String> {
-    let text = crate::files::read_regular(output, RESULT_MAX).map_err(|e| match e {
+    let text =
+        crate::files::read_regular(output, RESULT_MAX).map_err(|e| read_error(output, e))?;
+    parse_result(output, &text)
+}
+
+fn read_error(output: &Path, e: crate::files::ReadError) -> String {
+    match e {
         crate::files::ReadError::Io(e) => format!("cannot read {}: {e}", output.display()),
         crate::files::ReadError::NotRegular => {
             format!("{} is not a regular file", output.display())
         }
         too_big => format!("{} is {too_big}: too big for a result", output.display()),
-    })?;
-    let value: Value = serde_json::from_slice(&text)
+    }
+}
+
+fn parse_result(output: &Path, text: &[u8]) -> Result<Value, String> {
+    let value: Value = serde_json::from_slice(text)
         .map_err(|e| format!("{} is not valid JSON: {e}", output.display()))?;
     if !value.is_object() {
         return Err(format!(
