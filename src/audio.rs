@@ -33,6 +33,8 @@ pub enum AudioError {
     TooLong { seconds: f64, max: f64 },
     #[error("cannot write the normalized audio: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    NoSpace(crate::job::NoSpace),
     /// The host began to shut down before the upload was decoded.
     #[error("gpuhost is shutting down; the upload was not decoded: send it again once the server is back")]
     ShuttingDown,

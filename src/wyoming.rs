@@ -77,6 +77,9 @@ const SHUTTING_DOWN: &str = "gpuhost is shutting down; send the audio again once
 /// How long connections get to answer once the host stops.
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
+/// Audio bytes between two looks at the temp dir's free space (`limits.min_free_bytes`).
+const ROOM_EVERY: u64 = 8 << 20;
+
 /// Where a connection stands with its audio.
 enum Audio {
     /// Between requests.
@@ -274,6 +277,8 @@ impl Connection {
         crate::audio::check_format(rate, channels as usize, Some(16)).map_err(|e| e.to_string())?;
         let dir = job::job_dir(&self.app.config)
             .map_err(|e| format!("cannot create a job folder: {e}"))?;
+        job::room_for(dir.path(), 0, self.app.config.limits.min_free_bytes)
+            .map_err(|e| e.to_string())?;
         let path = dir.path().join("wyoming.wav");
         let spec = hound::WavSpec {
             channels: channels as u16,
@@ -298,6 +303,7 @@ impl Connection {
         let payload = &event.payload;
         let limits = &self.app.config.limits;
         let Audio::Receiving {
+            dir,
             writer,
             rate,
             channels,
@@ -338,6 +344,11 @@ impl Connection {
                 "the audio is over limits.max_audio_seconds ({} s) or limits.max_upload_bytes",
                 limits.max_audio_seconds
             ));
+        }
+        // The disk's free space, looked at every ROOM_EVERY bytes of audio.
+        if (*bytes - payload.len() as u64) / ROOM_EVERY != *bytes / ROOM_EVERY {
+            job::room_for(dir.path(), ROOM_EVERY, limits.min_free_bytes)
+                .map_err(|e| e.to_string())?;
         }
         let mut block = writer.get_i16_writer(payload.len() as u32 / 2);
         for pair in payload.chunks_exact(2) {

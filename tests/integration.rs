@@ -10,6 +10,7 @@ mod integration {
     mod cancel;
     mod cli;
     mod dashboard;
+    mod disk;
     mod faults;
     mod golden;
     pub mod gpu_status;

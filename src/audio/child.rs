@@ -64,7 +64,7 @@ impl From<Result<AudioInfo, AudioError>> for Outcome {
                 message: e.to_string(),
             },
             // Decided in the host, never in a child.
-            Err(e @ AudioError::ShuttingDown) => Outcome::Io {
+            Err(e @ (AudioError::ShuttingDown | AudioError::NoSpace(_))) => Outcome::Io {
                 message: e.to_string(),
             },
         }

@@ -112,6 +112,10 @@ pub struct LimitsConfig {
     /// in memory, which spares them the disk filesystem's file creation and removal. `""` turns
     /// it off. A folder that cannot be used there falls back to `temp_dir`.
     pub small_temp_dir: Option<PathBuf>,
+    /// Free space kept on the temp dir's filesystem: an upload (HTTP or Wyoming) that would
+    /// leave less is refused with 507 `insufficient_storage` while it streams, and so is a
+    /// decode that would start with less. 0 turns the check off.
+    pub min_free_bytes: u64,
 }
 
 impl Default for LimitsConfig {
@@ -123,6 +127,7 @@ impl Default for LimitsConfig {
             max_queue: 64,
             temp_dir: None,
             small_temp_dir: None,
+            min_free_bytes: 1 << 30,
         }
     }
 }

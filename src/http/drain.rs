@@ -205,6 +205,7 @@ mod tests {
         let started = std::time::Instant::now();
         let limits = BodyLimits {
             max_bytes: DRAIN_BYTES,
+            keep_free: 0,
             idle: Duration::from_millis(50),
             min_rate: 0,
         };

@@ -42,6 +42,15 @@ impl ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
     }
 
+    /// 507: the temp dir's disk is (nearly) full.
+    pub fn no_space(no: crate::job::NoSpace) -> ApiError {
+        ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "insufficient_storage",
+            no.to_string(),
+        )
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
@@ -131,6 +140,12 @@ impl From<AudioError> for ApiError {
             AudioError::TooLong { .. } => {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "audio_too_long", message)
             }
+            AudioError::NoSpace(no) => ApiError::no_space(no),
+            AudioError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient_storage",
+                message,
+            ),
             AudioError::Io(_) => ApiError::internal(message),
             AudioError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)

@@ -153,6 +153,7 @@ async fn answer(app: AppState, request: Request, translate: bool) -> Result<Resp
         intake.dir(),
         intake.limits.max_bytes,
         app.config.limits.max_field_bytes,
+        app.config.limits.min_free_bytes,
     )
     .await
     .map_err(|e| intake.failed(e))?;

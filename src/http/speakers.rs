@@ -228,7 +228,7 @@ async fn read_form(
         let name = field.name().unwrap_or("").to_string();
         given.first(&name)?;
         match name.as_str() {
-            "file" => form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?),
+            "file" => form.file = Some(upload::collect_field(field, &dir.join("upload"), limit, app.config.limits.min_free_bytes).await?),
             "transcript" => {
                 form.transcript = Some(upload::text_field(field, &name, TRANSCRIPT_MAX, "the most a transcript may be").await?)
             }

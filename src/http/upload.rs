@@ -25,6 +25,8 @@ pub(super) use form::{collect_field, text_field, Form, Given};
 #[derive(Debug, Clone, Copy)]
 pub(super) struct BodyLimits {
     pub max_bytes: u64,
+    /// Free space a spilled upload leaves on its disk (`limits.min_free_bytes`).
+    pub keep_free: u64,
     pub idle: Duration,
     /// Bytes a second the body must average once `idle` has passed; 0: any pace.
     pub min_rate: u64,
@@ -34,6 +36,7 @@ impl BodyLimits {
     pub(super) fn from_config(config: &crate::Config) -> BodyLimits {
         BodyLimits {
             max_bytes: config.limits.max_upload_bytes,
+            keep_free: config.limits.min_free_bytes,
             idle: Duration::from_secs_f64(config.http.body_idle_timeout_s),
             min_rate: config.http.min_body_rate_bytes_per_s,
         }
@@ -215,7 +218,7 @@ pub(super) async fn receive(
     limits: BodyLimits,
 ) -> Result<Source, ApiError> {
     let (request, tripwire) = guard(request, limits);
-    receive_guarded(request, spill, limits.max_bytes)
+    receive_guarded(request, spill, limits)
         .await
         .map_err(|e| tripwire.error(&limits).unwrap_or(e))
 }
@@ -223,11 +226,23 @@ pub(super) async fn receive(
 async fn receive_guarded(
     request: Request,
     spill: Option<&Path>,
-    limit: u64,
+    limits: BodyLimits,
 ) -> Result<Source, ApiError> {
-    if declared_length(request.headers()).is_some_and(|n| n > limit) {
+    let limit = limits.max_bytes;
+    let declared = declared_length(request.headers());
+    if declared.is_some_and(|n| n > limit) {
         return Err(too_large("the request body", limit));
     }
+    // A body declared too big for the disk's free space is refused before it is read.
+    if let (Some(n), Some(dir)) = (declared, spill.and_then(Path::parent)) {
+        if n > SPILL_BYTES as u64 {
+            crate::job::room_for(dir, n, limits.keep_free).map_err(ApiError::no_space)?;
+        }
+    }
+    let spill = spill.map(|path| Spill {
+        path,
+        keep_free: limits.keep_free,
+    });
     let is_multipart = request
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
@@ -280,6 +295,7 @@ enum WriteError {
     TooLarge,
     Body(String),
     Io(std::io::Error),
+    NoSpace(crate::job::NoSpace),
 }
 
 impl WriteError {
@@ -287,14 +303,38 @@ impl WriteError {
         match self {
             WriteError::TooLarge => too_large("the upload", limit),
             WriteError::Body(e) => ApiError::bad_request(format!("reading the upload failed: {e}")),
+            WriteError::NoSpace(no) => ApiError::no_space(no),
+            WriteError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => ApiError::new(
+                axum::http::StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient_storage",
+                "the server's temp dir is full (no space left on device): try again once running \
+                 jobs have finished, or send a smaller file",
+            ),
             WriteError::Io(e) => ApiError::internal(format!("cannot store the upload: {e}")),
         }
     }
 }
 
+/// Where a large upload goes, and the free space it must leave on that disk.
+#[derive(Clone, Copy)]
+struct Spill<'a> {
+    path: &'a Path,
+    keep_free: u64,
+}
+
+impl Spill<'_> {
+    /// `Err` when `more` bytes written here would leave less than `keep_free` (checked when the
+    /// file is made and at every [`SPILL_BYTES`] after, so uploads at once overshoot by a few
+    /// of those at most).
+    fn room_for(&self, more: u64) -> Result<(), WriteError> {
+        let dir = self.path.parent().unwrap_or(self.path);
+        crate::job::room_for(dir, more, self.keep_free).map_err(WriteError::NoSpace)
+    }
+}
+
 async fn collect<S, E>(
     mut stream: S,
-    spill: Option<&Path>,
+    spill: Option<Spill<'_>>,
     limit: u64,
 ) -> Result<Source, WriteError>
 where
@@ -304,6 +344,8 @@ where
     let mut memory = bytes::BytesMut::new();
     let mut file: Option<tokio::io::BufWriter<tokio::fs::File>> = None;
     let mut size = 0u64;
+    // Bytes written to the spill file since its disk's free space was last looked at.
+    let mut unchecked = 0usize;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| WriteError::Body(e.to_string()))?;
         size += chunk.len() as u64;
@@ -311,9 +353,18 @@ where
             return Err(WriteError::TooLarge);
         }
         match (file.as_mut(), spill) {
-            (Some(f), _) => f.write_all(&chunk).await.map_err(WriteError::Io)?,
+            (Some(f), Some(spill)) => {
+                unchecked += chunk.len();
+                if unchecked >= SPILL_BYTES {
+                    spill.room_for(unchecked as u64)?;
+                    unchecked = 0;
+                }
+                f.write_all(&chunk).await.map_err(WriteError::Io)?;
+            }
+            (Some(f), None) => f.write_all(&chunk).await.map_err(WriteError::Io)?,
             (None, Some(spill)) if memory.len() + chunk.len() > SPILL_BYTES => {
-                let f = tokio::fs::File::create(spill)
+                spill.room_for((memory.len() + chunk.len()) as u64)?;
+                let f = tokio::fs::File::create(spill.path)
                     .await
                     .map_err(WriteError::Io)?;
                 let mut f = tokio::io::BufWriter::with_capacity(1 << 20, f);
@@ -328,7 +379,7 @@ where
     match (file, spill) {
         (Some(mut f), Some(spill)) => {
             f.flush().await.map_err(WriteError::Io)?;
-            Ok(Source::File(spill.to_path_buf()))
+            Ok(Source::File(spill.path.to_path_buf()))
         }
         _ => Ok(Source::Memory(memory.freeze())),
     }

@@ -46,6 +46,41 @@ fn job_dir_in(dir: PathBuf) -> std::io::Result<tempfile::TempDir> {
     }
 }
 
+/// The temp dir's filesystem would be left with less than `limits.min_free_bytes`: the upload is
+/// refused instead of filling the disk under the jobs already running (and the rest of the box).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error(
+    "the server's temp dir has {} MiB free and keeps at least {} MiB free (limits.min_free_bytes): \
+     try again once running jobs have finished, or send a smaller file",
+    .free >> 20,
+    .keep >> 20
+)]
+pub struct NoSpace {
+    pub free: u64,
+    pub keep: u64,
+}
+
+/// Bytes an unprivileged writer may still write on the filesystem holding `path` (`None`: it
+/// cannot be told, and nothing is refused for it).
+pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a NUL-terminated path and a zeroed struct the call fills in.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// `Err` when writing `more` bytes under `dir` would leave less than `keep` bytes free there.
+pub fn room_for(dir: &std::path::Path, more: u64, keep: u64) -> Result<(), NoSpace> {
+    match free_bytes(dir) {
+        Some(free) if keep > 0 && free < keep.saturating_add(more) => Err(NoSpace { free, keep }),
+        _ => Ok(()),
+    }
+}
+
 /// Removes job folders left behind by hosts that are no longer running (a crash or SIGKILL
 /// skips the cleanup a finished job does). Returns how many were removed.
 pub fn sweep_stale(temp_dir: &std::path::Path) -> usize {

@@ -284,7 +284,10 @@ async fn done_without_result_file_is_bad_output() {
     let events = host
         .transcribe("?language=fake:bigresult", wav(0.5, 16000, 1))
         .await;
-    let pad = result_of(&events)["stages"]["w"]["pad"].as_str().unwrap().len();
+    let pad = result_of(&events)["stages"]["w"]["pad"]
+        .as_str()
+        .unwrap()
+        .len();
     assert_eq!(pad, 100_000);
     host.stop().await;
 }

@@ -186,6 +186,14 @@ async fn bad_audio_gets_one_error_and_the_end_of_the_stream() {
         "{error}"
     );
     host2.stop().await;
+    // A temp dir whose disk has less free than limits.min_free_bytes (here: more than any
+    // disk has) takes no audio.
+    let full = TestHost::start(&config("[limits]\nmin_free_bytes = 1152921504606846976\n"))
+        .await
+        .ready()
+        .await;
+    refused(&full, std::slice::from_ref(&start), "limits.min_free_bytes").await;
+    full.stop().await;
     // A new connection works after all that.
     let mut client = Client::connect(&host).await;
     client.request("en", 0.2).await;

@@ -28,6 +28,7 @@ pub(super) async fn read_form(
     dir: &std::path::Path,
     limit: u64,
     max_field: usize,
+    keep_free: u64,
 ) -> Result<Form, ApiError> {
     let mut fields = upload::Form::open(request).await?;
     let mut form = Form::default();
@@ -38,7 +39,8 @@ pub(super) async fn read_form(
             given.first(&name)?;
         }
         if name == "file" {
-            form.file = Some(upload::collect_field(field, &dir.join("upload"), limit).await?);
+            form.file =
+                Some(upload::collect_field(field, &dir.join("upload"), limit, keep_free).await?);
             continue;
         }
         let value = upload::text_field(field, &name, max_field, "limits.max_field_bytes").await?;

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use axum::extract::{FromRequest, Multipart, Request};
 use futures_util::StreamExt;
 
-use super::{collect, parts, ApiError, Source};
+use super::{collect, parts, ApiError, Source, Spill};
 
 /// A multipart/form-data body read field by field, its mistakes as 400s (every form the API
 /// takes: `/transcribe`, the OpenAI endpoints, `/speakers`).
@@ -92,7 +92,12 @@ pub(in crate::http) async fn collect_field(
     field: axum::extract::multipart::Field<'_>,
     spill: &Path,
     limit: u64,
+    keep_free: u64,
 ) -> Result<Source, ApiError> {
+    let spill = Spill {
+        path: spill,
+        keep_free,
+    };
     collect(field, Some(spill), limit)
         .await
         .map_err(|e| e.into_api(limit))

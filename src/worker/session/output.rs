@@ -114,8 +114,7 @@ const INLINE_RESULT_MAX: u64 = 32 << 10;
 /// The JSON object a worker wrote to `output`, or why not. Only a regular file is read (a link
 /// to `/dev/zero` or a FIFO would never end), and no more than [`RESULT_MAX`] of it.
 fn read_result(output: &Path) -> Result<Value, String> {
-    let text =
-        crate::files::read_regular(output, RESULT_MAX).map_err(|e| read_error(output, e))?;
+    let text = crate::files::read_regular(output, RESULT_MAX).map_err(|e| read_error(output, e))?;
     parse_result(output, &text)
 }
 
