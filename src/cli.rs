@@ -49,6 +49,31 @@ pub(crate) async fn interrupted() -> u8 {
     }
 }
 
+/// How long a server's event stream may say nothing before a client command gives up on it: the
+/// server says what is still going on every `[http] heartbeat_s` (10 s by default, at most 120),
+/// so a silence this long is a server that hangs or a network that is gone (TCP keepalive only
+/// notices a machine that is gone).
+pub(crate) const STREAM_SILENCE: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The next chunk of a server's event stream (`None`: it ended); an error once it has been
+/// silent for [`STREAM_SILENCE`].
+pub(crate) async fn next_chunk<S>(stream: &mut S) -> anyhow::Result<Option<bytes::Bytes>>
+where
+    S: futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+{
+    use anyhow::Context;
+    use futures_util::StreamExt;
+    match tokio::time::timeout(STREAM_SILENCE, stream.next()).await {
+        Err(_) => anyhow::bail!(
+            "the server sent nothing for {} s, though it says how its work goes every \
+             [http] heartbeat_s: it hangs, or the network to it is gone",
+            STREAM_SILENCE.as_secs()
+        ),
+        Ok(None) => Ok(None),
+        Ok(Some(chunk)) => Ok(Some(chunk.context("reading the event stream")?)),
+    }
+}
+
 /// Makes a one-shot command the subreaper of the workers it starts, so that what they detach
 /// (`setsid`, a double fork) is adopted and can be swept by [`sweep_orphans`] at the end.
 pub(crate) fn adopt_orphans() {
@@ -175,7 +200,19 @@ impl Remote {
 
 #[cfg(test)]
 mod tests {
-    use super::{shown, Remote};
+    use super::{next_chunk, shown, Remote, STREAM_SILENCE};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_event_stream_is_given_up() {
+        let mut silent = futures_util::stream::pending::<reqwest::Result<bytes::Bytes>>();
+        let started = tokio::time::Instant::now();
+        let why = next_chunk(&mut silent).await.unwrap_err().to_string();
+        assert!(why.contains("sent nothing for 300 s"), "{why}");
+        assert_eq!(started.elapsed(), STREAM_SILENCE);
+        let mut two = futures_util::stream::iter([Ok(bytes::Bytes::from_static(b"{}\n"))]);
+        assert_eq!(next_chunk(&mut two).await.unwrap().unwrap(), "{}\n");
+        assert!(next_chunk(&mut two).await.unwrap().is_none());
+    }
 
     #[test]
     fn what_a_server_sends_cannot_drive_the_terminal() {

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use futures_util::{FutureExt, StreamExt};
+use futures_util::FutureExt;
 use gpuhost::protocol::GrantEvent;
 use serde_json::json;
 
@@ -221,13 +221,19 @@ async fn wait_for_grant(response: reqwest::Response) -> anyhow::Result<u64> {
     let mut buf = Vec::new();
     // The server says the queue place again while the wait lasts: shown once.
     let mut queued: Option<GrantEvent> = None;
-    while let Some(chunk) = stream.next().await {
-        buf.extend_from_slice(&chunk?);
+    while let Some(chunk) = super::next_chunk(&mut stream).await? {
+        buf.extend_from_slice(&chunk);
         while let Some(end) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=end).collect();
             let event: GrantEvent = serde_json::from_slice(&line).context("a malformed event")?;
-            if matches!(event, GrantEvent::Queued { .. }) && super::said_again(&mut queued, &event)
-            {
+            // Where the request is, said again by the server as a heartbeat: shown once.
+            let state = matches!(
+                event,
+                GrantEvent::Queued { .. }
+                    | GrantEvent::MakingRoom { .. }
+                    | GrantEvent::Starting { .. }
+            );
+            if state && super::said_again(&mut queued, &event) {
                 continue;
             }
             match event {

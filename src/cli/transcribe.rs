@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use futures_util::StreamExt;
 use gpuhost::job::{self, start_job, PreparedJob};
 use gpuhost::pipeline::JobOptions;
 use gpuhost::protocol::ClientEvent;
@@ -235,8 +234,8 @@ async fn remote(
     let mut stream = response.bytes_stream();
     let mut buf = Vec::new();
     let mut last = None;
-    while let Some(chunk) = stream.next().await {
-        buf.extend_from_slice(&chunk.context("reading the event stream")?);
+    while let Some(chunk) = super::next_chunk(&mut stream).await? {
+        buf.extend_from_slice(&chunk);
         while let Some(i) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=i).collect();
             let event: ClientEvent =

@@ -50,6 +50,9 @@ impl Default for HttpConfig {
 /// The most connections a server may hold open (each is a descriptor and a task).
 const MAX_CONNECTIONS: usize = 1_000_000;
 
+/// Longest pause between heartbeats of an event stream.
+const MAX_HEARTBEAT_S: f64 = 120.0;
+
 impl HttpConfig {
     pub(super) fn validate(&self) -> Result<(), String> {
         super::validate::positive_seconds(
@@ -62,6 +65,15 @@ impl HttpConfig {
                 ("heartbeat_s", self.heartbeat_s),
             ],
         )?;
+        // Client commands give up a stream silent for 300 s (`cli::STREAM_SILENCE`); proxies
+        // commonly after 60–120 s.
+        if self.heartbeat_s > MAX_HEARTBEAT_S {
+            return Err(format!(
+                "[http] heartbeat_s must be at most {MAX_HEARTBEAT_S} (clients and proxies give up \
+                 a silent stream), got {}",
+                self.heartbeat_s
+            ));
+        }
         if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
             return Err(format!(
                 "[http] max_connections must be from 1 to {MAX_CONNECTIONS}, got {}",

@@ -211,6 +211,7 @@ fn settings_that_would_break_the_server_later_are_refused_at_load() {
             "[http]\nmax_connections = 9223372036854775807\n",
             "max_connections",
         ),
+        ("[http]\nheartbeat_s = 600\n", "at most 120"),
         ("token = \"é\"\n", "printable ASCII"),
         ("token = \"a b\"\n", "printable ASCII"),
         ("[gpu]\ndevice = 4294967296\n", "[gpu] device"),

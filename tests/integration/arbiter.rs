@@ -577,13 +577,14 @@ async fn a_health_url_that_never_answers_fails_the_start_at_its_timeout() {
 
 #[tokio::test]
 async fn a_start_waiting_behind_a_lease_says_so_again_while_it_waits() {
-    // Heartbeats every 0.2 s: the start's stream repeats its queue place until the lease goes.
+    // Heartbeats every 0.2 s: the start's stream repeats its queue place until the lease goes,
+    // then its start until the service is healthy.
     let gpu = FakeGpu::new(IDLE);
     let config = arbiter_config(
         &gpu,
         &format!(
             "[http]\nheartbeat_s = 0.2\n{}",
-            service(&gpu, "llm", "--load-s 0.1 --mib 6000", "")
+            service(&gpu, "llm", "--load-s 1 --mib 6000", "")
         ),
     );
     let host = TestHost::start(&config).await.ready().await;
@@ -615,6 +616,12 @@ async fn a_start_waiting_behind_a_lease_says_so_again_while_it_waits() {
         matches!(events.last(), Some(GrantEvent::Healthy { .. })),
         "{events:?}"
     );
+    // While the service loads (1 s, quietly), its start is said again too.
+    let starting = events
+        .iter()
+        .filter(|e| matches!(e, GrantEvent::Starting { .. }))
+        .count();
+    assert!(starting >= 2, "{events:?}");
     host.stop().await;
 }
 

@@ -67,19 +67,28 @@ impl Beat<ClientEvent> for JobBeat {
     }
 }
 
-/// A grant's stream (a lease waiting with `wait`): its place in the queue while it waits.
+/// A grant's stream (a lease waiting with `wait`, a service start): where it is, said again
+/// while it stays there: its place in the queue, the room being made, the service starting (a
+/// quiet service may load for minutes before its health URL answers).
 #[derive(Default)]
 pub(in crate::http) struct GrantBeat {
-    queued: Option<GrantEvent>,
+    state: Option<GrantEvent>,
 }
 
 impl Beat<GrantEvent> for GrantBeat {
     fn saw(&mut self, event: &GrantEvent) {
-        self.queued = matches!(event, GrantEvent::Queued { .. }).then(|| event.clone());
+        match event {
+            GrantEvent::Queued { .. }
+            | GrantEvent::MakingRoom { .. }
+            | GrantEvent::Starting { .. } => self.state = Some(event.clone()),
+            // A service's log line is no change of state.
+            GrantEvent::Log { .. } => {}
+            _ => self.state = None,
+        }
     }
 
     fn again(&self) -> Vec<GrantEvent> {
-        self.queued.iter().cloned().collect()
+        self.state.iter().cloned().collect()
     }
 }
 
@@ -136,6 +145,23 @@ mod tests {
             [progress("diarizer", Some(0.25), Some("window 4/1439"))]
         );
         beat.saw(&stage("diarizer", StageStatus::CalledOff));
+        assert!(beat.again().is_empty());
+    }
+
+    #[test]
+    fn a_grant_stream_repeats_where_it_is_until_its_end() {
+        let mut beat = GrantBeat::default();
+        assert!(beat.again().is_empty());
+        let starting = GrantEvent::Starting { pid: 7 };
+        beat.saw(&starting);
+        beat.saw(&GrantEvent::Log {
+            line: "loading".into(),
+        });
+        assert_eq!(beat.again(), [starting]);
+        beat.saw(&GrantEvent::Healthy {
+            pid: Some(7),
+            seconds: 1.0,
+        });
         assert!(beat.again().is_empty());
     }
 }
