@@ -584,7 +584,7 @@ async fn a_start_waiting_behind_a_lease_says_so_again_while_it_waits() {
         &gpu,
         &format!(
             "[http]\nheartbeat_s = 0.2\n{}",
-            service(&gpu, "llm", "--load-s 1 --mib 6000", "")
+            service(&gpu, "llm", "--load-s 1 --mib 6000 --quiet", "")
         ),
     );
     let host = TestHost::start(&config).await.ready().await;
