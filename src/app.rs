@@ -62,6 +62,14 @@ impl App {
                 tracing::info!(swept, dir = %dir.display(), "removed job folders left by hosts that are gone");
             }
         }
+        let keep = config.limits.min_free_bytes;
+        if let Err(no) = job::room_for(&config.temp_dir(), 0, keep) {
+            tracing::warn!(
+                dir = %config.temp_dir().display(),
+                "{no}; until then uploads that need decoding are refused (507). On a disk this \
+                 small, lower limits.min_free_bytes (0 turns the check off)"
+            );
+        }
         let supervisor = Arc::new(Supervisor::start(&config, force_oneshot));
         if force_oneshot {
             // A local one-off run has no one to report GPU status to.
@@ -102,7 +110,7 @@ impl App {
                 "voices are enrolled, but [speakers] stage is not in the pipeline: nobody will be named after them"
             );
         }
-        let temp_probe = job::TempProbe::new(config.temp_dir());
+        let temp_probe = job::TempProbe::new(config.temp_dir(), config.limits.min_free_bytes);
         Arc::new(App {
             speakers,
             gpu,

@@ -115,6 +115,7 @@ pub async fn normalize(
     decoder: Option<&Path>,
     ffmpeg: &str,
     decodes: &tokio::sync::Semaphore,
+    keep_free: u64,
 ) -> Result<AudioInfo, AudioError> {
     if input.len()? == 0 {
         return Err(AudioError::Empty);
@@ -131,6 +132,55 @@ pub async fn normalize(
         .acquire()
         .await
         .map_err(|_| std::io::Error::other("the server is stopping"))?;
+    let folder = output.parent().unwrap_or(output);
+    within_room(
+        folder,
+        keep_free,
+        decode(input, output, max_seconds, decoder, ffmpeg),
+    )
+    .await
+}
+
+/// `decode`, stopped once the disk under `folder` has less than `keep_free` free (looked at
+/// every second, so decodes running at once overshoot by a second of output each at most); a
+/// decode that failed for want of room (a decoder child says ENOSPC only in words) is said so.
+async fn within_room(
+    folder: &Path,
+    keep_free: u64,
+    decode: impl std::future::Future<Output = Result<AudioInfo, AudioError>>,
+) -> Result<AudioInfo, AudioError> {
+    tokio::pin!(decode);
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await; // the first tick is now
+    loop {
+        tokio::select! {
+            done = &mut decode => {
+                if let Err(AudioError::Io(_) | AudioError::Undecodable(_)) = &done {
+                    if let Some(no) = crate::job::out_of_room(folder, keep_free) {
+                        return Err(AudioError::NoSpace(no));
+                    }
+                }
+                return done;
+            }
+            _ = tick.tick() => {
+                if let Err(no) = crate::job::room_for(folder, 0, keep_free) {
+                    tracing::warn!(free_bytes = no.free, min_free_bytes = keep_free, "the temp dir's disk went below limits.min_free_bytes during a decode; stopped");
+                    return Err(AudioError::NoSpace(no));
+                }
+            }
+        }
+    }
+}
+
+/// The decode itself: symphonia (in a child, or here), then ffmpeg for what it cannot read.
+async fn decode(
+    input: Source,
+    output: &Path,
+    max_seconds: f64,
+    decoder: Option<&Path>,
+    ffmpeg: &str,
+) -> Result<AudioInfo, AudioError> {
     let decoded = match decoder {
         Some(program) => child::decode_in_child(program, &input, output, max_seconds).await,
         None => {
@@ -271,4 +321,27 @@ fn check_length(info: AudioInfo, max_seconds: f64) -> Result<AudioInfo, AudioErr
 /// The path of the normalized audio inside a job folder.
 pub fn normalized_path(dir: &Path) -> PathBuf {
     dir.join("audio.wav")
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test(start_paused = true)]
+    async fn a_decode_is_stopped_once_the_disk_is_below_its_floor() {
+        let dir = tempfile::tempdir().unwrap();
+        let forever = std::future::pending();
+        let started = tokio::time::Instant::now();
+        let stopped = super::within_room(dir.path(), u64::MAX / 2, forever).await;
+        assert!(
+            matches!(stopped, Err(super::AudioError::NoSpace(_))),
+            "{stopped:?}"
+        );
+        assert_eq!(started.elapsed(), std::time::Duration::from_secs(1));
+        // With room (the check off), it runs to its end.
+        let done = super::within_room(dir.path(), 0, async {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            Err(super::AudioError::Empty)
+        })
+        .await;
+        assert!(matches!(done, Err(super::AudioError::Empty)), "{done:?}");
+    }
 }

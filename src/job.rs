@@ -19,7 +19,8 @@ mod probe;
 mod request;
 
 pub use folders::{
-    free_bytes, job_dir, job_dir_for, redact, room_for, sweep_stale, temp_dir_usable, NoSpace,
+    free_bytes, job_dir, job_dir_for, out_of_room, redact, room_for, sweep_stale, temp_dir_usable,
+    NoSpace,
 };
 pub use probe::TempProbe;
 pub use request::{accept_options, options_for_stages_run, select_stages};
@@ -93,12 +94,6 @@ impl PreparedJob {
         stages: Vec<String>,
     ) -> Result<PreparedJob, AudioError> {
         let config = &app.config;
-        // The normalized audio is written next: not onto a disk that is (nearly) full. (A small
-        // upload that needs no decoding writes a copy of at most 256 KiB, often in memory.)
-        if !audio::is_small_and_normalized(&upload) {
-            folders::room_for(dir.path(), 0, config.limits.min_free_bytes)
-                .map_err(AudioError::NoSpace)?;
-        }
         let audio = audio::normalized_path(dir.path());
         let max = config.limits.max_audio_seconds;
         let spilled = matches!(upload, Source::File(_));
@@ -109,6 +104,7 @@ impl PreparedJob {
             config.audio.decoder.as_deref(),
             &config.audio.ffmpeg,
             &app.decodes,
+            config.limits.min_free_bytes,
         );
         // A shutdown drops the decode (its child is killed with the future) and says so.
         let info = tokio::select! {

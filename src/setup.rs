@@ -139,14 +139,39 @@ impl Package {
         serde_json::from_slice(&std::fs::read(self.venv().join(STATE_FILE)).ok()?).ok()
     }
 
-    /// Moves the venv to `.venv.previous` (one left by a setup that was killed is removed
-    /// first) and returns where it went.
-    fn move_aside(&self, say: &dyn Fn(&str)) -> Result<PathBuf, SetupError> {
-        let aside = self.home.join(".venv.previous");
-        if aside.exists() {
-            std::fs::remove_dir_all(&aside)
-                .map_err(|e| self.step_error("remove the older venv", e.to_string()))?;
+    /// Where the venv waits while a new one is built.
+    fn aside(&self) -> PathBuf {
+        self.home.join(".venv.previous")
+    }
+
+    /// What a setup that was killed mid-build left (a venv moved aside, a half-built one in
+    /// its place): the one moved aside back when it was complete and the new one is not, else
+    /// the one moved aside removed.
+    fn recover_previous(&self, say: &dyn Fn(&str)) -> Result<(), SetupError> {
+        let aside = self.aside();
+        if !aside.exists() {
+            return Ok(());
         }
+        let complete = |dir: &Path| dir.join(STATE_FILE).is_file();
+        if complete(&aside) && !complete(&self.venv()) {
+            say(&format!(
+                "[{}] an earlier setup stopped mid-build: putting the previous venv back",
+                self.name
+            ));
+            if self.venv().exists() {
+                std::fs::remove_dir_all(self.venv())
+                    .map_err(|e| self.step_error("remove a half-built venv", e.to_string()))?;
+            }
+            return std::fs::rename(&aside, self.venv())
+                .map_err(|e| self.step_error("put the previous venv back", e.to_string()));
+        }
+        std::fs::remove_dir_all(&aside)
+            .map_err(|e| self.step_error("remove the previous venv", e.to_string()))
+    }
+
+    /// Moves the venv to `.venv.previous` and returns where it went.
+    fn move_aside(&self, say: &dyn Fn(&str)) -> Result<PathBuf, SetupError> {
+        let aside = self.aside();
         say(&format!(
             "[{}] moving {} aside to build it again",
             self.name,
@@ -287,6 +312,7 @@ pub async fn setup(
             done.push((name, Outcome::NotManaged));
             continue;
         };
+        pkg.recover_previous(say)?;
         let current = pkg.state().is_some_and(|s| s.inputs == pkg.inputs());
         // Forced: rebuilt whatever the venv holds, so not tested first.
         let sound = !force && pkg.self_test().await.is_ok();
@@ -339,6 +365,7 @@ pub async fn ensure_these(
         let Some(pkg) = Package::of(config, name)? else {
             continue;
         };
+        pkg.recover_previous(say)?;
         if !pkg.venv().exists() {
             say(&format!("[{name}] no venv yet: running setup"));
             setup(config, std::slice::from_ref(name), false, say).await?;

@@ -80,6 +80,37 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 /// Audio bytes between two looks at the temp dir's free space (`limits.min_free_bytes`).
 const ROOM_EVERY: u64 = 8 << 20;
 
+/// Why an event is refused: the `error` event's code and text.
+pub(super) struct Refusal {
+    code: &'static str,
+    text: String,
+}
+
+impl Refusal {
+    fn no_space(e: &job::NoSpace) -> Refusal {
+        Refusal {
+            code: "insufficient_storage",
+            text: e.to_string(),
+        }
+    }
+}
+
+/// The client's mistake.
+impl From<String> for Refusal {
+    fn from(text: String) -> Refusal {
+        Refusal {
+            code: "bad_request",
+            text,
+        }
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(text: &str) -> Refusal {
+        Refusal::from(text.to_string())
+    }
+}
+
 /// Where a connection stands with its audio.
 enum Audio {
     /// Between requests.
@@ -168,9 +199,9 @@ impl Connection {
                 }
                 Ok(Err(e)) => return Err(e.into()),
             };
-            if let Err(message) = self.handle(event).await? {
+            if let Err(refusal) = self.handle(event).await? {
                 self.audio = Audio::Idle;
-                return Err(self.error("bad_request", &message).await);
+                return Err(self.error(refusal.code, &refusal.text).await);
             }
         }
     }
@@ -209,8 +240,8 @@ impl Connection {
         }
     }
 
-    /// `Ok(Err(message))`: the client's mistake, answered with an `error` event.
-    async fn handle(&mut self, event: Event) -> Result<Result<(), String>, ConnectionError> {
+    /// `Ok(Err(refusal))`: answered with an `error` event (mostly the client's mistake).
+    async fn handle(&mut self, event: Event) -> Result<Result<(), Refusal>, ConnectionError> {
         match event.kind.as_str() {
             "describe" => {
                 let info = self.info();
@@ -222,8 +253,8 @@ impl Connection {
             "audio-start" => return Ok(self.start(&event)),
             "audio-chunk" => {
                 if matches!(self.audio, Audio::Idle) {
-                    if let Err(message) = self.start(&event) {
-                        return Ok(Err(message));
+                    if let Err(refusal) = self.start(&event) {
+                        return Ok(Err(refusal));
                     }
                 }
                 return Ok(self.chunk(&event));
@@ -264,21 +295,19 @@ impl Connection {
             .stages(&self.app.config.pipeline.stages)
     }
 
-    fn start(&mut self, event: &Event) -> Result<(), String> {
+    fn start(&mut self, event: &Event) -> Result<(), Refusal> {
         let rate = event.u32("rate").ok_or("`audio-start` needs `rate`")?;
         let width = event.u32("width").unwrap_or(2);
         let channels = event.u32("channels").unwrap_or(1);
         if width != 2 {
-            return Err(format!(
-                "audio width {width} is not supported; send 16-bit PCM (width 2)"
-            ));
+            return Err(
+                format!("audio width {width} is not supported; send 16-bit PCM (width 2)").into(),
+            );
         }
         // The same bounds as every upload's declared format.
         crate::audio::check_format(rate, channels as usize, Some(16)).map_err(|e| e.to_string())?;
         let dir = job::job_dir(&self.app.config)
             .map_err(|e| format!("cannot create a job folder: {e}"))?;
-        job::room_for(dir.path(), 0, self.app.config.limits.min_free_bytes)
-            .map_err(|e| e.to_string())?;
         let path = dir.path().join("wyoming.wav");
         let spec = hound::WavSpec {
             channels: channels as u16,
@@ -287,7 +316,7 @@ impl Connection {
             sample_format: hound::SampleFormat::Int,
         };
         let writer = hound::WavWriter::create(&path, spec)
-            .map_err(|e| format!("cannot store the audio: {e}"))?;
+            .map_err(|e| Refusal::from(format!("cannot store the audio: {e}")))?;
         self.audio = Audio::Receiving {
             dir,
             path,
@@ -299,7 +328,7 @@ impl Connection {
         Ok(())
     }
 
-    fn chunk(&mut self, event: &Event) -> Result<(), String> {
+    fn chunk(&mut self, event: &Event) -> Result<(), Refusal> {
         let payload = &event.payload;
         let limits = &self.app.config.limits;
         let Audio::Receiving {
@@ -325,7 +354,8 @@ impl Connection {
                     "an `audio-chunk` with {field} {} in audio that started with {field} \
                      {started}; keep one format from `audio-start` to `audio-stop`",
                     declared.unwrap_or_default()
-                ));
+                )
+                .into());
             }
         }
         // Whole frames only: a stray byte would shift every later sample by half of one.
@@ -335,7 +365,7 @@ impl Connection {
                 "an `audio-chunk` of {} bytes is not whole frames of {} 16-bit samples ({frame} bytes each)",
                 payload.len(),
                 channels
-            ));
+            ).into());
         }
         *bytes += payload.len() as u64;
         let seconds = *bytes as f64 / (2.0 * f64::from(*rate) * f64::from(*channels));
@@ -343,12 +373,14 @@ impl Connection {
             return Err(format!(
                 "the audio is over limits.max_audio_seconds ({} s) or limits.max_upload_bytes",
                 limits.max_audio_seconds
-            ));
+            )
+            .into());
         }
-        // The disk's free space, looked at every ROOM_EVERY bytes of audio.
+        // Whether the next ROOM_EVERY bytes of audio fit on the disk, asked every ROOM_EVERY
+        // bytes (a voice command never gets there).
         if (*bytes - payload.len() as u64) / ROOM_EVERY != *bytes / ROOM_EVERY {
             job::room_for(dir.path(), ROOM_EVERY, limits.min_free_bytes)
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| Refusal::no_space(&e))?;
         }
         let mut block = writer.get_i16_writer(payload.len() as u32 / 2);
         for pair in payload.chunks_exact(2) {
@@ -356,7 +388,7 @@ impl Connection {
         }
         block
             .flush()
-            .map_err(|e| format!("cannot store the audio: {e}"))
+            .map_err(|e| Refusal::from(format!("cannot store the audio: {e}")))
     }
 
     /// Answers with an `error` event; what it gives back ends the connection.

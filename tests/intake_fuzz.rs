@@ -79,6 +79,7 @@ fn check(bytes: Vec<u8>) -> Result<(), TestCaseError> {
         None, // the decoder itself, in this process (the server runs it in a child)
         "",
         &tokio::sync::Semaphore::new(1),
+        0,
     ));
     let panicked = PANICS.load(Ordering::Relaxed) != panics;
     prop_assert!(LARGEST.load(Ordering::Relaxed) <= MAX_ALLOCATION);

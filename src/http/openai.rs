@@ -75,6 +75,11 @@ pub(super) enum OpenAiErrors {
     JobFailed(OpenAiErrorBody),
     #[response(status = 429, description = "The GPU queue is full (see Retry-After)")]
     QueueFull(OpenAiErrorBody),
+    #[response(
+        status = 507,
+        description = "The temp dir's disk has no room (limits.min_free_bytes)"
+    )]
+    NoSpace(OpenAiErrorBody),
     #[response(status = 500, description = "Internal error")]
     Internal(OpenAiErrorBody),
     #[response(status = 502, description = "A worker crashed or wrote bad output")]

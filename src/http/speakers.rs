@@ -84,6 +84,7 @@ struct Form {
         (status = 415, description = "Not decodable as audio", body = ErrorBody),
         (status = 422, description = "Too little speech to learn the voice from", body = ErrorBody),
         (status = 429, description = "The GPU queue is full", body = ErrorBody),
+        (status = 507, description = "The temp dir's disk has no room (limits.min_free_bytes)", body = ErrorBody),
         (status = 500, description = "The voice could not be written to the state folder", body = ErrorBody),
         (status = 502, description = "The worker crashed or answered without a voiceprint", body = ErrorBody),
         (status = 503, description = "The worker is unavailable", body = ErrorBody),

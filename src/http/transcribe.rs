@@ -81,6 +81,7 @@ impl TranscribeQuery {
         (status = 415, description = "Not decodable as audio, or a refused format", body = super::error::ErrorBody),
         (status = 422, description = "`?format=` only: the job failed", body = super::error::ErrorBody),
         (status = 429, description = "The GPU queue is full (see Retry-After)", body = super::error::ErrorBody),
+        (status = 507, description = "The temp dir's disk has no room (limits.min_free_bytes)", body = super::error::ErrorBody),
         (status = 500, description = "Internal error (e.g. the job folder cannot be created)", body = super::error::ErrorBody),
         (status = 502, description = "`?format=` only: a worker crashed or wrote bad output", body = super::error::ErrorBody),
         (status = 503, description = "`?format=` only: a worker is unavailable, or the host is shutting down", body = super::error::ErrorBody),

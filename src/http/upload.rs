@@ -159,6 +159,7 @@ impl FormIntake {
         let dir = crate::job::job_dir(&app.config)
             .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
         let limits = BodyLimits::from_config(&app.config);
+        room_for_declared(request.headers(), dir.path(), limits.keep_free)?;
         let (request, tripwire) = guard(request, limits);
         Ok((
             FormIntake {
@@ -202,6 +203,21 @@ impl FormIntake {
 /// Uploads larger than this are streamed to a file instead of kept in memory.
 pub(super) const SPILL_BYTES: usize = 8 * 1024 * 1024;
 
+/// A body declared too big for the free space of the disk it would spill to is refused before
+/// it is read (one kept in memory is not looked at).
+fn room_for_declared(
+    headers: &axum::http::HeaderMap,
+    dir: &Path,
+    keep_free: u64,
+) -> Result<(), ApiError> {
+    match declared_length(headers) {
+        Some(n) if n > SPILL_BYTES as u64 => {
+            crate::job::room_for(dir, n, keep_free).map_err(ApiError::no_space)
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The body length the request declares (`Content-Length`), if it does.
 pub(super) fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
     headers
@@ -233,11 +249,8 @@ async fn receive_guarded(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large("the request body", limit));
     }
-    // A body declared too big for the disk's free space is refused before it is read.
-    if let (Some(n), Some(dir)) = (declared, spill.and_then(Path::parent)) {
-        if n > SPILL_BYTES as u64 {
-            crate::job::room_for(dir, n, limits.keep_free).map_err(ApiError::no_space)?;
-        }
+    if let Some(dir) = spill.and_then(Path::parent) {
+        room_for_declared(request.headers(), dir, limits.keep_free)?;
     }
     let spill = spill.map(|path| Spill {
         path,
@@ -324,8 +337,8 @@ struct Spill<'a> {
 
 impl Spill<'_> {
     /// `Err` when `more` bytes written here would leave less than `keep_free` (checked when the
-    /// file is made and at every [`SPILL_BYTES`] after, so uploads at once overshoot by a few
-    /// of those at most).
+    /// file is made and at every [`SPILL_BYTES`] after, so uploads at once overshoot by one of
+    /// those each at most).
     fn room_for(&self, more: u64) -> Result<(), WriteError> {
         let dir = self.path.parent().unwrap_or(self.path);
         crate::job::room_for(dir, more, self.keep_free).map_err(WriteError::NoSpace)
@@ -356,7 +369,8 @@ where
             (Some(f), Some(spill)) => {
                 unchecked += chunk.len();
                 if unchecked >= SPILL_BYTES {
-                    spill.room_for(unchecked as u64)?;
+                    // Whether the next SPILL_BYTES fit (those written are in the free space).
+                    spill.room_for(SPILL_BYTES as u64)?;
                     unchecked = 0;
                 }
                 f.write_all(&chunk).await.map_err(WriteError::Io)?;

@@ -20,7 +20,10 @@ pub fn job_dir(config: &Config) -> std::io::Result<tempfile::TempDir> {
 /// otherwise, or when the small one cannot take it.
 pub fn job_dir_for(config: &Config, upload: &Source) -> std::io::Result<tempfile::TempDir> {
     if let Some(small) = config.small_temp_dir() {
-        if audio::is_small_and_normalized(upload) {
+        // A small folder (often a few MiB of shared memory in a container) with too little room
+        // left for the copy and a result: the temp dir takes it.
+        let roomy = || free_bytes(&small).map_or(true, |free| free >= SMALL_ROOM);
+        if audio::is_small_and_normalized(upload) && roomy() {
             match job_dir_in(small) {
                 Ok(dir) => return Ok(dir),
                 Err(e) => tracing::debug!(error = %e, "small_temp_dir unusable; using temp_dir"),
@@ -29,6 +32,10 @@ pub fn job_dir_for(config: &Config, upload: &Source) -> std::io::Result<tempfile
     }
     job_dir(config)
 }
+
+/// Room a small job's folder must find free in `small_temp_dir`: its copy (at most 256 KiB), a
+/// result and those of a few others.
+const SMALL_ROOM: u64 = 4 << 20;
 
 fn job_dir_in(dir: PathBuf) -> std::io::Result<tempfile::TempDir> {
     let make = || {
@@ -46,19 +53,42 @@ fn job_dir_in(dir: PathBuf) -> std::io::Result<tempfile::TempDir> {
     }
 }
 
-/// The temp dir's filesystem would be left with less than `limits.min_free_bytes`: the upload is
-/// refused instead of filling the disk under the jobs already running (and the rest of the box).
-#[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error(
-    "the server's temp dir has {} MiB free and keeps at least {} MiB free (limits.min_free_bytes): \
-     try again once running jobs have finished, or send a smaller file",
-    .free >> 20,
-    .keep >> 20
-)]
+/// The temp dir's filesystem would be left with less than `limits.min_free_bytes` free: the
+/// upload or decode is refused instead of filling the disk under the jobs already running (and
+/// the rest of the box).
+#[derive(Debug, Clone, Copy)]
 pub struct NoSpace {
+    /// Bytes free when it was looked at.
     pub free: u64,
+    /// `limits.min_free_bytes`.
     pub keep: u64,
+    /// Bytes about to be written (0: the disk is already below what is kept free).
+    pub more: u64,
 }
+
+impl std::fmt::Display for NoSpace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+        write!(f, "the temp dir's disk has {:.1} MiB free", mib(self.free))?;
+        if self.more > 0 {
+            write!(
+                f,
+                "; {:.1} MiB more of this upload would leave",
+                mib(self.more)
+            )?;
+        } else {
+            write!(f, ", which is")?;
+        }
+        write!(
+            f,
+            " less than the {:.1} MiB kept free (limits.min_free_bytes): try again once running \
+             jobs have finished or the disk has room",
+            mib(self.keep)
+        )
+    }
+}
+
+impl std::error::Error for NoSpace {}
 
 /// Bytes an unprivileged writer may still write on the filesystem holding `path` (`None`: it
 /// cannot be told, and nothing is refused for it).
@@ -73,12 +103,28 @@ pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
     Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
-/// `Err` when writing `more` bytes under `dir` would leave less than `keep` bytes free there.
+/// `Err` when writing `more` bytes under `dir` would leave less than `keep` bytes free there
+/// (`keep` 0: the check is off).
 pub fn room_for(dir: &std::path::Path, more: u64, keep: u64) -> Result<(), NoSpace> {
     match free_bytes(dir) {
-        Some(free) if keep > 0 && free < keep.saturating_add(more) => Err(NoSpace { free, keep }),
+        Some(free) if keep > 0 && free < keep.saturating_add(more) => {
+            Err(NoSpace { free, keep, more })
+        }
         _ => Ok(()),
     }
+}
+
+/// After a write under `dir` failed: whether the disk is why (below `keep`, or nearly full
+/// whatever `keep` is; a decoder child reports ENOSPC only as text).
+pub fn out_of_room(dir: &std::path::Path, keep: u64) -> Option<NoSpace> {
+    const NEARLY_FULL: u64 = 1 << 20;
+    free_bytes(dir)
+        .filter(|&free| free < keep.max(NEARLY_FULL))
+        .map(|free| NoSpace {
+            free,
+            keep,
+            more: 0,
+        })
 }
 
 /// Removes job folders left behind by hosts that are no longer running (a crash or SIGKILL
@@ -117,8 +163,9 @@ pub fn sweep_stale(temp_dir: &std::path::Path) -> usize {
 }
 
 /// Whether job folders can be made in `temp_dir` now (it exists, is writable, has room for a
-/// small file). `Err` says why not.
-pub fn temp_dir_usable(temp_dir: &std::path::Path) -> Result<(), String> {
+/// small file, and its disk has `keep` bytes free: uploads that need a decode are refused
+/// below that). `Err` says why not.
+pub fn temp_dir_usable(temp_dir: &std::path::Path, keep: u64) -> Result<(), String> {
     use std::io::Write;
     let mut probe = tempfile::Builder::new()
         .prefix(".gpuhost-probe-")
@@ -137,7 +184,8 @@ pub fn temp_dir_usable(temp_dir: &std::path::Path) -> Result<(), String> {
                 "cannot write to the temp dir (limits.temp_dir): {}",
                 e.kind()
             )
-        })
+        })?;
+    room_for(temp_dir, 0, keep).map_err(|e| e.to_string())
 }
 
 /// Replaces the job folder's path in a message meant for a client: paths on the server are

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::{Audio, Connection, ConnectionError};
+use super::{Audio, Connection, ConnectionError, Refusal};
 use crate::audio::{AudioError, Source};
 use crate::job::{self, PreparedJob};
 use crate::protocol::{ClientEvent, JobOptions};
@@ -14,7 +14,7 @@ use crate::transcript::Transcript;
 
 impl Connection {
     /// `audio-stop`: runs the job and answers `transcript` or `error`.
-    pub(super) async fn transcribe(&mut self) -> Result<Result<(), String>, ConnectionError> {
+    pub(super) async fn transcribe(&mut self) -> Result<Result<(), Refusal>, ConnectionError> {
         let Audio::Receiving {
             dir,
             path,
@@ -29,7 +29,7 @@ impl Connection {
             return Ok(Err("no audio between `audio-start` and `audio-stop`".into()));
         }
         if let Err(e) = writer.finalize() {
-            return Ok(Err(format!("cannot store the audio: {e}")));
+            return Ok(Err(format!("cannot store the audio: {e}").into()));
         }
         let options = JobOptions {
             language: self.language.take(),
@@ -38,7 +38,7 @@ impl Connection {
         let stages = self.stages();
         let options = match job::accept_options(&self.app, options, &stages) {
             Ok(options) => options,
-            Err(e) => return Ok(Err(e.to_string())),
+            Err(e) => return Ok(Err(e.to_string().into())),
         };
         // A client that hangs up while its audio decodes stops the decode (the decoder child is
         // killed when the upload's future is dropped).
@@ -49,7 +49,8 @@ impl Connection {
                 Err(e @ AudioError::ShuttingDown) => {
                     return Err(self.error("shutting_down", &e.to_string()).await);
                 }
-                Err(e) => return Ok(Err(e.to_string())),
+                Err(AudioError::NoSpace(e)) => return Ok(Err(Refusal::no_space(&e))),
+                Err(e) => return Ok(Err(e.to_string().into())),
             },
             () = self.reader.get_mut().hung_up() => return Ok(Ok(())),
         };

@@ -110,6 +110,7 @@ async fn normalized_audio_is_16k_mono_pcm16() {
         Some(std::path::Path::new(env!("CARGO_BIN_EXE_gpuhost"))),
         "",
         &decodes,
+        0,
     )
     .await
     .unwrap();
@@ -149,7 +150,7 @@ async fn decode_given_up(decoder: Option<&'static std::path::Path>) {
         let (out, decodes) = (out.clone(), decodes.clone());
         async move {
             let source = gpuhost::audio::Source::Memory(input.into());
-            gpuhost::audio::normalize(source, &out, 7200.0, decoder, "", &decodes).await
+            gpuhost::audio::normalize(source, &out, 7200.0, decoder, "", &decodes, 0).await
         }
     });
     let size = || std::fs::metadata(&out).map_or(0, |m| m.len());

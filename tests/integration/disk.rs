@@ -1,5 +1,6 @@
 //! The temp dir's disk: uploads and decodes that would leave less than `limits.min_free_bytes`
-//! free are refused with 507, while they stream, instead of filling the disk under running jobs.
+//! free are refused with 507 while they stream or decode, instead of filling the disk under
+//! running jobs.
 
 use futures_util::stream;
 
@@ -37,10 +38,22 @@ async fn uploads_that_would_fill_the_disk_are_refused_with_507() {
             assert!(!message.contains(&temp), "{message}");
         }
     };
-    // A short 16 kHz mono PCM16 upload is copied, not decoded: at most 256 KiB, taken.
+    // Short uploads are taken (a copy, a decode done within the first second: the decode's
+    // watch looks at the disk every second, see `audio::within_room`'s test).
     result_of(&host.transcribe("", wav(2.0, 16000, 1)).await);
-    // One that needs decoding would write its normalized audio: refused.
-    refused(post(wav(2.0, 44100, 1).into()).await.unwrap()).await;
+    result_of(&host.transcribe("", wav(2.0, 44100, 1)).await);
+    // A decode that failed on a disk below the floor failed for want of room (a decoder child
+    // says ENOSPC only in words, as ffmpeg does): 507, not 415 or 500.
+    refused(
+        post(
+            b"not audio, or audio the disk had no room for"
+                .to_vec()
+                .into(),
+        )
+        .await
+        .unwrap(),
+    )
+    .await;
     // A body declared too big for the space left: refused before it is read.
     refused(post(wav(320.0, 16000, 1).into()).await.unwrap()).await;
     // The same body without a declared length (chunked): refused once it spills to disk.
@@ -54,6 +67,11 @@ async fn uploads_that_would_fill_the_disk_are_refused_with_507() {
             .unwrap(),
     )
     .await;
+    // `/ready` says so (a load balancer then sends its uploads elsewhere).
+    let r = reqwest::get(format!("{}/ready", host.url)).await.unwrap();
+    assert_eq!(r.status(), 503);
+    let why = r.text().await.unwrap();
+    assert!(why.contains("limits.min_free_bytes"), "{why}");
     // Nothing of them is left in the temp dir.
     wait_for(
         "job folders removed",

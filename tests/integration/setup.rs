@@ -92,6 +92,25 @@ async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
     assert!(!root.join("workers/tiny/.venv.previous").exists());
     let again = gpuhost(&root, &["setup"]);
     assert!(String::from_utf8_lossy(&again.stderr).contains("[tiny] up to date"));
+    // A setup killed mid-build left the old venv aside and a half-built one in its place: the
+    // next setup (or serve) puts the old one back; a leftover beside a complete venv is removed.
+    let (venv, aside) = (
+        root.join("workers/tiny/.venv"),
+        root.join("workers/tiny/.venv.previous"),
+    );
+    std::fs::rename(&venv, &aside).unwrap();
+    std::fs::create_dir_all(venv.join("bin")).unwrap();
+    let again = gpuhost(&root, &["setup"]);
+    let log = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        log.contains("putting the previous venv back") && log.contains("[tiny] up to date"),
+        "{log}"
+    );
+    assert_eq!(std::fs::read_to_string(&prepared).unwrap(), "x");
+    std::fs::create_dir_all(aside.join("bin")).unwrap();
+    let again = gpuhost(&root, &["setup"]);
+    assert!(String::from_utf8_lossy(&again.stderr).contains("[tiny] up to date"));
+    assert!(!aside.exists());
 
     // The SDK worker in its venv serves a real job through the host.
     let config = gpuhost::Config::load(&root.join("gpuhost.toml"), true).unwrap();

@@ -187,12 +187,29 @@ async fn bad_audio_gets_one_error_and_the_end_of_the_stream() {
     );
     host2.stop().await;
     // A temp dir whose disk has less free than limits.min_free_bytes (here: more than any
-    // disk has) takes no audio.
+    // disk has): a voice command is taken, audio past 8 MiB is refused as it comes.
     let full = TestHost::start(&config("[limits]\nmin_free_bytes = 1152921504606846976\n"))
         .await
         .ready()
         .await;
-    refused(&full, std::slice::from_ref(&start), "limits.min_free_bytes").await;
+    let mut short = Client::connect(&full).await;
+    short.request("en", 0.5).await;
+    assert_eq!(short.recv().await.0, "transcript");
+    let mut long = vec![start.clone()];
+    long.extend((0..9).map(|_| ("audio-chunk", format.clone(), vec![0u8; 1 << 20])));
+    let mut client = Client::connect(&full).await;
+    for (kind, data, payload) in &long {
+        client.send(kind, data.clone(), payload).await;
+    }
+    let error = client.error_then_end().await;
+    assert_eq!(error["code"], "insufficient_storage", "{error}");
+    assert!(
+        error["text"]
+            .as_str()
+            .unwrap()
+            .contains("limits.min_free_bytes"),
+        "{error}"
+    );
     full.stop().await;
     // A new connection works after all that.
     let mut client = Client::connect(&host).await;
