@@ -66,8 +66,9 @@ impl App {
         if let Err(no) = job::room_for(&config.temp_dir(), 0, keep) {
             tracing::warn!(
                 dir = %config.temp_dir().display(),
-                "{no}; until then uploads that need decoding are refused (507). On a disk this \
-                 small, lower limits.min_free_bytes (0 turns the check off)"
+                "{no}. While it is, spilled uploads and decodes longer than a second are \
+                 refused (507); on a disk this small, lower limits.min_free_bytes (0 turns the \
+                 check off)"
             );
         }
         let supervisor = Arc::new(Supervisor::start(&config, force_oneshot));
@@ -110,7 +111,7 @@ impl App {
                 "voices are enrolled, but [speakers] stage is not in the pipeline: nobody will be named after them"
             );
         }
-        let temp_probe = job::TempProbe::new(config.temp_dir(), config.limits.min_free_bytes);
+        let temp_probe = job::TempProbe::new(config.temp_dir(), 0);
         Arc::new(App {
             speakers,
             gpu,

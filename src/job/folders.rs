@@ -69,6 +69,13 @@ pub struct NoSpace {
 impl std::fmt::Display for NoSpace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
+        if self.free >= self.keep {
+            return write!(
+                f,
+                "the temp dir's disk is full ({:.1} MiB free): try again once it has room",
+                mib(self.free)
+            );
+        }
         write!(f, "the temp dir's disk has {:.1} MiB free", mib(self.free))?;
         if self.more > 0 {
             write!(
@@ -114,12 +121,13 @@ pub fn room_for(dir: &std::path::Path, more: u64, keep: u64) -> Result<(), NoSpa
     }
 }
 
-/// After a write under `dir` failed: whether the disk is why (below `keep`, or nearly full
-/// whatever `keep` is; a decoder child reports ENOSPC only as text).
+/// After a write under `dir` failed: whether the disk is why (nearly full; a decoder child
+/// reports ENOSPC only as text). Below `keep` alone is no reason: a file that is not audio
+/// stays a 415.
 pub fn out_of_room(dir: &std::path::Path, keep: u64) -> Option<NoSpace> {
     const NEARLY_FULL: u64 = 1 << 20;
     free_bytes(dir)
-        .filter(|&free| free < keep.max(NEARLY_FULL))
+        .filter(|&free| free < NEARLY_FULL)
         .map(|free| NoSpace {
             free,
             keep,

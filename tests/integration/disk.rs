@@ -42,18 +42,10 @@ async fn uploads_that_would_fill_the_disk_are_refused_with_507() {
     // watch looks at the disk every second, see `audio::within_room`'s test).
     result_of(&host.transcribe("", wav(2.0, 16000, 1)).await);
     result_of(&host.transcribe("", wav(2.0, 44100, 1)).await);
-    // A decode that failed on a disk below the floor failed for want of room (a decoder child
-    // says ENOSPC only in words, as ffmpeg does): 507, not 415 or 500.
-    refused(
-        post(
-            b"not audio, or audio the disk had no room for"
-                .to_vec()
-                .into(),
-        )
-        .await
-        .unwrap(),
-    )
-    .await;
+    // A file that is not audio stays a 415 on a disk below the floor (only a disk that is
+    // full makes a failed decode a 507).
+    let r = post(b"not audio at all".to_vec().into()).await.unwrap();
+    assert_eq!(r.status().as_u16(), 415);
     // A body declared too big for the space left: refused before it is read.
     refused(post(wav(320.0, 16000, 1).into()).await.unwrap()).await;
     // The same body without a declared length (chunked): refused once it spills to disk.
@@ -67,11 +59,9 @@ async fn uploads_that_would_fill_the_disk_are_refused_with_507() {
             .unwrap(),
     )
     .await;
-    // `/ready` says so (a load balancer then sends its uploads elsewhere).
-    let r = reqwest::get(format!("{}/ready", host.url)).await.unwrap();
-    assert_eq!(r.status(), 503);
-    let why = r.text().await.unwrap();
-    assert!(why.contains("limits.min_free_bytes"), "{why}");
+    // Liveness and readiness are not the floor's business (a restart frees nothing).
+    let r = reqwest::get(format!("{}/health", host.url)).await.unwrap();
+    assert_eq!(r.status(), 200);
     // Nothing of them is left in the temp dir.
     wait_for(
         "job folders removed",

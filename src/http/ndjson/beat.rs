@@ -1,7 +1,8 @@
 //! Heartbeats of an NDJSON stream: when nothing was sent for a while (a diarizer's long silent
 //! stretch, a long wait in the queue), what is still going on is said again, so a client or a
 //! proxy with a read timeout keeps the stream. Only events that are safe to repeat are sent:
-//! the last `queued`, and a `progress` per running stage with its last fraction and message.
+//! the last `queued`, and a `progress` per running stage with its last fraction and message;
+//! on a grant stream the last `queued`, `making_room` or `starting`.
 
 use crate::protocol::{ClientEvent, GrantEvent, StageStatus};
 
