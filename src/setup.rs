@@ -184,6 +184,15 @@ impl Package {
 
     /// After a failed build: the half-built venv removed and the old one back where it was.
     fn put_back(&self, aside: &Path, say: &dyn Fn(&str)) {
+        if !aside.is_dir() {
+            // Something else moved it (another setup at once): nothing here is removed.
+            say(&format!(
+                "[{}] the build failed, and the previous venv is no longer at {}",
+                self.name,
+                aside.display()
+            ));
+            return;
+        }
         let back = std::fs::remove_dir_all(self.venv())
             .or_else(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => Ok(()),
@@ -365,7 +374,8 @@ pub async fn ensure_these(
         let Some(pkg) = Package::of(config, name)? else {
             continue;
         };
-        pkg.recover_previous(say)?;
+        // No recovery here: a setup may be building right now beside this serve or one-shot
+        // command, and its half-built venv is no leftover (only `gpuhost setup` recovers).
         if !pkg.venv().exists() {
             say(&format!("[{name}] no venv yet: running setup"));
             setup(config, std::slice::from_ref(name), false, say).await?;

@@ -93,7 +93,7 @@ async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
     let again = gpuhost(&root, &["setup"]);
     assert!(String::from_utf8_lossy(&again.stderr).contains("[tiny] up to date"));
     // A setup killed mid-build left the old venv aside and a half-built one in its place: the
-    // next setup (or serve) puts the old one back; a leftover beside a complete venv is removed.
+    // next setup puts the old one back; a leftover beside a complete venv is removed.
     let (venv, aside) = (
         root.join("workers/tiny/.venv"),
         root.join("workers/tiny/.venv.previous"),
