@@ -124,6 +124,20 @@ pub(crate) fn said_again<E: Clone + PartialEq>(last: &mut Option<E>, event: &E) 
     false
 }
 
+/// Whether `event` says again where a grant stream is (its queue place, the room being made,
+/// the service starting): a heartbeat, shown once.
+pub(crate) fn grant_state_again(
+    last: &mut Option<gpuhost::protocol::GrantEvent>,
+    event: &gpuhost::protocol::GrantEvent,
+) -> bool {
+    use gpuhost::protocol::GrantEvent;
+    let state = matches!(
+        event,
+        GrantEvent::Queued { .. } | GrantEvent::MakingRoom { .. } | GrantEvent::Starting { .. }
+    );
+    state && said_again(last, event)
+}
+
 /// How long a request that only reads state (status, the list of voices) may take in all.
 pub(crate) const QUICK: std::time::Duration = std::time::Duration::from_secs(60);
 

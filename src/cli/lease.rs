@@ -226,14 +226,7 @@ async fn wait_for_grant(response: reqwest::Response) -> anyhow::Result<u64> {
         while let Some(end) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=end).collect();
             let event: GrantEvent = serde_json::from_slice(&line).context("a malformed event")?;
-            // Where the request is, said again by the server as a heartbeat: shown once.
-            let state = matches!(
-                event,
-                GrantEvent::Queued { .. }
-                    | GrantEvent::MakingRoom { .. }
-                    | GrantEvent::Starting { .. }
-            );
-            if state && super::said_again(&mut queued, &event) {
+            if super::grant_state_again(&mut queued, &event) {
                 continue;
             }
             match event {
