@@ -111,7 +111,7 @@ impl App {
                 "voices are enrolled, but [speakers] stage is not in the pipeline: nobody will be named after them"
             );
         }
-        let temp_probe = job::TempProbe::new(config.temp_dir(), 0);
+        let temp_probe = job::TempProbe::new(config.temp_dir());
         Arc::new(App {
             speakers,
             gpu,

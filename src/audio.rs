@@ -165,7 +165,7 @@ async fn within_room(
             }
             _ = tick.tick() => {
                 if let Err(no) = crate::job::room_for(folder, 0, keep_free) {
-                    tracing::warn!(free_bytes = no.free, min_free_bytes = keep_free, "the temp dir's disk went below limits.min_free_bytes during a decode; stopped");
+                    tracing::warn!(free_bytes = no.free, min_free_bytes = keep_free, "the temp dir's disk is below limits.min_free_bytes during a decode; stopped");
                     return Err(AudioError::NoSpace(no));
                 }
             }

@@ -113,8 +113,8 @@ pub struct LimitsConfig {
     /// it off. A folder that cannot be used there falls back to `temp_dir`.
     pub small_temp_dir: Option<PathBuf>,
     /// Free space kept on the temp dir's filesystem: an upload (HTTP or Wyoming) that would
-    /// leave less is refused with 507 `insufficient_storage` while it streams, and so is a
-    /// decode that would start with less. 0 turns the check off.
+    /// leave less is refused with 507 `insufficient_storage` while it streams, and a decode is
+    /// stopped once the disk is below it (looked at every second). 0 turns the check off.
     pub min_free_bytes: u64,
 }
 

@@ -51,6 +51,18 @@ impl ApiError {
         )
     }
 
+    /// 507 for an I/O error that is the disk being full (ENOSPC), whatever wrote.
+    pub fn disk_full(e: &std::io::Error) -> Option<ApiError> {
+        (e.raw_os_error() == Some(libc::ENOSPC)).then(|| {
+            ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient_storage",
+                "the server's temp dir is full (no space left on device): try again once running \
+                 jobs have finished",
+            )
+        })
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
@@ -141,12 +153,9 @@ impl From<AudioError> for ApiError {
                 ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "audio_too_long", message)
             }
             AudioError::NoSpace(no) => ApiError::no_space(no),
-            AudioError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => ApiError::new(
-                StatusCode::INSUFFICIENT_STORAGE,
-                "insufficient_storage",
-                message,
-            ),
-            AudioError::Io(_) => ApiError::internal(message),
+            AudioError::Io(e) => {
+                ApiError::disk_full(&e).unwrap_or_else(|| ApiError::internal(message))
+            }
             AudioError::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message)
             }

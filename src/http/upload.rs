@@ -245,8 +245,7 @@ async fn receive_guarded(
     limits: BodyLimits,
 ) -> Result<Source, ApiError> {
     let limit = limits.max_bytes;
-    let declared = declared_length(request.headers());
-    if declared.is_some_and(|n| n > limit) {
+    if declared_length(request.headers()).is_some_and(|n| n > limit) {
         return Err(too_large("the request body", limit));
     }
     if let Some(dir) = spill.and_then(Path::parent) {
@@ -317,13 +316,8 @@ impl WriteError {
             WriteError::TooLarge => too_large("the upload", limit),
             WriteError::Body(e) => ApiError::bad_request(format!("reading the upload failed: {e}")),
             WriteError::NoSpace(no) => ApiError::no_space(no),
-            WriteError::Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => ApiError::new(
-                axum::http::StatusCode::INSUFFICIENT_STORAGE,
-                "insufficient_storage",
-                "the server's temp dir is full (no space left on device): try again once running \
-                 jobs have finished, or send a smaller file",
-            ),
-            WriteError::Io(e) => ApiError::internal(format!("cannot store the upload: {e}")),
+            WriteError::Io(e) => ApiError::disk_full(&e)
+                .unwrap_or_else(|| ApiError::internal(format!("cannot store the upload: {e}"))),
         }
     }
 }

@@ -17,18 +17,15 @@ struct Last {
 
 pub struct TempProbe {
     dir: PathBuf,
-    /// `limits.min_free_bytes`.
-    keep: u64,
     /// std: held only to read or store the answer, never across an `.await`. Shared with the
     /// probe's own task, which stores its answer even when the request that started it is gone.
     last: std::sync::Arc<std::sync::Mutex<Last>>,
 }
 
 impl TempProbe {
-    pub fn new(dir: PathBuf, keep: u64) -> TempProbe {
+    pub fn new(dir: PathBuf) -> TempProbe {
         TempProbe {
             dir,
-            keep,
             last: Default::default(),
         }
     }
@@ -52,13 +49,9 @@ impl TempProbe {
         // Probed and stored by a blocking task of its own, which runs to its end: a caller that
         // goes away (a client that hangs up, a probe's timeout) must not leave `probing` set,
         // which froze every later answer.
-        let (dir, keep, shared) = (
-            self.dir.clone(),
-            self.keep,
-            std::sync::Arc::clone(&self.last),
-        );
+        let (dir, shared) = (self.dir.clone(), std::sync::Arc::clone(&self.last));
         tokio::task::spawn_blocking(move || {
-            let answer = temp_dir_usable(&dir, keep);
+            let answer = temp_dir_usable(&dir);
             let mut last = lock(&shared);
             let was_ok = last.answer.as_ref().map_or(true, |(_, a)| a.is_ok());
             if let (true, Err(why)) = (was_ok, &answer) {
@@ -85,7 +78,7 @@ mod tests {
     async fn says_why_without_the_path_and_sees_a_repair_within_a_second() {
         let dir = tempfile::tempdir().unwrap();
         let gone = dir.path().join("secret-place");
-        let probe = TempProbe::new(gone.clone(), 0);
+        let probe = TempProbe::new(gone.clone());
         let why = probe.check().await.unwrap_err();
         assert!(!why.contains("secret-place"), "{why}");
         assert!(why.contains("limits.temp_dir"), "{why}");
@@ -100,7 +93,7 @@ mod tests {
     async fn a_caller_that_goes_away_does_not_freeze_the_answer() {
         let dir = tempfile::tempdir().unwrap();
         let gone = dir.path().join("not-yet");
-        let probe = TempProbe::new(gone.clone(), 0);
+        let probe = TempProbe::new(gone.clone());
         // Polled once (the probe starts), then dropped.
         let mut started = Box::pin(probe.check());
         assert!(futures_util::poll!(&mut started).is_pending());

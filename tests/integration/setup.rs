@@ -35,10 +35,19 @@ fn package(root: &std::path::Path) {
 }
 
 fn gpuhost(root: &std::path::Path, args: &[&str]) -> std::process::Output {
+    gpuhost_with(root, args, &[])
+}
+
+fn gpuhost_with(
+    root: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_gpuhost"))
         .args(args)
         .arg("--config")
         .arg(root.join("gpuhost.toml"))
+        .envs(env.iter().copied())
         .output()
         .unwrap()
 }
@@ -79,12 +88,7 @@ async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
 
     // A forced rebuild that fails (here its prepare step; offline, pip) puts the old venv back:
     // it was removed first, and the worker had none until the network came back.
-    let failed = Command::new(env!("CARGO_BIN_EXE_gpuhost"))
-        .args(["setup", "--force", "--config"])
-        .arg(root.join("gpuhost.toml"))
-        .env("TINY_PREPARE_FAIL", "1")
-        .output()
-        .unwrap();
+    let failed = gpuhost_with(&root, &["setup", "--force"], &[("TINY_PREPARE_FAIL", "1")]);
     let log = String::from_utf8_lossy(&failed.stderr);
     assert!(!failed.status.success(), "{log}");
     assert!(log.contains("the previous venv is back"), "{log}");
@@ -148,12 +152,7 @@ async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
 
     // A package whose `prepare()` fails (say, a model file that does not match its sha256)
     // fails the setup, naming the step and the package's own message.
-    let failed = Command::new(env!("CARGO_BIN_EXE_gpuhost"))
-        .args(["setup", "--config"])
-        .arg(root.join("gpuhost.toml"))
-        .env("TINY_PREPARE_FAIL", "1")
-        .output()
-        .unwrap();
+    let failed = gpuhost_with(&root, &["setup"], &[("TINY_PREPARE_FAIL", "1")]);
     let log = String::from_utf8_lossy(&failed.stderr);
     assert!(!failed.status.success(), "{log}");
     assert!(
