@@ -12,7 +12,9 @@ use crate::config::Config;
 use crate::process::run_captured;
 
 mod build;
+mod lock;
 use build::build;
+use lock::SetupLock;
 
 const STATE_FILE: &str = "gpuhost-setup.json";
 
@@ -321,6 +323,9 @@ pub async fn setup(
             done.push((name, Outcome::NotManaged));
             continue;
         };
+        // Two setups of one package at once (a second terminal, a serve that builds a missing
+        // venv) would move each other's venv aside and build into one folder.
+        let _lock = SetupLock::take(&pkg.home, &name, say).await;
         pkg.recover_previous(say)?;
         let current = pkg.state().is_some_and(|s| s.inputs == pkg.inputs());
         // Forced: rebuilt whatever the venv holds, so not tested first.
@@ -374,9 +379,11 @@ pub async fn ensure_these(
         let Some(pkg) = Package::of(config, name)? else {
             continue;
         };
-        // No recovery here: a setup may be building right now beside this serve or one-shot
-        // command, and its half-built venv is no leftover (only `gpuhost setup` recovers).
+        // A setup building right now is waited for: its half-built venv is neither broken nor
+        // a leftover (and only `gpuhost setup` recovers one a killed setup left).
+        let lock = SetupLock::take(&pkg.home, name, say).await;
         if !pkg.venv().exists() {
+            drop(lock);
             say(&format!("[{name}] no venv yet: running setup"));
             setup(config, std::slice::from_ref(name), false, say).await?;
             continue;

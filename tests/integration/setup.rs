@@ -1,6 +1,7 @@
 //! `gpuhost setup` and the serve-time venv check, with a tiny SDK worker package.
 
 use std::process::Command;
+use std::time::Duration;
 
 use super::support::*;
 
@@ -85,6 +86,38 @@ async fn setup_is_idempotent_serves_and_refuses_stale_venvs() {
 
     let again = gpuhost(&root, &["setup"]);
     assert!(String::from_utf8_lossy(&again.stderr).contains("[tiny] up to date"));
+
+    // While another setup holds the package (here this test, by its lock file), a forced
+    // setup waits for it instead of moving its venv aside and building into the same folder.
+    let held = std::fs::File::create(root.join("workers/tiny/.setup.lock")).unwrap();
+    use std::os::fd::AsRawFd;
+    assert_eq!(
+        unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    let log_path = root.join("waiting.log");
+    let mut waiting = Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+        .args(["setup", "--force", "--config"])
+        .arg(root.join("gpuhost.toml"))
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for("the second setup to wait", Duration::from_secs(30), || {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        async move { log.contains("[tiny] another gpuhost setup is building this venv") }
+    })
+    .await;
+    assert!(waiting.try_wait().unwrap().is_none(), "it did not wait");
+    assert!(
+        !root.join("workers/tiny/.venv.previous").exists(),
+        "it touched the venv while waiting"
+    );
+    drop(held);
+    let status = tokio::task::spawn_blocking(move || waiting.wait().unwrap())
+        .await
+        .unwrap();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(status.success() && log.contains("[tiny] ready in"), "{log}");
 
     // A forced rebuild that fails (here its prepare step; offline, pip) puts the old venv back:
     // it was removed first, and the worker had none until the network came back.
