@@ -16,7 +16,9 @@ use crate::config::{Config, ServiceConfig};
 use crate::protocol::GrantEvent;
 
 mod actor;
+mod events;
 use actor::Actor;
+use events::Announcer;
 
 /// Log lines kept to explain a failure.
 const TAIL_LINES: usize = 20;
@@ -62,7 +64,7 @@ enum Control {
 pub struct ServiceHandle {
     control: mpsc::Sender<Control>,
     status: watch::Receiver<ServiceStatus>,
-    events: broadcast::Sender<GrantEvent>,
+    events: Announcer,
 }
 
 impl ServiceHandle {
@@ -71,8 +73,9 @@ impl ServiceHandle {
     }
 
     /// Subscribes to the events of the current or next start, then asks for a start (a no-op
-    /// when one is queued or starting already).
-    pub fn start(&self) -> broadcast::Receiver<GrantEvent> {
+    /// when one is queued or starting already). Also returns where a start already under way
+    /// is now, for the caller to say first.
+    pub fn start(&self) -> (Option<GrantEvent>, broadcast::Receiver<GrantEvent>) {
         let events = self.events.subscribe();
         // Never lost, as a stop is not: a channel full of touches (the actor busy stopping)
         // would otherwise drop it and leave the caller waiting on events that never come.
@@ -145,7 +148,7 @@ impl Services {
                     since: None,
                     last_use: None,
                 });
-                let (events, _) = broadcast::channel(256);
+                let events = Announcer::new();
                 let actor = Actor {
                     spec: spec.clone(),
                     cwd: spec
@@ -255,7 +258,7 @@ mod tests {
                 last_use: None,
             })
             .1,
-            events: broadcast::channel(1).0,
+            events: Announcer::new(),
         };
         // The actor is busy: touches fill its channel, then the stop comes.
         handle.touch();

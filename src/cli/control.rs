@@ -66,9 +66,9 @@ async fn follow_start(name: &str, response: reqwest::Response) -> anyhow::Result
     let mut buf = Vec::new();
     // The server says the queue place again while the wait lasts: shown once.
     let mut queued: Option<GrantEvent> = None;
-    // No silence limit here: a caller that joins a start already under way gets no heartbeat.
-    while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
-        buf.extend_from_slice(&chunk?);
+    // A caller that joins a start under way hears where it is at once, then every heartbeat.
+    while let Some(chunk) = super::next_chunk(&mut stream).await? {
+        buf.extend_from_slice(&chunk);
         while let Some(end) = buf.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = buf.drain(..=end).collect();
             let event: GrantEvent = serde_json::from_slice(&line).context("a malformed event")?;

@@ -75,7 +75,7 @@ pub(super) async fn start(
     PathName(name): PathName,
 ) -> Result<Response, ApiError> {
     let handle = service(&app, &name)?;
-    let mut events = handle.start();
+    let (now, mut events) = handle.start();
     let status = handle.status();
     // The service's events, as every NDJSON stream takes them (heartbeats included): a task
     // passes them on until the final one, or until the client is gone.
@@ -89,6 +89,13 @@ pub(super) async fn start(
             };
             let _ = tx.send(healthy).await;
             return;
+        }
+        // Joining a start under way: where it is now, then (heartbeats) said again while it
+        // stays there.
+        if let Some(now) = now {
+            if tx.send(now).await.is_err() {
+                return;
+            }
         }
         loop {
             let event = match events.recv().await {

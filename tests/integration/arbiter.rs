@@ -604,10 +604,36 @@ async fn a_start_waiting_behind_a_lease_says_so_again_while_it_waits() {
         .unwrap();
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
+    // A second caller joins the start under way: it hears where the start is first (it used to
+    // get nothing until the service was healthy, and no heartbeat meanwhile).
+    let joined = host.post("/services/llm/start").send().await.unwrap();
+    let mut joined = joined.bytes_stream();
+    let first = tokio::time::timeout(
+        Duration::from_secs(15),
+        futures_util::StreamExt::next(&mut joined),
+    )
+    .await
+    .expect("the joining caller hears at once")
+    .unwrap()
+    .unwrap();
+    let first: GrantEvent = serde_json::from_slice(&first).unwrap();
+    assert!(
+        matches!(&first, GrantEvent::Queued { waiting_for: Some(w), .. } if w.contains("alice")),
+        "{first:?}"
+    );
     assert_eq!(release(&host, lease_id).await, 200);
     while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
         text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
     }
+    let mut joined_text = String::new();
+    while let Some(chunk) = futures_util::StreamExt::next(&mut joined).await {
+        joined_text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+    }
+    assert!(
+        joined_text.lines().last().unwrap().contains("\"healthy\""),
+        "{joined_text}"
+    );
+    assert_eq!(starts(&gpu), 1, "one process for both callers");
     let events: Vec<GrantEvent> = text
         .lines()
         .map(|l| serde_json::from_str(l).expect(l))

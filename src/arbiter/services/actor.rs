@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::process::{ChildStderr, ChildStdout};
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 
-use super::{footprint_key, Control, ServiceState, ServiceStatus, TAIL_LINES};
+use super::{footprint_key, Announcer, Control, ServiceState, ServiceStatus, TAIL_LINES};
 use crate::arbiter::queue::{GpuPermit, HolderKind, Ticket};
 use crate::arbiter::Core;
 use crate::config::ServiceConfig;
@@ -24,7 +24,7 @@ pub(super) struct Actor {
     pub(super) core: Arc<Core>,
     pub(super) rx: mpsc::Receiver<Control>,
     pub(super) status: watch::Sender<ServiceStatus>,
-    pub(super) events: broadcast::Sender<GrantEvent>,
+    pub(super) events: Announcer,
     pub(super) tail: VecDeque<String>,
 }
 
@@ -47,7 +47,7 @@ impl Actor {
     }
 
     fn emit(&self, event: GrantEvent) {
-        let _ = self.events.send(event);
+        self.events.send(event);
     }
 
     fn set(&self, state: ServiceState, also: impl FnOnce(&mut ServiceStatus)) {
@@ -77,9 +77,7 @@ impl Actor {
             return;
         };
         let events = self.events.clone();
-        let notify = move |e: GrantEvent| {
-            let _ = events.send(e);
-        };
+        let notify = move |e: GrantEvent| events.send(e);
         if let Err(why) = self
             .core
             .make_room(
