@@ -228,6 +228,7 @@ pub fn render(app: &App) -> String {
     for (outcome, n) in [
         ("ok", &stats.succeeded),
         ("error", &stats.failed),
+        ("refused", &stats.refused),
         ("cancelled", &stats.cancelled),
     ] {
         count(

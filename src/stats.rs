@@ -7,6 +7,7 @@ use std::time::Duration;
 use prometheus_client::metrics::histogram::Histogram;
 
 use crate::pipeline::PipelineError;
+use crate::worker::{FailureKind, TaskError};
 
 /// Upper bounds (seconds) of the job-duration histogram buckets.
 pub const BUCKETS: [f64; 10] = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
@@ -15,6 +16,9 @@ pub const BUCKETS: [f64; 10] = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900
 pub struct JobStats {
     pub succeeded: AtomicU64,
     pub failed: AtomicU64,
+    /// Jobs a worker refused for what they asked (too little speech to enrol, a language the
+    /// model lacks): the client's to change, so not counted as failed.
+    pub refused: AtomicU64,
     /// Jobs abandoned because their client went away.
     pub cancelled: AtomicU64,
     /// Sum of job durations (GPU held), in microseconds.
@@ -28,6 +32,7 @@ impl Default for JobStats {
         JobStats {
             succeeded: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             busy_micros: AtomicU64::new(0),
             durations: Histogram::new(BUCKETS),
@@ -40,6 +45,14 @@ impl JobStats {
         match outcome {
             Ok(_) => self.succeeded.fetch_add(1, Ordering::Relaxed),
             Err(PipelineError::Cancelled) => self.cancelled.fetch_add(1, Ordering::Relaxed),
+            Err(PipelineError::Stage {
+                source:
+                    TaskError::Failed {
+                        kind: FailureKind::Refused,
+                        ..
+                    },
+                ..
+            }) => self.refused.fetch_add(1, Ordering::Relaxed),
             Err(_) => self.failed.fetch_add(1, Ordering::Relaxed),
         };
         self.busy_micros
@@ -51,6 +64,7 @@ impl JobStats {
     pub fn total(&self) -> u64 {
         self.succeeded.load(Ordering::Relaxed)
             + self.failed.load(Ordering::Relaxed)
+            + self.refused.load(Ordering::Relaxed)
             + self.cancelled.load(Ordering::Relaxed)
     }
 }

@@ -136,8 +136,12 @@ pub enum TaskError {
     },
     #[error("worker `{worker}` did not finish the task within {seconds:.0} s; it was killed, and a new process takes the next task")]
     Timeout { worker: String, seconds: f64 },
-    #[error("worker `{worker}` failed the task: {message}")]
-    Failed { worker: String, message: String },
+    #[error("worker `{worker}` {} the task: {message}", kind.verb())]
+    Failed {
+        worker: String,
+        message: String,
+        kind: FailureKind,
+    },
     #[error("worker `{worker}` said done but its result is unusable: {reason}")]
     BadOutput { worker: String, reason: String },
     #[error("worker `{worker}` is shutting down")]
@@ -147,6 +151,35 @@ pub enum TaskError {
     Cancelled { worker: String, killed: bool },
 }
 
+/// What a worker's `error` says of its cause (its `kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// `refused`: the task asked what this input or model cannot do (too little speech for a
+    /// voiceprint, a language the model lacks); the client's to change, not a failure.
+    Refused,
+    /// `no_space`: the worker's disk or quota was full (507, as the host's own full disk).
+    NoSpace,
+    /// Anything else (an exception's class name, or none).
+    Other,
+}
+
+impl FailureKind {
+    pub fn of(kind: Option<&str>) -> FailureKind {
+        match kind {
+            Some("refused") => FailureKind::Refused,
+            Some("no_space") => FailureKind::NoSpace,
+            _ => FailureKind::Other,
+        }
+    }
+
+    fn verb(self) -> &'static str {
+        match self {
+            FailureKind::Refused => "refused",
+            FailureKind::NoSpace | FailureKind::Other => "failed",
+        }
+    }
+}
+
 impl TaskError {
     /// Machine-readable code for the NDJSON `error` event.
     pub fn code(&self) -> ErrorCode {
@@ -154,6 +187,10 @@ impl TaskError {
             TaskError::Unavailable { .. } => ErrorCode::WorkerUnavailable,
             TaskError::Crashed { .. } => ErrorCode::WorkerCrashed,
             TaskError::Timeout { .. } => ErrorCode::WorkerTimeout,
+            TaskError::Failed {
+                kind: FailureKind::NoSpace,
+                ..
+            } => ErrorCode::InsufficientStorage,
             TaskError::Failed { .. } => ErrorCode::JobFailed,
             TaskError::BadOutput { .. } => ErrorCode::BadOutput,
             TaskError::ShuttingDown { .. } => ErrorCode::ShuttingDown,

@@ -18,6 +18,9 @@ pub enum ErrorCode {
     JobFailed,
     /// A worker said `done` but its result file is missing or not JSON.
     BadOutput,
+    /// A worker's disk (or quota) was full (`kind: "no_space"`), as the host's own full temp
+    /// dir answers before a job.
+    InsufficientStorage,
     /// gpuhost is stopping.
     ShuttingDown,
     /// The client went away; the job was abandoned.
@@ -37,6 +40,7 @@ impl ErrorCode {
             ErrorCode::WorkerUnavailable | ErrorCode::ShuttingDown => 503,
             ErrorCode::WorkerTimeout => 504,
             ErrorCode::JobFailed => 422,
+            ErrorCode::InsufficientStorage => 507,
             ErrorCode::WorkerCrashed | ErrorCode::BadOutput => 502,
             // Nobody reads the answer of a cancelled job; 499 is nginx's "client closed request".
             ErrorCode::Cancelled => 499,
@@ -54,6 +58,7 @@ impl ErrorCode {
             ErrorCode::WorkerTimeout => "worker_timeout",
             ErrorCode::JobFailed => "job_failed",
             ErrorCode::BadOutput => "bad_output",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Cancelled => "cancelled",
             ErrorCode::CalledOff => "called_off",

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lines::{next_line_opt as recv_opt, LineReader};
-use super::TaskError;
+use super::{FailureKind, TaskError};
 use crate::config::{Mode, WorkerSpec};
 use crate::process::{describe_exit, spawn_worker, ProcessGroup};
 use crate::protocol::{ReadyInfo, Signal, TaskLine, WorkerEvent};
@@ -186,7 +186,11 @@ impl Session {
                         if phase == Phase::Cancelling {
                             return Err(TaskError::Cancelled { worker: self.name.clone(), killed: false });
                         }
-                        return Err(TaskError::Failed { worker: self.name.clone(), message: failure.message });
+                        return Err(TaskError::Failed {
+                            worker: self.name.clone(),
+                            kind: FailureKind::of(failure.kind.as_deref()),
+                            message: failure.message,
+                        });
                     }
                     Some(_) => tracing::warn!(worker = %self.name, line = line.as_deref().unwrap_or(""),
                         "unexpected stdout line ignored (stdout is for signals only)"),
@@ -275,6 +279,7 @@ impl Session {
                     self.drain_stderr(events);
                     return Err(TaskError::Failed {
                         worker: self.name.clone(),
+                        kind: FailureKind::of(failure.kind.as_deref()),
                         message: failure.message,
                     });
                 }

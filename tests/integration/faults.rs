@@ -257,6 +257,23 @@ async fn error_signal_fails_the_job_but_keeps_the_worker() {
     let result = result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
     assert_eq!(result["stages"]["w"]["seq"], 2, "same process, second job");
     assert_eq!(host.worker("w").await["pid"], pid);
+    // A worker whose disk is full says so (`kind: "no_space"`): 507, as the host's own full
+    // disk, not a 422 that blames the upload.
+    let (code, message) = error_of(
+        &host
+            .transcribe("?language=fake:nospace", wav(0.5, 16000, 1))
+            .await,
+    );
+    assert_eq!(code, "insufficient_storage");
+    assert!(message.contains("No space left"), "{message}");
+    let response = host
+        .post_body(
+            "/transcribe?format=json&language=fake:nospace",
+            wav(0.5, 16000, 1),
+        )
+        .await;
+    assert_eq!(response.status(), 507);
+    assert_eq!(host.worker("w").await["pid"], pid, "the worker stays up");
     host.stop().await;
 }
 

@@ -285,3 +285,20 @@ def test_progress_holds_back_the_newest_report_and_sends_it_after_the_interval()
     progress(1.0)
     progress(0.7, partial={"text": "so far"})
     assert [e.get("fraction") for e in channels.events[3:]] == [1.0, 0.7]
+
+
+def test_a_failure_says_whether_it_is_a_refusal_or_a_full_disk():
+    import errno
+
+    from gpuhost_worker import TaskRefused
+    from gpuhost_worker.runner import failure
+
+    assert failure(TaskRefused("only 0.4 s of speech")) == {
+        "message": "only 0.4 s of speech",
+        "kind": "refused",
+    }
+    full = failure(OSError(errno.ENOSPC, "No space left on device"))
+    assert full["kind"] == "no_space" and "No space left" in full["message"]
+    assert failure(OSError(errno.EDQUOT, "Disk quota exceeded"))["kind"] == "no_space"
+    assert failure(OSError(errno.EACCES, "Permission denied"))["kind"] == "PermissionError"
+    assert failure(ValueError("bad")) == {"message": "ValueError: bad", "kind": "ValueError"}

@@ -127,6 +127,16 @@ def test_protocol_enrol_then_identify(tmp_path, voices):
     enroll_out, run_out = tmp_path / "e.json", tmp_path / "r.json"
     enroll = {"action": "enroll", "audio_path": voices["low"], "_output_path": str(enroll_out)}
     stdout = []
+    # Too little speech is the client's to change: an `error` of kind `refused`, with the
+    # message as the client reads it.
+    short = {**enroll, "segments": [[0.0, 0.5]]}
+    proc.stdin.write(json.dumps(short) + "\n")
+    proc.stdin.flush()
+    while not (line := proc.stdout.readline().strip()).startswith("error"):
+        assert line.startswith("ready"), line
+        stdout.append(line)
+    refused = json.loads(line[len("error ") :])
+    assert refused["kind"] == "refused" and "at least 2 s" in refused["message"], refused
     proc.stdin.write(json.dumps(enroll) + "\n")
     proc.stdin.flush()
     while True:

@@ -8,13 +8,14 @@ signal, exit when the parent dies, persistent and one-shot modes.
 from .channels import Channels
 from .options import engine, options
 from .progress import Progress
-from .runner import PROTOCOL_VERSION, JobCancelled, TaskCancelled, Worker, serve
+from .runner import PROTOCOL_VERSION, JobCancelled, TaskCancelled, TaskRefused, Worker, serve
 from .warmup import synthetic_voices
 
 __all__ = [
     "Channels",
     "JobCancelled",
     "TaskCancelled",
+    "TaskRefused",
     "Progress",
     "PROTOCOL_VERSION",
     "Worker",

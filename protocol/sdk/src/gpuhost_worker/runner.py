@@ -2,6 +2,7 @@
 atomically to `_output_path`, and say `done` (or `error`, staying alive for the next task).
 `SIGINT` during a task abandons it (`error` of kind `cancelled`); the model stays loaded."""
 
+import errno
 import gc
 import json
 import os
@@ -25,6 +26,23 @@ class TaskCancelled(BaseException):
 
 # The name before tasks had their own word; workers written against it keep working.
 JobCancelled = TaskCancelled
+
+
+class TaskRefused(ValueError):
+    """Raise from `Worker.run` when the task asks what cannot be done with this input or this
+    model (too little speech for a voiceprint, a language the model does not know). Its message
+    goes to the client as it is; the host answers 422 and counts a refusal, not a failure."""
+
+
+def failure(e: BaseException) -> dict:
+    """The `error` signal's payload for an exception out of `Worker.run`: kind `refused` for a
+    `TaskRefused`, `no_space` for a full disk or quota (the host answers 507, not 422), else the
+    exception's class name."""
+    if isinstance(e, TaskRefused):
+        return {"message": str(e), "kind": "refused"}
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return {"message": f"{type(e).__name__}: {e}", "kind": "no_space"}
+    return {"message": f"{type(e).__name__}: {e}", "kind": type(e).__name__}
 
 
 class _Task:
@@ -184,6 +202,6 @@ def _handle(worker: Worker, channels: Channels, progress: Progress, line: str) -
     except Exception as e:
         sys.stderr.write(traceback.format_exc())
         sys.stderr.flush()
-        channels.signal("error", {"message": f"{type(e).__name__}: {e}", "kind": type(e).__name__})
+        channels.signal("error", failure(e))
         return
     channels.signal("done")

@@ -3,9 +3,9 @@
 import sys
 
 import numpy as np
-from gpuhost_worker import Worker, engine, options, serve, synthetic_voices
+from gpuhost_worker import TaskRefused, Worker, engine, options, serve, synthetic_voices
 
-from .engine import AsrSettings, transcriber
+from .engine import AsrSettings, UnsupportedRequest, transcriber
 
 
 class AsrWorker(Worker):
@@ -38,13 +38,17 @@ class AsrWorker(Worker):
                 partial={"start": segment["start"], "end": segment["end"], "text": segment["text"]},
             )
 
-        return self.transcriber.transcribe(
-            task["audio_path"],
-            language=task.get("language"),
-            prompt=task.get("prompt"),
-            on_segment=on_segment,
-            translate=bool(task.get("translate")),
-        )
+        try:
+            return self.transcriber.transcribe(
+                task["audio_path"],
+                language=task.get("language"),
+                prompt=task.get("prompt"),
+                on_segment=on_segment,
+                translate=bool(task.get("translate")),
+            )
+        except UnsupportedRequest as e:
+            # The client's to change: refused (422), not a failure of the worker.
+            raise TaskRefused(str(e)) from e
 
 
 if __name__ == "__main__":

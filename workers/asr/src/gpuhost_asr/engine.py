@@ -121,16 +121,20 @@ def transcriber(settings: AsrSettings):
     return Transcriber(settings)
 
 
+class UnsupportedRequest(ValueError):
+    """The request asks what the loaded model cannot do (another language, translation)."""
+
+
 def refuse_other_languages(model_name: str, language: str | None, translate: bool) -> None:
     """An English-only model's refusal of another language or of translation, saying what to
     configure (never English output for a request that asked for something else)."""
     if translate:
-        raise ValueError(
+        raise UnsupportedRequest(
             f"the model {model_name} is English-only and cannot translate "
             '(engine = "base" for the asr worker can)'
         )
     if language and language != "en":
-        raise ValueError(
+        raise UnsupportedRequest(
             f"the model {model_name} is English-only; language {language!r} is not "
             'supported (engine = "base" for the asr worker transcribes ~100 languages)'
         )

@@ -3,7 +3,7 @@
 import sys
 
 import numpy as np
-from gpuhost_worker import Worker, engine, options, serve, synthetic_voices
+from gpuhost_worker import TaskRefused, Worker, engine, options, serve, synthetic_voices
 
 from . import voiceprint
 from .engine import load, read_wav
@@ -67,7 +67,12 @@ class DiarizerWorker(Worker):
 
                 self._vad = Vad()
             segments = self._vad.regions(audio)
-        return {"model": VOICEPRINT_MODEL, **voiceprint.enroll(self.embedder(), audio, segments)}
+        try:
+            made = voiceprint.enroll(self.embedder(), audio, segments)
+        except voiceprint.EnrollError as e:
+            # Too little speech: the client's to change (422), not a failure of the worker.
+            raise TaskRefused(str(e)) from e
+        return {"model": VOICEPRINT_MODEL, **made}
 
 
 if __name__ == "__main__":
