@@ -8,6 +8,7 @@
 
 mod ahead;
 mod event;
+mod refusal;
 mod transcribe;
 
 use std::fs::File;
@@ -24,6 +25,7 @@ use tokio::sync::Semaphore;
 use crate::job;
 use crate::AppState;
 use event::{read_event, write_event, Event, FrameError};
+use refusal::Refusal;
 
 /// How long a connection may sit between requests before it is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -79,37 +81,6 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// Audio bytes between two looks at the temp dir's free space (`limits.min_free_bytes`).
 const ROOM_EVERY: u64 = 8 << 20;
-
-/// Why an event is refused: the `error` event's code and text.
-pub(super) struct Refusal {
-    code: &'static str,
-    text: String,
-}
-
-impl Refusal {
-    fn no_space(e: &job::NoSpace) -> Refusal {
-        Refusal {
-            code: "insufficient_storage",
-            text: e.to_string(),
-        }
-    }
-}
-
-/// The client's mistake.
-impl From<String> for Refusal {
-    fn from(text: String) -> Refusal {
-        Refusal {
-            code: "bad_request",
-            text,
-        }
-    }
-}
-
-impl From<&str> for Refusal {
-    fn from(text: &str) -> Refusal {
-        Refusal::from(text.to_string())
-    }
-}
 
 /// Where a connection stands with its audio.
 enum Audio {
@@ -306,8 +277,8 @@ impl Connection {
         }
         // The same bounds as every upload's declared format.
         crate::audio::check_format(rate, channels as usize, Some(16)).map_err(|e| e.to_string())?;
-        let dir = job::job_dir(&self.app.config)
-            .map_err(|e| format!("cannot create a job folder: {e}"))?;
+        let dir =
+            job::job_dir(&self.app.config).map_err(|e| Refusal::io("create a job folder", &e))?;
         let path = dir.path().join("wyoming.wav");
         let spec = hound::WavSpec {
             channels: channels as u16,
@@ -315,8 +286,7 @@ impl Connection {
             bits_per_sample: 16,
             sample_format: hound::SampleFormat::Int,
         };
-        let writer = hound::WavWriter::create(&path, spec)
-            .map_err(|e| Refusal::from(format!("cannot store the audio: {e}")))?;
+        let writer = hound::WavWriter::create(&path, spec).map_err(Refusal::not_stored)?;
         self.audio = Audio::Receiving {
             dir,
             path,
@@ -386,9 +356,7 @@ impl Connection {
         for pair in payload.chunks_exact(2) {
             block.write_sample(i16::from_le_bytes([pair[0], pair[1]]));
         }
-        block
-            .flush()
-            .map_err(|e| Refusal::from(format!("cannot store the audio: {e}")))
+        block.flush().map_err(Refusal::not_stored)
     }
 
     /// Answers with an `error` event; what it gives back ends the connection.
