@@ -181,6 +181,7 @@ pub fn render(app: &App) -> String {
         for (outcome, n) in [
             ("ok", w.tasks_done),
             ("error", w.tasks_failed),
+            ("refused", w.tasks_refused),
             ("cancelled", w.tasks_cancelled),
         ] {
             let labels = vec![("worker", w.name.clone()), ("outcome", outcome.into())];

@@ -51,6 +51,8 @@ pub struct WorkerStatus {
     pub device: u32,
     pub tasks_done: u64,
     pub tasks_failed: u64,
+    /// Tasks it declined for what they asked (`kind: "refused"`): not failures.
+    pub tasks_refused: u64,
     /// Tasks given up because their client went away (not failures).
     pub tasks_cancelled: u64,
     pub restarts: u64,
@@ -76,6 +78,7 @@ impl WorkerStatus {
             device: spec.device,
             tasks_done: 0,
             tasks_failed: 0,
+            tasks_refused: 0,
             tasks_cancelled: 0,
             restarts: 0,
             last_error: None,

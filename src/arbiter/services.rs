@@ -9,16 +9,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 
 use super::Core;
 use crate::config::{Config, ServiceConfig};
-use crate::protocol::GrantEvent;
 
 mod actor;
 mod events;
 use actor::Actor;
-use events::Announcer;
+use events::{Announcer, Joined};
 
 /// Log lines kept to explain a failure.
 const TAIL_LINES: usize = 20;
@@ -54,8 +53,13 @@ pub struct ServiceStatus {
 }
 
 enum Control {
-    Start,
-    Stop { reason: String },
+    /// `ticket`: see [`Joined::ticket`].
+    Start {
+        ticket: u64,
+    },
+    Stop {
+        reason: String,
+    },
     Touch,
 }
 
@@ -73,19 +77,22 @@ impl ServiceHandle {
     }
 
     /// Subscribes to the events of the current or next start, then asks for a start (a no-op
-    /// when one is queued or starting already). Also returns where a start already under way
-    /// is now, for the caller to say first.
-    pub fn start(&self) -> (Option<GrantEvent>, broadcast::Receiver<GrantEvent>) {
-        let events = self.events.subscribe();
+    /// when one is queued or starting already). Also says where a start already under way is
+    /// now, for the caller to say first.
+    pub(crate) fn start(&self) -> Joined {
+        let joined = self.events.subscribe();
+        let start = Control::Start {
+            ticket: joined.ticket,
+        };
         // Never lost, as a stop is not: a channel full of touches (the actor busy stopping)
         // would otherwise drop it and leave the caller waiting on events that never come.
-        if let Err(mpsc::error::TrySendError::Full(start)) = self.control.try_send(Control::Start) {
+        if let Err(mpsc::error::TrySendError::Full(start)) = self.control.try_send(start) {
             let control = self.control.clone();
             tokio::spawn(async move {
                 let _ = control.send(start).await;
             });
         }
-        events
+        joined
     }
 
     /// Asks for a stop. Never lost: when starts and touches have filled the channel while the

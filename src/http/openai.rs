@@ -71,13 +71,16 @@ pub(super) enum OpenAiErrors {
     TooLarge(OpenAiErrorBody),
     #[response(status = 415, description = "Not decodable as audio")]
     NotAudio(OpenAiErrorBody),
-    #[response(status = 422, description = "The job failed")]
+    #[response(
+        status = 422,
+        description = "The job failed, or the worker refused it (a language or a translation its model cannot do, when it was not loaded to be asked before)"
+    )]
     JobFailed(OpenAiErrorBody),
     #[response(status = 429, description = "The GPU queue is full (see Retry-After)")]
     QueueFull(OpenAiErrorBody),
     #[response(
         status = 507,
-        description = "The temp dir's disk has no room (limits.min_free_bytes)"
+        description = "The temp dir's disk has no room (limits.min_free_bytes), or a worker's disk was full"
     )]
     NoSpace(OpenAiErrorBody),
     #[response(status = 500, description = "Internal error")]

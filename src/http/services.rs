@@ -75,7 +75,8 @@ pub(super) async fn start(
     PathName(name): PathName,
 ) -> Result<Response, ApiError> {
     let handle = service(&app, &name)?;
-    let (now, mut events) = handle.start();
+    let joined = handle.start();
+    let mut events = joined.events;
     let status = handle.status();
     // The service's events, as every NDJSON stream takes them (heartbeats included): a task
     // passes them on until the final one, or until the client is gone.
@@ -92,11 +93,13 @@ pub(super) async fn start(
         }
         // Joining a start under way: where it is now, then (heartbeats) said again while it
         // stays there.
-        if let Some(now) = now {
+        if let Some(now) = joined.now {
             if tx.send(now).await.is_err() {
                 return;
             }
         }
+        // Joined during a failed start's teardown: its `error` is not this caller's answer.
+        let mut skip_final = joined.skip_final;
         loop {
             let event = match events.recv().await {
                 Ok(event) => event,
@@ -107,6 +110,9 @@ pub(super) async fn start(
                 },
             };
             let last = event.is_final();
+            if last && std::mem::take(&mut skip_final) {
+                continue;
+            }
             if tx.send(event).await.is_err() || last {
                 return;
             }

@@ -21,16 +21,12 @@ pub(super) struct SetupLock {
 }
 
 impl SetupLock {
-    /// Waits for any other setup of this package to finish, saying once that it waits. A folder
-    /// where no lock can be taken (read-only, a file system without `flock`) is used unlocked:
-    /// checking an installed venv must not fail for it, and building there fails on its own.
+    /// Waits for any other setup of this package to finish, saying once that it waits. Where no
+    /// lock can be taken (no lock file and no right to make one, a file system without `flock`)
+    /// it goes on unlocked: checking an installed venv must not fail for it, and building there
+    /// fails on its own.
     pub(super) async fn take(home: &Path, name: &str, say: &dyn Fn(&str)) -> SetupLock {
-        let file = match OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(home.join(LOCK_FILE))
-        {
+        let file = match open(&home.join(LOCK_FILE)) {
             Ok(file) => file,
             Err(e) => {
                 tracing::debug!(worker = name, error = %e, "no setup lock: going on without");
@@ -56,6 +52,21 @@ impl SetupLock {
                 }
             }
         }
+    }
+}
+
+/// The lock file, made if need be; read-only where this user may not write it (a `serve` run as
+/// another user than `setup`, a checkout mounted read-only): `flock` needs no write access, so
+/// such a reader still waits for a setup under way.
+fn open(path: &Path) -> io::Result<File> {
+    match OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+    {
+        Ok(file) => Ok(file),
+        Err(_) => File::open(path),
     }
 }
 

@@ -31,10 +31,10 @@ impl Refusal {
 
     /// A failed write of the server's own (`what`: "store the audio").
     pub(super) fn io(what: &str, e: &std::io::Error) -> Refusal {
-        if e.raw_os_error() == Some(libc::ENOSPC) {
+        if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
             return Refusal {
                 code: "insufficient_storage",
-                text: "the server's temp dir is full (no space left on device): try again once \
+                text: "the server's temp dir is full (no space left on device, or the quota is used up): try again once \
                        running jobs have finished"
                     .into(),
             };

@@ -28,8 +28,9 @@ impl Connection {
         if bytes == 0 {
             return Ok(Err("no audio between `audio-start` and `audio-stop`".into()));
         }
+        // The writer's buffer holds the last 8 KiB: a full disk may show only here.
         if let Err(e) = writer.finalize() {
-            return Ok(Err(format!("cannot store the audio: {e}").into()));
+            return Ok(Err(Refusal::not_stored(e)));
         }
         let options = JobOptions {
             language: self.language.take(),

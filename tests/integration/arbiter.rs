@@ -1776,3 +1776,64 @@ async fn an_idle_resident_is_unloaded_and_comes_back_for_the_next_job() {
     );
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_caller_joining_a_failed_starts_teardown_gets_a_start_of_its_own() {
+    // The first start times out (1 s) and its process ignores SIGTERM for the 4 s grace: a
+    // caller who comes meanwhile was told the dying process was `starting`, then got the old
+    // start's error, and the first caller's queued request started a process nobody wanted.
+    let gpu = FakeGpu::new(IDLE);
+    let slow = service(&gpu, "slow", "--load-s 100 --ignore-term --mib 1000", "")
+        .replace("start_timeout_s = 20", "start_timeout_s = 1")
+        .replace("stop_grace_s = 1", "stop_grace_s = 4");
+    let host = TestHost::start(&arbiter_config(&gpu, &slow))
+        .await
+        .ready()
+        .await;
+    let first = host.post("/services/slow/start").send().await.unwrap();
+    let first = tokio::spawn(grant_events(first));
+    wait_status(&host, "the timed-out start being stopped", |s| {
+        service_state(s, "slow") == "stopping"
+    })
+    .await;
+    let joined = host.post("/services/slow/start").send().await.unwrap();
+    let joined = grant_events(joined).await;
+    let first = first.await.unwrap();
+    assert!(
+        matches!(first.last(), Some(GrantEvent::Error { code, .. }) if code == "service_timeout"),
+        "{first:?}"
+    );
+    // The joiner's own start: a new process, its own timeout, its own last lines.
+    let old: Vec<u32> = first
+        .iter()
+        .filter_map(|e| match e {
+            GrantEvent::Starting { pid } => Some(*pid),
+            _ => None,
+        })
+        .collect();
+    let pids: Vec<u32> = joined
+        .iter()
+        .filter_map(|e| match e {
+            GrantEvent::Starting { pid } => Some(*pid),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(old.len(), 1, "{first:?}");
+    assert!(pids.len() == 1 && pids != old, "{joined:?}");
+    assert!(
+        matches!(joined.last(), Some(GrantEvent::Error { message, .. })
+        if message.matches("loading model weights").count() == 1),
+        "{joined:?}"
+    );
+    let before = starts(&gpu);
+    assert_eq!(
+        before, 2,
+        "one process per start asked for, none for an answered caller"
+    );
+    wait_status(&host, "the second start torn down", |s| {
+        service_state(s, "slow") == "failed"
+    })
+    .await;
+    assert_eq!(starts(&gpu), 2, "no third process");
+    host.stop().await;
+}

@@ -227,6 +227,18 @@ async fn every_mistake_gets_a_status_and_what_to_do() {
             && metrics.contains("gpuhost_jobs_total{outcome=\"error\"} 0"),
         "{metrics}"
     );
+    // Nor is it the worker's failure: its own counters and `last_error` say so too.
+    assert!(
+        metrics.contains("gpuhost_worker_tasks_total{worker=\"diarizer\",outcome=\"refused\"} 1")
+            && metrics
+                .contains("gpuhost_worker_tasks_total{worker=\"diarizer\",outcome=\"error\"} 0"),
+        "{metrics}"
+    );
+    let worker = host.worker("diarizer").await;
+    assert!(
+        worker["last_error"].is_null() && worker["tasks_refused"] == 1,
+        "{worker}"
+    );
     host.stop().await;
 }
 

@@ -40,8 +40,11 @@ struct Running {
 impl Actor {
     pub(super) async fn run(mut self) {
         while let Some(control) = self.rx.recv().await {
-            if let Control::Start = control {
-                self.serve_once().await;
+            if let Control::Start { ticket } = control {
+                // A caller that joined a start which has ended since (failed) has its answer.
+                if !self.events.answered(ticket) {
+                    self.serve_once().await;
+                }
             }
         }
     }
@@ -73,6 +76,8 @@ impl Actor {
     /// One life: queued → starting → healthy → stopped (or failed at any step).
     async fn serve_once(&mut self) {
         self.set(ServiceState::Queued, |s| s.last_error = None);
+        // "Last lines" of this life only: an earlier start's lines are no explanation of it.
+        self.tail.clear();
         let Some(permit) = self.wait_for_grant().await else {
             return;
         };
@@ -241,7 +246,7 @@ impl Actor {
                 _ = measure.tick() => self.measure(running.group.pid()),
                 control = self.rx.recv() => match control {
                     Some(Control::Stop { reason }) => return reason,
-                    Some(Control::Touch) | Some(Control::Start) => self.status.send_modify(|s| s.last_use = Some(Instant::now())),
+                    Some(Control::Touch) | Some(Control::Start { .. }) => self.status.send_modify(|s| s.last_use = Some(Instant::now())),
                     None => return "gpuhost is shutting down".into(),
                 },
             }

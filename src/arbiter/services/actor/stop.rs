@@ -13,6 +13,11 @@ impl Actor {
         let pid = running.group.pid();
         tracing::info!(service = %self.spec.name, pid, %reason, "stopping service");
         self.set(ServiceState::Stopping, |_| {});
+        if failure.is_some() {
+            // Its callers hear the failure once the process is gone; a caller joining meanwhile
+            // is told nothing of the dying process and waits for the next start.
+            self.events.ending();
+        }
         if let Some(url) = &self.spec.release_url {
             let method = reqwest::Method::from_bytes(self.spec.release_method.as_bytes())
                 .unwrap_or(reqwest::Method::POST);
