@@ -21,7 +21,9 @@ use crate::supervisor::Supervisor;
 use crate::worker::TaskRequest;
 
 mod error;
+mod order;
 pub use error::PipelineError;
+use order::first_to_refuse;
 
 /// What a job gives the pipeline.
 pub struct JobInput<'a> {
@@ -98,7 +100,9 @@ impl Pipeline {
     /// Runs the job's stages on its normalized audio. A stage starts once the stages it needs
     /// (see `needs`) are done, beside the others running if it and they are all resident
     /// (oneshot workers exist to hold one model at a time), and sees the results of every stage
-    /// done by then. A stage that fails calls off the others running and ends the job.
+    /// done by then. A stage that fails calls off the others running and ends the job. Of the
+    /// stages ready at once, the ASR goes first when the request names a language or asks for a
+    /// translation (see [`first_to_refuse`]).
     pub async fn run(
         &self,
         job: JobInput<'_>,
@@ -113,6 +117,7 @@ impl Pipeline {
             extra,
         } = job;
         let needs = self.needs(stages);
+        let order = first_to_refuse(stages, options);
         let resident: Vec<bool> = stages.iter().map(|s| self.resident(s)).collect();
         let mut progress = vec![StageState::Waiting; stages.len()];
         let mut results = Map::new();
@@ -127,7 +132,7 @@ impl Pipeline {
             if events.is_closed() {
                 cancel.cancel();
             }
-            for i in 0..stages.len() {
+            for &i in &order {
                 let ready = progress[i] == StageState::Waiting
                     && needs[i].iter().all(|&j| progress[j] == StageState::Done);
                 let running_now = (0..stages.len()).filter(|&j| progress[j] == StageState::Running);

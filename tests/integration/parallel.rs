@@ -148,3 +148,30 @@ async fn a_failure_starts_nothing_that_needs_it() {
     assert_eq!(host.worker("c").await["tasks_done"], 0);
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_request_naming_a_language_runs_the_asr_first_among_oneshot_stages() {
+    // The ASR is the stage that may refuse a language (an English-only model): among stages
+    // that run one at a time it goes first, so the refusal comes before the diarizer has spent
+    // its time (a long recording's diarization, then "language `ko` is not supported").
+    let config = format!(
+        "[pipeline]\nstages = [\"diarizer\", \"asr\"]\nparallel = [[\"diarizer\", \"asr\"]]\n{}{}",
+        fake_worker("diarizer", "mode = \"oneshot\""),
+        fake_worker("asr", "mode = \"oneshot\"")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = host
+        .transcribe("?language=fake:error", wav(0.2, 16000, 1))
+        .await;
+    let (_, message) = error_of(&events);
+    assert!(message.contains("stage `asr`"), "{message}");
+    assert_eq!(host.worker("diarizer").await["tasks_done"], 0);
+    assert_eq!(host.worker("diarizer").await["tasks_failed"], 0);
+    // Without a language the configured order stands.
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    assert!(
+        position(&events, "diarizer", StageStatus::Done)
+            < position(&events, "asr", StageStatus::Started)
+    );
+    host.stop().await;
+}
