@@ -102,7 +102,7 @@ impl Pipeline {
     /// (oneshot workers exist to hold one model at a time), and sees the results of every stage
     /// done by then. A stage that fails calls off the others running and ends the job. Of the
     /// stages ready at once, the ASR goes first when the request names a language or asks for a
-    /// translation (see [`first_to_refuse`]).
+    /// translation (its worker may refuse them; `pipeline/order.rs`).
     pub async fn run(
         &self,
         job: JobInput<'_>,

@@ -28,9 +28,13 @@ pub struct ReadyInfo {
     pub model: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
-    /// Languages the loaded model transcribes (`["en"]` for an English-only model); absent: no
-    /// restriction. Requests for another language are refused before they queue.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Languages the loaded model transcribes (`["en"]` for an English-only model); absent, `"*"`
+    /// or `["*"]`: no restriction. Requests for another language are refused before they queue.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "languages"
+    )]
     pub languages: Option<Vec<String>>,
     /// The loaded model can translate to English (a task with `translate: true`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -58,10 +62,37 @@ pub enum Signal {
     Ready(ReadyInfo),
     Done,
     Error(TaskFailure),
+    /// `ready` with a JSON object gpuhost cannot read (a key of the wrong type): the worker
+    /// meant it, so its load fails at once and says why, instead of running into the timeout.
+    BadReady {
+        line: String,
+        error: String,
+    },
     /// Not a signal: logged as a warning, never breaks a job.
     Other {
         line: String,
     },
+}
+
+/// `languages` as a list, or the one string `"*"` (any language).
+fn languages<'de, D>(deserializer: D) -> Result<Option<Vec<String>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Languages {
+        List(Vec<String>),
+        Any(String),
+    }
+    match Option::<Languages>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(Languages::List(list)) => Ok(Some(list)),
+        Some(Languages::Any(any)) if any == "*" => Ok(Some(vec![any])),
+        Some(Languages::Any(other)) => Err(serde::de::Error::custom(format!(
+            "`languages` is a list of language codes or \"*\", not {other:?}"
+        ))),
+    }
 }
 
 impl Signal {
@@ -75,6 +106,14 @@ impl Signal {
             "ready" if rest.is_empty() => Signal::Ready(ReadyInfo::default()),
             "ready" => match serde_json::from_str::<ReadyInfo>(rest) {
                 Ok(info) => Signal::Ready(info),
+                // A JSON object is the worker's own `ready`; anything else after the word is a
+                // library's line that happens to start with it.
+                Err(e) if serde_json::from_str::<serde_json::Map<String, Value>>(rest).is_ok() => {
+                    Signal::BadReady {
+                        line: line.into(),
+                        error: e.to_string(),
+                    }
+                }
                 Err(_) => Signal::Other { line: line.into() },
             },
             "done" if rest.is_empty() => Signal::Done,
@@ -204,7 +243,7 @@ pub enum GrantEvent {
         waiting_for: Option<String>,
     },
     /// Someone is stopped, unloaded or asked to free memory so this request fits: `action` is
-    /// `unload`, `stop` or `release`.
+    /// `unload` or `release`.
     MakingRoom { action: String, target: String },
     /// The service process was started.
     Starting { pid: u32 },

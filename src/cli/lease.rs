@@ -27,9 +27,10 @@ pub(crate) struct LeaseArgs {
     /// Who holds it; default: user@host.
     #[arg(long)]
     holder: Option<String>,
-    /// Seconds without a renewal after which the server reclaims the lease.
-    #[arg(long, default_value_t = 60.0)]
-    ttl: f64,
+    /// Seconds without a renewal after which the server reclaims the lease (default: the
+    /// server's `[arbiter] lease_ttl_s`, 60 s unless configured).
+    #[arg(long)]
+    ttl: Option<f64>,
     /// Higher goes first among waiters.
     #[arg(long, default_value_t = 0)]
     priority: i32,
@@ -74,20 +75,24 @@ impl Stopping {
 }
 
 pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(
-        args.ttl > 0.0 && args.ttl <= 1e9,
-        "--ttl must be a positive number of seconds, got {}",
-        args.ttl
-    );
+    if let Some(ttl) = args.ttl {
+        anyhow::ensure!(
+            ttl > 0.0 && ttl <= 1e9,
+            "--ttl must be a positive number of seconds, got {ttl}"
+        );
+    }
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
     let base = remote.base.clone();
     let client = remote.client.clone();
     let authed = |r: reqwest::RequestBuilder| remote.authed(r);
     let holder = args.holder.clone().unwrap_or_else(default_holder);
-    let body = json!({
+    let mut body = json!({
         "holder": holder, "purpose": args.purpose, "vram_mib": args.vram_mib,
-        "ttl_s": args.ttl, "wait": true, "priority": args.priority,
+        "wait": true, "priority": args.priority,
     });
+    if let Some(ttl) = args.ttl {
+        body["ttl_s"] = json!(ttl);
+    }
     // SIGTERM and SIGHUP are ours from the start: one that comes while the lease is being
     // granted must not kill this client with the lease still held (until its TTL).
     use tokio::signal::unix::{signal, SignalKind};
@@ -100,7 +105,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         let response = remote.send(client.post(url).json(&body)).await?;
         wait_for_grant(response).await
     };
-    let lease_id = tokio::select! {
+    let (lease_id, ttl_s) = tokio::select! {
         granted = granted => granted?,
         // The request goes with us: the server drops the waiting lease.
         Some(()) = terminate.recv() => return Ok(ExitCode::from(128 + libc::SIGTERM as u8)),
@@ -116,8 +121,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
                 }
                 Ok(r) => eprintln!("gpuhost lease: release answered {}", r.status()),
                 Err(e) => eprintln!(
-                    "gpuhost lease: release failed ({e}); the server reclaims it after {} s",
-                    args.ttl
+                    "gpuhost lease: release failed ({e}); the server reclaims it after {ttl_s} s"
                 ),
             }
         })
@@ -135,8 +139,9 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let renew_url = base.join(&format!("gpu/lease/{lease_id}/renew"))?;
     let renewer = {
         let request = authed(client.post(renew_url));
-        let every = Duration::from_secs_f64((args.ttl / 3.0).max(0.2));
-        let ttl = Duration::from_secs_f64(args.ttl);
+        // The TTL the server granted (its default when --ttl was left out).
+        let every = Duration::from_secs_f64((ttl_s / 3.0).max(0.2));
+        let ttl = Duration::from_secs_f64(ttl_s);
         // Ends when the server says the lease is gone (404: it expired, someone released it, or
         // the server restarted), or when no renewal got through for a whole TTL (the server is
         // down or unreachable, and reclaims the lease after that long): the GPU is someone
@@ -216,7 +221,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
 }
 
-async fn wait_for_grant(response: reqwest::Response) -> anyhow::Result<u64> {
+async fn wait_for_grant(response: reqwest::Response) -> anyhow::Result<(u64, f64)> {
     let mut stream = response.bytes_stream();
     let mut buf = Vec::new();
     // The server says the queue place again while the wait lasts: shown once.
@@ -247,7 +252,7 @@ async fn wait_for_grant(response: reqwest::Response) -> anyhow::Result<u64> {
                 }
                 GrantEvent::Granted { lease_id, ttl_s } => {
                     eprintln!("gpuhost lease: granted lease {lease_id} (ttl {ttl_s} s)");
-                    return Ok(lease_id);
+                    return Ok((lease_id, ttl_s));
                 }
                 GrantEvent::Error { code, message } => {
                     bail!("the lease was refused ({code}): {}", super::shown(&message))

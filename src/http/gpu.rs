@@ -85,15 +85,26 @@ pub(super) async fn lease(
     tokio::spawn(async move { arbiter.leases.acquire(request, device, ttl, max, tx).await });
     if wait {
         // The first event says whether the lease got a place: a full queue is a 429, as for
-        // jobs; anything else starts the stream.
+        // jobs, and a lease that can never fit (more than the whole GPU) a 409, as without
+        // `wait`; anything else starts the stream.
         let first = rx.recv().await;
         if let Some(GrantEvent::Error { code, message }) = &first {
-            if code == "queue_full" {
-                return Err(ApiError::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "queue_full",
-                    message.clone(),
-                ));
+            match code.as_str() {
+                "queue_full" => {
+                    return Err(ApiError::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "queue_full",
+                        message.clone(),
+                    ))
+                }
+                "no_room" => {
+                    return Err(ApiError::new(
+                        StatusCode::CONFLICT,
+                        "no_room",
+                        message.clone(),
+                    ))
+                }
+                _ => {}
             }
         }
         return Ok(super::ndjson::from_first_and_channel(

@@ -79,8 +79,14 @@ pub(super) async fn ready(
     }
     for s in app.supervisor.statuses() {
         let up = match s.mode {
+            // Unloaded on purpose (room for a service or lease, idle, by hand): the next job
+            // loads it again, so it must keep coming (a 503 here kept away the very job that
+            // would bring it back).
             crate::config::Mode::Resident => {
-                matches!(s.state, WorkerState::Ready | WorkerState::Busy)
+                matches!(
+                    s.state,
+                    WorkerState::Ready | WorkerState::Busy | WorkerState::Unloaded
+                )
             }
             crate::config::Mode::Oneshot => s.state != WorkerState::Stopped,
         };

@@ -35,6 +35,37 @@ fn ready_metadata_and_error() {
 }
 
 #[test]
+fn ready_languages_any_and_unreadable_metadata() {
+    for any in [r#"ready {"languages":"*"}"#, r#"ready {"languages":["*"]}"#] {
+        let Signal::Ready(info) = Signal::parse(any) else {
+            panic!("{any}")
+        };
+        assert_eq!(info.languages, Some(vec!["*".to_string()]), "{any}");
+    }
+    // The worker's own `ready` with a key of the wrong type fails its load at once (it was
+    // ignored, and the worker killed at load_timeout_s as never ready).
+    for bad in [
+        r#"ready {"languages":"en"}"#,
+        r#"ready {"protocol":"1"}"#,
+        r#"ready {"cancel":"yes"}"#,
+    ] {
+        let Signal::BadReady { error, .. } = Signal::parse(bad) else {
+            panic!("{bad}")
+        };
+        assert!(!error.is_empty(), "{bad}");
+    }
+    // A library's line that starts with the word stays a line to ignore.
+    assert!(matches!(
+        Signal::parse("ready to rock and roll"),
+        Signal::Other { .. }
+    ));
+    assert!(matches!(
+        Signal::parse("ready [1, 2]"),
+        Signal::Other { .. }
+    ));
+}
+
+#[test]
 fn stderr_events() {
     let e = WorkerEvent::parse(r#"@gpuhost {"event":"progress","fraction":1.7,"message":"x"}"#);
     assert_eq!(

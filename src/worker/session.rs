@@ -93,6 +93,13 @@ impl Session {
                             session.ready = info;
                             return Ok(session);
                         }
+                        Signal::BadReady { line, error } => {
+                            session.group.kill().await;
+                            return Err(TaskError::Unavailable {
+                                worker: session.name.clone(),
+                                reason: format!("its `ready` line has metadata gpuhost cannot read ({error}); see protocol/PROTOCOL.md for the keys: {line}"),
+                            });
+                        }
                         _ => tracing::warn!(worker = %session.name, %line, "stdout line before ready ignored"),
                     },
                     None => {

@@ -693,13 +693,15 @@ fn lease_command(host: &TestHost, extra: &[&str], command: &[&str]) -> std::proc
 #[tokio::test]
 async fn gpuhost_lease_runs_a_program_under_a_lease_and_passes_its_status() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    // No --ttl: the server's default TTL (1 s here), renewed at a third of it.
+    let config = arbiter_config(&gpu, "").replace(
+        "teardown_timeout_s = 3\n",
+        "teardown_timeout_s = 3\nlease_ttl_s = 1\n",
+    );
+    let host = TestHost::start(&config).await.ready().await;
     let child = lease_command(
         &host,
-        &["--vram", "1000", "--ttl", "1"],
+        &["--vram", "1000"],
         &["sh", "-c", "sleep 1.5; exit 7"],
     )
     .spawn()
@@ -724,7 +726,11 @@ async fn gpuhost_lease_runs_a_program_under_a_lease_and_passes_its_status() {
         "{}",
         String::from_utf8_lossy(&status.stderr)
     );
-    assert!(String::from_utf8_lossy(&status.stderr).contains("granted lease"));
+    assert!(
+        String::from_utf8_lossy(&status.stderr).contains("(ttl 1 s)"),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
     // Renewed past its 1 s TTL while the program ran, released when it ended.
     assert!(leases(&host).await.is_empty());
     host.stop().await;
@@ -1202,6 +1208,9 @@ async fn the_command_line_unloads_loads_starts_and_stops() {
         .await
         .unwrap();
     assert_eq!(workers["workers"][0]["state"], "unloaded", "{workers:#}");
+    // Unloaded on purpose is still ready: the next job loads it (a 503 kept that job away).
+    let ready = host.get("/ready").send().await.unwrap();
+    assert_eq!(ready.status(), 200, "{:?}", ready.text().await);
     let (code, err, _) = cli(&host, &["load", "w"]).await;
     assert_eq!(code, Some(0), "{err}");
     let host = host.ready().await;
@@ -1550,6 +1559,16 @@ async fn a_lease_larger_than_the_gpu_is_refused_before_anything_unloads() {
         body["message"].as_str().unwrap().contains("32607 MiB"),
         "{body}"
     );
+    // Asked with `wait`, the same: 409 at once, not a stream holding one error.
+    let r = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "greedy", "vram_mib": 1u64 << 40, "wait": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"], "no_room", "{body}");
     let w = host.worker("w").await;
     assert_eq!(w["pid"].as_u64(), pid, "the resident was left loaded: {w}");
     host.stop().await;

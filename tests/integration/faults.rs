@@ -413,3 +413,25 @@ async fn a_silent_stage_and_a_long_wait_keep_their_streams_alive() {
     assert!(waiting >= 3, "a long wait is said again: {second:?}");
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_ready_line_with_unreadable_metadata_fails_the_load_at_once() {
+    // `"protocol": "1"` is the worker's own ready with a key of the wrong type: it was taken
+    // for a stray line, and the worker killed as never ready after load_timeout_s (600 s).
+    let host = TestHost::start(&one_stage(
+        "env = { FAKE_READY_META = '{\"protocol\":\"1\"}' }",
+    ))
+    .await;
+    wait_for("the load to fail", Duration::from_secs(20), || async {
+        host.worker("w").await["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("`ready` line has metadata gpuhost cannot read"))
+    })
+    .await;
+    let worker = host.worker("w").await;
+    assert!(
+        worker["last_error"].as_str().unwrap().contains("protocol"),
+        "{worker}"
+    );
+    host.stop().await;
+}
