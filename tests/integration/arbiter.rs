@@ -118,14 +118,7 @@ async fn twenty_concurrent_starts_start_one_process() {
         );
     }
     assert_eq!(starts(&gpu), 1, "exactly one process for 20 callers");
-    let metrics = host
-        .get("/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = host.metrics().await;
     assert!(
         metrics.contains("gpuhost_service_starts_total{service=\"llm\"} 1"),
         "{metrics}"

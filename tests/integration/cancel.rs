@@ -46,14 +46,7 @@ async fn a_worker_that_can_cancel_gives_up_the_job_and_stays_loaded() {
 
     let events = host.transcribe("", wav(0.2, 16000, 1)).await;
     assert_eq!(result_of(&events)["stages"]["w"]["seq"], 2);
-    let metrics = host
-        .get("/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = host.metrics().await;
     assert!(
         metrics.contains("gpuhost_jobs_total{outcome=\"cancelled\"} 1"),
         "{metrics}"

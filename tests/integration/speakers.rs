@@ -214,14 +214,7 @@ async fn every_mistake_gets_a_status_and_what_to_do() {
     assert!(listed(&host).await.is_empty(), "nothing half-enrolled");
     // The too-short sample was refused by the worker: the client's to change, so `/metrics`
     // counts it as refused, not as a failed job.
-    let metrics = host
-        .get("/metrics")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = host.metrics().await;
     assert!(
         metrics.contains("gpuhost_jobs_total{outcome=\"refused\"} 1")
             && metrics.contains("gpuhost_jobs_total{outcome=\"error\"} 0"),

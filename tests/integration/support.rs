@@ -206,6 +206,17 @@ impl TestHost {
         read_events(response).await
     }
 
+    /// The `/metrics` text (with the token).
+    pub async fn metrics(&self) -> String {
+        self.get("/metrics")
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// GETs `path` (with the token) and returns its JSON body.
     pub async fn get_json(&self, path: &str) -> serde_json::Value {
         self.get(path).send().await.unwrap().json().await.unwrap()
