@@ -173,6 +173,7 @@ pub fn render(app: &App) -> String {
             WorkerState::Busy,
             WorkerState::Exited,
             WorkerState::Idle,
+            WorkerState::Unloaded,
             WorkerState::Stopped,
         ] {
             let labels = vec![("worker", w.name.clone()), ("state", serde_name(s))];

@@ -74,6 +74,9 @@ impl Stopping {
     }
 }
 
+/// Longest time between two renewals, whatever the TTL (seconds).
+const RENEW_AT_MOST: f64 = 20.0;
+
 pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::Result<ExitCode> {
     if let Some(ttl) = args.ttl {
         anyhow::ensure!(
@@ -139,8 +142,15 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let renew_url = base.join(&format!("gpu/lease/{lease_id}/renew"))?;
     let renewer = {
         let request = authed(client.post(renew_url));
-        // The TTL the server granted (its default when --ttl was left out).
-        let every = Duration::from_secs_f64((ttl_s / 3.0).max(0.2));
+        // The TTL the server granted (its default when --ttl was left out), renewed at a third
+        // of it but at least every 20 s: a server that restarted (leases live in its memory)
+        // answers 404, and the program must not keep a GPU it no longer holds for long.
+        let ttl_s = if ttl_s.is_finite() && ttl_s > 0.0 {
+            ttl_s.min(1e9)
+        } else {
+            60.0
+        };
+        let every = Duration::from_secs_f64((ttl_s / 3.0).min(RENEW_AT_MOST));
         let ttl = Duration::from_secs_f64(ttl_s);
         // Ends when the server says the lease is gone (404: it expired, someone released it, or
         // the server restarted), or when no renewal got through for a whole TTL (the server is

@@ -202,6 +202,18 @@ impl ArbiterConfig {
             "[arbiter]",
             &[("idle_unload_after_s (0: never)", self.idle_unload_after_s)],
         )?;
+        // A lease's TTL is at least 0.1 s (`POST /gpu/lease`): a default below it refused every
+        // lease that left `ttl_s` out.
+        for (key, value) in [
+            ("lease_ttl_s", self.lease_ttl_s),
+            ("max_lease_ttl_s", self.max_lease_ttl_s),
+        ] {
+            if value < 0.1 {
+                return Err(format!(
+                    "[arbiter] {key} ({value}) is below 0.1 s, the shortest lease TTL"
+                ));
+            }
+        }
         if self.lease_ttl_s > self.max_lease_ttl_s {
             return Err(format!(
                 "[arbiter] lease_ttl_s ({}) is above max_lease_ttl_s ({}): every lease without \

@@ -220,6 +220,10 @@ fn settings_that_would_break_the_server_later_are_refused_at_load() {
             "above max_lease_ttl_s",
         ),
         (
+            "[arbiter]\nlease_ttl_s = 0.05\n",
+            "below 0.1 s, the shortest lease TTL",
+        ),
+        (
             &svc("").replace("http://127.0.0.1:8000/health", "not a url"),
             "not a URL",
         ),

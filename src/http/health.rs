@@ -79,15 +79,18 @@ pub(super) async fn ready(
     }
     for s in app.supervisor.statuses() {
         let up = match s.mode {
-            // Unloaded on purpose (room for a service or lease, idle, by hand): the next job
-            // loads it again, so it must keep coming (a 503 here kept away the very job that
-            // would bring it back).
-            crate::config::Mode::Resident => {
-                matches!(
-                    s.state,
-                    WorkerState::Ready | WorkerState::Busy | WorkerState::Unloaded
-                )
-            }
+            crate::config::Mode::Resident => match s.state {
+                WorkerState::Ready | WorkerState::Busy => true,
+                // Unloaded while its GPU is free (idle, or by hand): the next job loads it, so
+                // jobs must keep coming (a 503 kept away the very job that would bring it
+                // back). Unloaded for a lease or a service that still holds the GPU, or behind
+                // a blocked queue: a job would only wait.
+                WorkerState::Unloaded => app
+                    .arbiter
+                    .core_for(s.device)
+                    .is_some_and(|core| core.busy_reason().is_none()),
+                _ => false,
+            },
             crate::config::Mode::Oneshot => s.state != WorkerState::Stopped,
         };
         if !up {

@@ -143,7 +143,14 @@ impl Actor {
             }
             Life::Down { .. } => None,
         };
-        self.set_state(WorkerState::Unloaded, |s| {
+        // A worker that was down after failing stays `exited` (with its error): called
+        // `unloaded`, it looked ready to take jobs it cannot load for. Either way it loads
+        // again at the next task or `Load`, not on its own.
+        let state = match self.status.borrow().state {
+            WorkerState::Exited => WorkerState::Exited,
+            _ => WorkerState::Unloaded,
+        };
+        self.set_state(state, |s| {
             s.pid = None;
             s.process_started = None;
         });

@@ -1849,3 +1849,75 @@ async fn a_caller_joining_a_failed_starts_teardown_gets_a_start_of_its_own() {
     assert_eq!(starts(&gpu), 2, "no third process");
     host.stop().await;
 }
+
+#[tokio::test]
+async fn ready_tells_an_unloaded_worker_that_jobs_would_wait_for_from_one_they_would_reload() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(
+        &gpu,
+        &service(&gpu, "leaky", "--leak 9000 --mib 9000", ""),
+    ))
+    .await
+    .ready()
+    .await;
+    let ready = |host: &TestHost| {
+        let request = host.get("/ready");
+        async move {
+            let r = request.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    // A lease holds the GPU (the resident was unloaded for it): a job would wait for the lease.
+    let (id, _) = granted_lease(&host, json!({"holder": "bob", "wait": true, "ttl_s": 60})).await;
+    assert_eq!(host.worker("w").await["state"], "unloaded");
+    let (code, body) = ready(&host).await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("worker w is unloaded"), "{body}");
+    assert_eq!(release(&host, id).await, 200);
+    wait_for(
+        "ready once the lease is gone",
+        Duration::from_secs(10),
+        || {
+            let host = &host;
+            async move { ready(host).await.0 == 200 }
+        },
+    )
+    .await;
+    // A service whose memory never comes back blocks the queue: unloaded behind the block, the
+    // worker is not ready either.
+    let events = grant_events(host.post("/services/leaky/start").send().await.unwrap()).await;
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
+        "{events:?}"
+    );
+    let _ = host.post("/services/leaky/stop").send().await.unwrap();
+    wait_status(&host, "the queue blocked", |s| s["decision"] == "busy").await;
+    let (code, body) = ready(&host).await;
+    assert_eq!(code, 503, "{body}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_failing_worker_unloaded_for_a_lease_stays_failed() {
+    // Its load fails (a ready line gpuhost cannot read): unloaded to make room, it was called
+    // `unloaded` and /ready said 200 while every job failed.
+    let gpu = FakeGpu::new(IDLE);
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\nreload = \"on_demand\"\n{}\n",
+        fake_worker("w", "env = { FAKE_READY_META = '{\"protocol\":\"1\"}' }"),
+        gpu.config("")
+    );
+    let host = TestHost::start(&config).await;
+    wait_for("the load to fail", Duration::from_secs(20), || async {
+        host.worker("w").await["state"] == "exited"
+    })
+    .await;
+    let (id, _) = granted_lease(&host, json!({"holder": "bob", "wait": true, "ttl_s": 60})).await;
+    assert_eq!(release(&host, id).await, 200);
+    let w = host.worker("w").await;
+    assert_eq!(w["state"], "exited", "{w}");
+    assert!(w["last_error"].as_str().unwrap().contains("ready"), "{w}");
+    let r = host.get("/ready").send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    host.stop().await;
+}
