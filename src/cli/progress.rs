@@ -77,10 +77,8 @@ impl Progress {
                 self.line(&format!("  [{stage}] {line}"))
             }
             ClientEvent::Log { .. } => {}
-            ClientEvent::Error { code, message } => {
-                self.clear();
-                self.line(&format!("✗ {code}: {message}"))
-            }
+            // The command ends with the error as its own last line: said once, not twice.
+            ClientEvent::Error { .. } => self.clear(),
             ClientEvent::Result { .. } => self.clear(),
         }
     }
