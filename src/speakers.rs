@@ -40,8 +40,10 @@ pub enum SpeakerError {
 #[derive(Debug, Default)]
 struct Inner {
     voices: BTreeMap<String, Voice>,
-    /// How often each name was deleted: an enrolment that began before a deletion must not
-    /// bring the voice back when it ends.
+    /// Deletions so far, in all (the store's clock of deletions).
+    deleted: u64,
+    /// The value of `deleted` at each name's last deletion: an enrolment that began before it
+    /// must not bring the voice back when it ends.
     deletions: BTreeMap<String, u64>,
 }
 
@@ -70,7 +72,15 @@ impl Speakers {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with(TMP_PREFIX) {
-                let _ = std::fs::remove_file(&path);
+                // Only a stale one: a server using the same state folder (beside a one-shot
+                // command) may be writing a fresh one right now.
+                let stale = entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= STALE_TMP));
+                if stale {
+                    let _ = std::fs::remove_file(&path);
+                }
                 continue;
             }
             if !name.ends_with(".json") {
@@ -121,10 +131,10 @@ impl Speakers {
             .collect()
     }
 
-    /// Taken when an enrolment is accepted and given back to `add`: a deletion in between
-    /// wins.
-    pub fn generation(&self, name: &str) -> u64 {
-        self.lock().deletions.get(name).copied().unwrap_or(0)
+    /// Taken when an enrolment request comes in (before its body, which names the voice, is
+    /// read) and given back to `add`: a deletion of that name in between wins.
+    pub fn generation(&self) -> u64 {
+        self.lock().deleted
     }
 
     /// Whether a sample for `name` could be kept now (checked before the GPU does the work).
@@ -150,7 +160,7 @@ impl Speakers {
         let _writing = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let mut voice = {
             let inner = self.lock();
-            if inner.deletions.get(name).copied().unwrap_or(0) != generation {
+            if inner.deletions.get(name).is_some_and(|&at| at > generation) {
                 return Err(SpeakerError::DeletedMeanwhile(name.into()));
             }
             match inner.voices.get(name) {
@@ -205,7 +215,9 @@ impl Speakers {
         synced(&self.dir);
         let mut inner = self.lock();
         inner.voices.remove(name);
-        *inner.deletions.entry(name.into()).or_default() += 1;
+        inner.deleted += 1;
+        let at = inner.deleted;
+        inner.deletions.insert(name.into(), at);
         Ok(())
     }
 
@@ -216,10 +228,16 @@ impl Speakers {
     /// Writes the voice's file whole (temporary file, then rename), readable by its owner only.
     fn write(&self, voice: &Voice) -> std::io::Result<()> {
         use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)?;
+        if !self.dir.is_dir() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&self.dir)?;
+            // The new folder's entry in its parent survives a power cut too.
+            if let Some(parent) = self.dir.parent() {
+                synced(parent);
+            }
+        }
         let mut tmp = tempfile::Builder::new()
             .prefix(TMP_PREFIX)
             .tempfile_in(&self.dir)?;
@@ -250,6 +268,9 @@ fn synced(dir: &Path) {
 fn io_kind(e: &std::io::Error) -> String {
     e.kind().to_string()
 }
+
+/// Age from which a temporary file is a crash's leftover, not a write in progress.
+const STALE_TMP: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Files a write in progress goes to first.
 const TMP_PREFIX: &str = ".voice-";

@@ -49,13 +49,24 @@ pub struct Leases {
     next: AtomicU64,
 }
 
+/// The first lease id of this run: the start time in milliseconds. Leases live in memory, so
+/// ids counted from 1 again after a restart let a client of the old run renew (and release) a
+/// new holder's lease as its own; these stay apart while the clock does not go back, and below
+/// 2^53, so JavaScript clients read them exactly.
+fn first_id() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u64)
+        .clamp(1, 1 << 52)
+}
+
 impl Leases {
     pub fn new(cores: Vec<Arc<Core>>, main: usize) -> Leases {
         Leases {
             cores,
             main,
             table: Mutex::new(BTreeMap::new()),
-            next: AtomicU64::new(1),
+            next: AtomicU64::new(first_id()),
         }
     }
 

@@ -15,18 +15,38 @@ impl Core {
         self.unloaded.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Residents unloaded by the arbiter come back once no exclusive holder has or wants the GPU.
+    /// Residents unloaded by the arbiter come back once no exclusive holder has or wants the GPU:
+    /// all of them with `reload = "eager"`, else those that were failing when they were
+    /// unloaded (their restarts were paused for the holder; nothing else would resume them).
     pub(super) fn reload_if_free(&self) {
-        if self.config.reload != Reload::Eager || self.queue.exclusive_held() {
+        if self.queue.exclusive_held() {
             return;
         }
         if self.queue.head().is_some_and(|t| t.exclusive()) || self.queue.blocked().is_some() {
             return;
         }
-        let names = std::mem::take(&mut *self.lock_unloaded());
+        let eager = self.config.reload == Reload::Eager;
+        let failing = |name: &String| {
+            self.supervisor
+                .get(name)
+                .is_some_and(|h| h.status().state == WorkerState::Exited)
+        };
+        let names: Vec<String> = {
+            let mut unloaded = self.lock_unloaded();
+            let names: Vec<String> = unloaded
+                .iter()
+                .filter(|n| eager || failing(n))
+                .cloned()
+                .collect();
+            for name in &names {
+                unloaded.remove(name);
+            }
+            names
+        };
         for name in names {
             if let Some(handle) = self.supervisor.get(&name) {
                 tracing::info!(worker = %name, "reloading after the GPU was released");
+                let asked = std::time::Instant::now();
                 handle.load();
                 let event = self.queue.history.begin_event(
                     self.device,
@@ -36,8 +56,11 @@ impl Core {
                 let (queue, handle) = (Arc::clone(&self.queue), handle.clone());
                 tokio::spawn(async move {
                     handle
-                        .wait_for_state(|s| {
-                            s.state != WorkerState::Starting && s.state != WorkerState::Unloaded
+                        .wait_for_state(|s| match s.state {
+                            WorkerState::Starting | WorkerState::Unloaded => false,
+                            // Failing before it was asked: its answer is the next failure.
+                            WorkerState::Exited => s.state_since >= asked,
+                            _ => true,
                         })
                         .await;
                     queue.history.end_event(event);

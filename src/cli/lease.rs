@@ -141,7 +141,6 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     // Renew at a third of the TTL, so two missed renewals still keep the lease.
     let renew_url = base.join(&format!("gpu/lease/{lease_id}/renew"))?;
     let renewer = {
-        let request = authed(client.post(renew_url));
         // The TTL the server granted (its default when --ttl was left out), renewed at a third
         // of it but at least every 20 s: a server that restarted (leases live in its memory)
         // answers 404, and the program must not keep a GPU it no longer holds for long.
@@ -152,6 +151,9 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         };
         let every = Duration::from_secs_f64((ttl_s / 3.0).min(RENEW_AT_MOST));
         let ttl = Duration::from_secs_f64(ttl_s);
+        // Each renewal has its own deadline: a server that takes the connection and never
+        // answers must not hold the loop past the TTL check.
+        let request = authed(client.post(renew_url)).timeout(every.max(Duration::from_secs(1)));
         // Ends when the server says the lease is gone (404: it expired, someone released it, or
         // the server restarted), or when no renewal got through for a whole TTL (the server is
         // down or unreachable, and reclaims the lease after that long): the GPU is someone

@@ -99,7 +99,8 @@ pub(crate) async fn transcribe(
             super::print_result(&render(&result, args.format))?;
             Ok(ExitCode::SUCCESS)
         }
-        ClientEvent::Error { code, message } => bail!("{code}: {message}"),
+        // The message may carry a worker's stderr: shown, not passed to the terminal raw.
+        ClientEvent::Error { code, message } => bail!("{code}: {}", super::shown(&message)),
         _ => bail!("the job ended without a result"),
     }
 }

@@ -79,22 +79,25 @@ pub(super) async fn ready(
     }
     for s in app.supervisor.statuses() {
         let up = match s.mode {
-            crate::config::Mode::Resident => match s.state {
-                WorkerState::Ready | WorkerState::Busy => true,
-                // Unloaded while its GPU is free (idle, or by hand): the next job loads it, so
-                // jobs must keep coming (a 503 kept away the very job that would bring it
-                // back). Unloaded for a lease or a service that still holds the GPU, or behind
-                // a blocked queue: a job would only wait.
-                WorkerState::Unloaded => app
-                    .arbiter
-                    .core_for(s.device)
-                    .is_some_and(|core| core.busy_reason().is_none()),
-                _ => false,
-            },
+            // Unloaded (idle, by hand, or for a lease or service): a job loads it again, once
+            // the GPU is free; until then jobs wait in the queue like any other, which is what
+            // `max_queue` bounds (a 503 kept away the very job that would bring it back). A
+            // worker that was failing when it was unloaded stays `exited`.
+            crate::config::Mode::Resident => matches!(
+                s.state,
+                WorkerState::Ready | WorkerState::Busy | WorkerState::Unloaded
+            ),
             crate::config::Mode::Oneshot => s.state != WorkerState::Stopped,
         };
         if !up {
             reasons.push(format!("worker {} is {}", s.name, state_word(s.state)));
+        }
+    }
+    // A queue blocked on memory that never came back grants nothing until someone frees it:
+    // jobs there would not wait their turn, they would wait for a person.
+    for core in &app.arbiter.cores {
+        if let Some(why) = core.queue.blocked() {
+            reasons.push(format!("the GPU {} queue is blocked: {why}", core.device));
         }
     }
     let waiting = app.queue.waiting();
@@ -124,7 +127,7 @@ fn state_word(state: WorkerState) -> &'static str {
         WorkerState::Starting => "loading",
         WorkerState::Ready => "ready",
         WorkerState::Busy => "busy",
-        WorkerState::Exited => "down (restarting)",
+        WorkerState::Exited => "down after a failure",
         WorkerState::Idle => "idle",
         WorkerState::Unloaded => "unloaded",
         WorkerState::Stopped => "stopped",

@@ -96,6 +96,8 @@ pub(super) async fn enroll(
     request: Request,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let stage = voiceprint_stage(&app)?;
+    // Before the body: a DELETE of this name while the upload still comes in must win too.
+    let generation = app.speakers.generation();
     let (intake, request) = upload::FormIntake::begin(&app, request)?;
     let form = read_form(request, intake.dir(), intake.limits.max_bytes, &app)
         .await
@@ -103,7 +105,6 @@ pub(super) async fn enroll(
     let name = speakers::check_name(form.name.as_deref().unwrap_or(""))?;
     let cfg = &app.config.speakers;
     app.speakers.check_room(&name, cfg.max_voices)?;
-    let generation = app.speakers.generation(&name);
     // Up to 16 MiB of JSON to read (about ten times that in memory while parsed) and intersect:
     // not on a runtime thread, and no more at once than audio decodes.
     let (given, transcript, speaker) = (form.segments, form.transcript, form.speaker);

@@ -99,15 +99,20 @@ fn a_deletion_during_an_enrolment_wins() {
     let dir = tempfile::tempdir().unwrap();
     let store = Speakers::load(dir.path().to_path_buf());
     store.add("a", "m", sample(1.0), 0, (5, 5)).unwrap();
-    let taken = store.generation("a"); // an enrolment of `a` is accepted …
+    let taken = store.generation(); // an enrolment request comes in …
     store.delete("a").unwrap(); // … `a` is deleted while it runs …
     assert_eq!(
         store.add("a", "m", sample(1.0), taken, (5, 5)),
         Err(SpeakerError::DeletedMeanwhile("a".into()))
     );
     assert!(store.is_empty());
-    let fresh = store.generation("a");
+    let fresh = store.generation();
     store.add("a", "m", sample(1.0), fresh, (5, 5)).unwrap();
+    // A deletion of another name does not stop it.
+    store.add("b", "m", sample(1.0), fresh, (5, 5)).unwrap();
+    let taken = store.generation();
+    store.delete("b").unwrap();
+    store.add("a", "m", sample(2.0), taken, (5, 5)).unwrap();
 }
 
 #[test]
@@ -116,6 +121,15 @@ fn broken_files_and_leftovers_are_not_voices() {
     let store = Speakers::load(dir.path().to_path_buf());
     store.add("a", "m", sample(1.0), 0, (5, 5)).unwrap();
     std::fs::write(dir.path().join(".voice-half"), b"{").unwrap();
+    let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(dir.path().join(".voice-half"))
+        .unwrap()
+        .set_modified(an_hour_ago)
+        .unwrap();
+    // A write in progress (another process on the same state folder) is left alone.
+    std::fs::write(dir.path().join(".voice-fresh"), b"{").unwrap();
     let nan = r#"{"name":"b","model":"m","samples":[{"vector":[null],"seconds":1,"added":1}]}"#;
     std::fs::write(dir.path().join(file_name("b")), nan).unwrap();
     std::fs::write(
@@ -143,6 +157,7 @@ fn broken_files_and_leftovers_are_not_voices() {
         !dir.path().join(".voice-half").exists(),
         "a crash's leftover is removed"
     );
+    assert!(dir.path().join(".voice-fresh").exists());
     assert!(check_name("a\u{200B}b").is_err());
     assert!(check_name("..").is_err() && check_name(".").is_err());
     assert!(check_name("...").is_ok());

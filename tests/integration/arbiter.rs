@@ -1851,7 +1851,7 @@ async fn a_caller_joining_a_failed_starts_teardown_gets_a_start_of_its_own() {
 }
 
 #[tokio::test]
-async fn ready_tells_an_unloaded_worker_that_jobs_would_wait_for_from_one_they_would_reload() {
+async fn ready_counts_an_unloaded_worker_and_not_a_blocked_queue() {
     let gpu = FakeGpu::new(IDLE);
     let host = TestHost::start(&arbiter_config(
         &gpu,
@@ -1867,24 +1867,15 @@ async fn ready_tells_an_unloaded_worker_that_jobs_would_wait_for_from_one_they_w
             (r.status().as_u16(), r.text().await.unwrap())
         }
     };
-    // A lease holds the GPU (the resident was unloaded for it): a job would wait for the lease.
+    // Unloaded for a lease: jobs queue (bounded by max_queue) and reload it once the lease is
+    // gone, so the server stays ready.
     let (id, _) = granted_lease(&host, json!({"holder": "bob", "wait": true, "ttl_s": 60})).await;
     assert_eq!(host.worker("w").await["state"], "unloaded");
     let (code, body) = ready(&host).await;
-    assert_eq!(code, 503, "{body}");
-    assert!(body.contains("worker w is unloaded"), "{body}");
+    assert_eq!(code, 200, "{body}");
     assert_eq!(release(&host, id).await, 200);
-    wait_for(
-        "ready once the lease is gone",
-        Duration::from_secs(10),
-        || {
-            let host = &host;
-            async move { ready(host).await.0 == 200 }
-        },
-    )
-    .await;
-    // A service whose memory never comes back blocks the queue: unloaded behind the block, the
-    // worker is not ready either.
+    // A service whose memory never comes back blocks the queue: nothing is granted until a
+    // person frees it, so the server is not ready.
     let events = grant_events(host.post("/services/leaky/start").send().await.unwrap()).await;
     assert!(
         matches!(events.last(), Some(GrantEvent::Healthy { .. })),
@@ -1894,17 +1885,34 @@ async fn ready_tells_an_unloaded_worker_that_jobs_would_wait_for_from_one_they_w
     wait_status(&host, "the queue blocked", |s| s["decision"] == "busy").await;
     let (code, body) = ready(&host).await;
     assert_eq!(code, 503, "{body}");
+    assert!(body.contains("queue is blocked"), "{body}");
     host.stop().await;
 }
 
 #[tokio::test]
-async fn a_failing_worker_unloaded_for_a_lease_stays_failed() {
-    // Its load fails (a ready line gpuhost cannot read): unloaded to make room, it was called
-    // `unloaded` and /ready said 200 while every job failed.
+async fn a_failing_worker_unloaded_for_a_lease_stays_failed_and_is_retried_after_it() {
+    // Its load fails until a flag file exists. Unloaded to make room, it read `unloaded` (and
+    // ready) while every job failed; kept `exited`, nothing retried it with on_demand reload.
     let gpu = FakeGpu::new(IDLE);
+    let flag = tempfile::tempdir().unwrap();
+    let ok = flag.path().join("ok");
+    let script = format!(
+        "[ -e {ok} ] || {{ echo not yet >&2; exit 2; }}; exec {py} {fake} w",
+        ok = ok.display(),
+        py = python(),
+        fake = fixture("fake_worker.py").display()
+    );
+    let worker = fake_worker("w", "").replace(
+        &format!(
+            "command = [{:?}, {:?}, \"w\"]",
+            python(),
+            fixture("fake_worker.py").display().to_string()
+        ),
+        &format!("command = [\"sh\", \"-c\", {script:?}]"),
+    );
+    assert!(worker.contains("\"sh\""), "{worker}");
     let config = format!(
-        "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\nreload = \"on_demand\"\n{}\n",
-        fake_worker("w", "env = { FAKE_READY_META = '{\"protocol\":\"1\"}' }"),
+        "[pipeline]\nstages = [\"w\"]\n{worker}\n[arbiter]\nteardown_timeout_s = 3\nreload = \"on_demand\"\n{}\n",
         gpu.config("")
     );
     let host = TestHost::start(&config).await;
@@ -1913,11 +1921,46 @@ async fn a_failing_worker_unloaded_for_a_lease_stays_failed() {
     })
     .await;
     let (id, _) = granted_lease(&host, json!({"holder": "bob", "wait": true, "ttl_s": 60})).await;
-    assert_eq!(release(&host, id).await, 200);
     let w = host.worker("w").await;
     assert_eq!(w["state"], "exited", "{w}");
-    assert!(w["last_error"].as_str().unwrap().contains("ready"), "{w}");
-    let r = host.get("/ready").send().await.unwrap();
-    assert_eq!(r.status(), 503);
+    assert_eq!(host.get("/ready").send().await.unwrap().status(), 503);
+    std::fs::write(&ok, "").unwrap(); // the cause is gone
+    assert_eq!(release(&host, id).await, 200);
+    // Its restarts were paused for the lease and resume after it, on_demand or not.
+    wait_for("the worker back", Duration::from_secs(20), || async {
+        host.worker("w").await["state"] == "ready"
+    })
+    .await;
+    assert_eq!(host.get("/ready").send().await.unwrap().status(), 200);
     host.stop().await;
+}
+
+#[tokio::test]
+async fn a_lease_id_of_an_earlier_run_is_nobody_elses() {
+    // Ids counted from 1 in every run: after a restart, alice's client renewed (and at its end
+    // released) bob's lease, which had her old id.
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(&gpu, "");
+    let first = TestHost::start(&config).await.ready().await;
+    let (alice, _) = granted_lease(
+        &first,
+        json!({"holder": "alice", "vram_mib": 100, "wait": true}),
+    )
+    .await;
+    first.stop().await;
+    let second = TestHost::start(&config).await.ready().await;
+    let (bob, _) = granted_lease(
+        &second,
+        json!({"holder": "bob", "vram_mib": 100, "wait": true}),
+    )
+    .await;
+    assert_ne!(alice, bob);
+    let renew = second
+        .post(&format!("/gpu/lease/{alice}/renew"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(renew.status(), 404, "alice renewed bob's lease");
+    assert!(bob < 1 << 53, "ids stay exact in JavaScript: {bob}");
+    second.stop().await;
 }

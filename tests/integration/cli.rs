@@ -547,3 +547,35 @@ async fn a_stderr_nobody_reads_does_not_stop_the_server() {
     server.start_kill().unwrap();
     let _ = server.wait().await;
 }
+
+#[tokio::test]
+async fn a_failed_jobs_message_reaches_the_terminal_escaped() {
+    // The job's error carries the worker's stderr tail: its last line printed it raw (escape
+    // sequences that retitle or clear the terminal).
+    let host = TestHost::start(&format!(
+        "[pipeline]\nstages = [\"w\"]\n{}",
+        fake_worker(
+            "w",
+            "env = { FAKE_NAME = \"\\u001b]0;pwned\\u0007\\u001b[2J\" }\n"
+        )
+    ))
+    .await
+    .ready()
+    .await;
+    let url = host.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+            .args(["transcribe", "--server", &url, "--language", "fake:crash"])
+            .env_remove("GPUHOST_TOKEN")
+            .arg(fixture("audio/tone.mp3"))
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("worker_crashed"), "{err}");
+    assert!(!err.contains('\u{1b}'), "raw escape sequences: {err:?}");
+    host.stop().await;
+}

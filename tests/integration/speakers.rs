@@ -2,6 +2,8 @@
 //! voiceprints kept in the state folder (owner-only, gone on DELETE, back after a restart), handed
 //! to the diarizer stage only, and every mistake answered with a status and what to do.
 
+use std::time::Duration;
+
 use reqwest::multipart::{Form, Part};
 use serde_json::{json, Value};
 
@@ -278,5 +280,62 @@ async fn the_command_line_enrols_lists_and_deletes() {
     let again = gpuhost(&["delete", "Dana Kim"]).await.unwrap();
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("404"));
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_deletion_while_an_enrolment_still_uploads_wins() {
+    // The deletion was checked against the name's state once the whole form was read: a DELETE
+    // that came while the sample still uploaded answered 200, then the enrolment brought the
+    // voice back.
+    let temp = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "{}\n[limits]\ntemp_dir = {:?}\n",
+        config(r#"{"voiceprints":"fake-embed"}"#),
+        temp.path().display().to_string()
+    );
+    let host = TestHost::start(&toml).await.ready().await;
+    assert_eq!(enroll(&host, form("Ann", 3.0)).await.0, 201);
+    let audio = wav(3.0, 16000, 1);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
+    let body = reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let upload = Form::new()
+        .text("name", "Ann")
+        .part("file", Part::stream(body).file_name("v.wav"));
+    let request = host.post("/speakers").multipart(upload);
+    let enrolment = tokio::spawn(async move {
+        let r = request.send().await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    });
+    tx.send(Ok(audio[..1000].to_vec())).await.unwrap();
+    // The request is in: its job folder exists.
+    wait_for("the upload to begin", Duration::from_secs(10), || {
+        let dir = temp.path().to_path_buf();
+        async move {
+            std::fs::read_dir(&dir)
+                .map(|d| {
+                    d.flatten()
+                        .any(|e| e.file_name().to_string_lossy().starts_with("gpuhost-job-"))
+                })
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    let deleted = host
+        .client()
+        .delete(format!("{}/speakers/Ann", host.url))
+        .bearer_auth("secret")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 200);
+    tx.send(Ok(audio[1000..].to_vec())).await.unwrap();
+    drop(tx);
+    let (status, body) = enrolment.await.unwrap();
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        listed(&host).await.is_empty(),
+        "the deleted voice came back"
+    );
     host.stop().await;
 }
