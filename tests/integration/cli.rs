@@ -564,7 +564,7 @@ async fn a_failed_jobs_message_reaches_the_terminal_escaped() {
     .await;
     let url = host.url.clone();
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"))
+        gpuhost()
             .args(["transcribe", "--server", &url, "--language", "fake:crash"])
             .env_remove("GPUHOST_TOKEN")
             .arg(fixture("audio/tone.mp3"))
