@@ -181,6 +181,26 @@ async fn run_job(
             _ = tx.closed() => return, // dropping the waiter leaves the queue
         }
     };
+    // Its stages' workers pinned to other GPUs: those GPUs' queues too, after this one and in
+    // the order of their indices (every job takes them in the same order: no two wait on each
+    // other), so a lease or service there is never run beside them.
+    let mut pinned = Vec::new();
+    for core in pinned_cores(&app, &job.stages) {
+        let waiter = core
+            .queue
+            .try_enqueue(crate::arbiter::queue::Ticket::job(job.priority), usize::MAX)
+            .expect("an unbounded queue is never full");
+        if let Some(position) = waiter.position() {
+            let _ = tx.try_send(ClientEvent::Queued {
+                position,
+                waiting_for: core.queue.waiting_for(),
+            });
+        }
+        tokio::select! {
+            permit = waiter.granted() => pinned.push(permit),
+            _ = tx.closed() => return,
+        }
+    }
     let started = std::time::Instant::now();
     let extra = fields::stage_fields(&app, &job);
     let input = crate::pipeline::JobInput {
@@ -192,6 +212,7 @@ async fn run_job(
         extra: &extra,
     };
     let outcome = app.pipeline.run(input, &tx).await;
+    drop(pinned);
     drop(permit);
     app.stats.record(&outcome, started.elapsed());
     let last = match outcome {
@@ -229,4 +250,21 @@ pub fn finish_result(mut result: Value, job: &PreparedJob) -> Value {
         "source_channels": job.info.source_channels,
     });
     result
+}
+
+/// The cores of the GPUs other than `[gpu] device` that `stages`' workers are pinned to, by
+/// index.
+fn pinned_cores(app: &AppState, stages: &[String]) -> Vec<std::sync::Arc<crate::arbiter::Core>> {
+    let main = app.arbiter.core().device;
+    let mut devices: Vec<u32> = stages
+        .iter()
+        .filter_map(|s| app.supervisor.get(s).map(|w| w.status().device))
+        .filter(|&d| d != main)
+        .collect();
+    devices.sort_unstable();
+    devices.dedup();
+    devices
+        .into_iter()
+        .filter_map(|d| app.arbiter.core_for(d).cloned())
+        .collect()
 }

@@ -1947,3 +1947,55 @@ async fn a_lease_id_of_an_earlier_run_is_nobody_elses() {
     assert!(bob < 1 << 53, "ids stay exact in JavaScript: {bob}");
     second.stop().await;
 }
+
+#[tokio::test]
+async fn a_job_whose_worker_is_pinned_to_another_gpu_waits_for_that_gpus_lease() {
+    // Jobs queued on [gpu] device only: a lease holding GPU 1 (its resident unloaded for it)
+    // did not stop a job from loading the GPU 1 worker beside it.
+    let gpu = FakeGpu::new(
+        "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\ngpu: NVIDIA RTX A4000, 0, 300, 16376, 35, 20.0\n",
+    );
+    let config = format!(
+        "[gpu]\ndevices = [0, 1]\n[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
+        fake_worker("w", "device = 1\n"),
+        gpu.config("")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let (id, _) = granted_lease(
+        &host,
+        json!({"holder": "y", "device": 1, "wait": true, "ttl_s": 60}),
+    )
+    .await;
+    assert_eq!(host.worker("w").await["state"], "unloaded");
+    let job = {
+        let request = host.post("/transcribe").body(wav(0.2, 16000, 1));
+        tokio::spawn(async move { read_events(request.send().await.unwrap()).await })
+    };
+    // It waits in GPU 1's queue, behind the lease.
+    wait_for(
+        "the job in GPU 1's queue",
+        Duration::from_secs(10),
+        || async {
+            host.get_json("/gpu/leases").await["devices"][1]["waiting"]
+                .as_array()
+                .is_some_and(|w| !w.is_empty())
+        },
+    )
+    .await;
+    assert!(!job.is_finished());
+    assert_eq!(
+        host.worker("w").await["state"],
+        "unloaded",
+        "loaded under the lease"
+    );
+    assert_eq!(release(&host, id).await, 200);
+    let events = job.await.unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, gpuhost::protocol::ClientEvent::Queued { .. })),
+        "{events:?}"
+    );
+    result_of(&events);
+    host.stop().await;
+}
