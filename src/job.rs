@@ -19,8 +19,8 @@ mod probe;
 mod request;
 
 pub use folders::{
-    free_bytes, job_dir, job_dir_for, out_of_room, redact, room_for, sweep_stale, temp_dir_usable,
-    NoSpace,
+    free_bytes, is_disk_full, job_dir, job_dir_for, out_of_room, redact, room_for, sweep_stale,
+    temp_dir_usable, NoSpace, DISK_FULL,
 };
 pub use probe::TempProbe;
 pub use request::{accept_options, options_for_stages_run, select_stages};
@@ -258,7 +258,7 @@ fn pinned_cores(app: &AppState, stages: &[String]) -> Vec<std::sync::Arc<crate::
     let main = app.arbiter.core().device;
     let mut devices: Vec<u32> = stages
         .iter()
-        .filter_map(|s| app.supervisor.get(s).map(|w| w.status().device))
+        .filter_map(|s| app.supervisor.get(s).map(|w| w.device()))
         .filter(|&d| d != main)
         .collect();
     devices.sort_unstable();

@@ -7,7 +7,6 @@ use std::time::Duration;
 use prometheus_client::metrics::histogram::Histogram;
 
 use crate::pipeline::PipelineError;
-use crate::worker::{FailureKind, TaskError};
 
 /// Upper bounds (seconds) of the job-duration histogram buckets.
 pub const BUCKETS: [f64; 10] = [0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0];
@@ -45,14 +44,9 @@ impl JobStats {
         match outcome {
             Ok(_) => self.succeeded.fetch_add(1, Ordering::Relaxed),
             Err(PipelineError::Cancelled) => self.cancelled.fetch_add(1, Ordering::Relaxed),
-            Err(PipelineError::Stage {
-                source:
-                    TaskError::Failed {
-                        kind: FailureKind::Refused,
-                        ..
-                    },
-                ..
-            }) => self.refused.fetch_add(1, Ordering::Relaxed),
+            Err(PipelineError::Stage { source, .. }) if source.is_refusal() => {
+                self.refused.fetch_add(1, Ordering::Relaxed)
+            }
             Err(_) => self.failed.fetch_add(1, Ordering::Relaxed),
         };
         self.busy_micros

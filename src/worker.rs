@@ -184,6 +184,26 @@ impl FailureKind {
 }
 
 impl TaskError {
+    /// The task failed as the worker's `error` signal says.
+    pub(crate) fn failed(worker: &str, failure: crate::protocol::TaskFailure) -> TaskError {
+        TaskError::Failed {
+            worker: worker.to_string(),
+            kind: FailureKind::of(failure.kind.as_deref()),
+            message: failure.message,
+        }
+    }
+
+    /// The worker declined what the task asked: the client's to change, not a failure.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            TaskError::Failed {
+                kind: FailureKind::Refused,
+                ..
+            }
+        )
+    }
+
     /// Machine-readable code for the NDJSON `error` event.
     pub fn code(&self) -> ErrorCode {
         match self {
@@ -229,6 +249,11 @@ impl WorkerHandle {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The GPU it runs on (fixed by its config), without a copy of the whole status.
+    pub fn device(&self) -> u32 {
+        self.status.borrow().device
     }
 
     pub fn status(&self) -> WorkerStatus {

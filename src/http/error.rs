@@ -54,12 +54,11 @@ impl ApiError {
     /// 507 for an I/O error that is the disk or the quota being full (ENOSPC, EDQUOT), whatever
     /// wrote.
     pub fn disk_full(e: &std::io::Error) -> Option<ApiError> {
-        matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)).then(|| {
+        crate::job::is_disk_full(e).then(|| {
             ApiError::new(
                 StatusCode::INSUFFICIENT_STORAGE,
                 "insufficient_storage",
-                "the server's temp dir is full (no space left on device, or the quota is used up): try again once running \
-                 jobs have finished",
+                crate::job::DISK_FULL,
             )
         })
     }

@@ -89,22 +89,13 @@ pub(super) async fn lease(
         // `wait`; anything else starts the stream.
         let first = rx.recv().await;
         if let Some(GrantEvent::Error { code, message }) = &first {
-            match code.as_str() {
-                "queue_full" => {
-                    return Err(ApiError::new(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        "queue_full",
-                        message.clone(),
-                    ))
-                }
-                "no_room" => {
-                    return Err(ApiError::new(
-                        StatusCode::CONFLICT,
-                        "no_room",
-                        message.clone(),
-                    ))
-                }
-                _ => {}
+            let refused = match code.as_str() {
+                "queue_full" => Some((StatusCode::TOO_MANY_REQUESTS, "queue_full")),
+                "no_room" => Some((StatusCode::CONFLICT, "no_room")),
+                _ => None,
+            };
+            if let Some((status, code)) = refused {
+                return Err(ApiError::new(status, code, message.clone()));
             }
         }
         return Ok(super::ndjson::from_first_and_channel(

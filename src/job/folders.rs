@@ -97,6 +97,15 @@ impl std::fmt::Display for NoSpace {
 
 impl std::error::Error for NoSpace {}
 
+/// Whether a failed write is the disk, or the user's quota, being full (ENOSPC, EDQUOT).
+pub fn is_disk_full(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+/// What a client is told when a write of the server's own found the disk full.
+pub const DISK_FULL: &str = "the server's temp dir is full (no space left on device, or the \
+                             quota is used up): try again once running jobs have finished";
+
 /// Bytes an unprivileged writer may still write on the filesystem holding `path` (`None`: it
 /// cannot be told, and nothing is refused for it).
 pub fn free_bytes(path: &std::path::Path) -> Option<u64> {

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lines::{next_line_opt as recv_opt, LineReader};
-use super::{FailureKind, TaskError};
+use super::TaskError;
 use crate::config::{Mode, WorkerSpec};
 use crate::process::{describe_exit, spawn_worker, ProcessGroup};
 use crate::protocol::{ReadyInfo, Signal, TaskLine, WorkerEvent};
@@ -193,11 +193,7 @@ impl Session {
                         if phase == Phase::Cancelling {
                             return Err(TaskError::Cancelled { worker: self.name.clone(), killed: false });
                         }
-                        return Err(TaskError::Failed {
-                            worker: self.name.clone(),
-                            kind: FailureKind::of(failure.kind.as_deref()),
-                            message: failure.message,
-                        });
+                        return Err(TaskError::failed(&self.name, failure));
                     }
                     Some(_) => tracing::warn!(worker = %self.name, line = line.as_deref().unwrap_or(""),
                         "unexpected stdout line ignored (stdout is for signals only)"),
@@ -284,11 +280,7 @@ impl Session {
                 }
                 Signal::Error(failure) if phase != Phase::Cancelling => {
                     self.drain_stderr(events);
-                    return Err(TaskError::Failed {
-                        worker: self.name.clone(),
-                        kind: FailureKind::of(failure.kind.as_deref()),
-                        message: failure.message,
-                    });
+                    return Err(TaskError::failed(&self.name, failure));
                 }
                 _ => {}
             }

@@ -31,12 +31,10 @@ impl Refusal {
 
     /// A failed write of the server's own (`what`: "store the audio").
     pub(super) fn io(what: &str, e: &std::io::Error) -> Refusal {
-        if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+        if job::is_disk_full(e) {
             return Refusal {
                 code: "insufficient_storage",
-                text: "the server's temp dir is full (no space left on device, or the quota is used up): try again once \
-                       running jobs have finished"
-                    .into(),
+                text: job::DISK_FULL.into(),
             };
         }
         Refusal {

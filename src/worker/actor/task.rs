@@ -4,7 +4,7 @@
 use super::{defer, Actor, Interrupted, Life, Reply};
 use crate::config::{Fallback, Mode};
 use crate::worker::session::TaskLimits;
-use crate::worker::{FailureKind, TaskError, TaskRequest, WorkerState};
+use crate::worker::{TaskError, TaskRequest, WorkerState};
 
 impl Actor {
     /// Runs one task, loading the worker first when needed. `Err` means a `Stop` came meanwhile.
@@ -94,10 +94,7 @@ impl Actor {
             Ok(_) => s.tasks_done += 1,
             Err(TaskError::Cancelled { .. }) => s.tasks_cancelled += 1,
             // The client's to change: no failure of the worker, and no `last_error` of its.
-            Err(TaskError::Failed {
-                kind: FailureKind::Refused,
-                ..
-            }) => s.tasks_refused += 1,
+            Err(e) if e.is_refusal() => s.tasks_refused += 1,
             Err(e) => {
                 s.tasks_failed += 1;
                 s.last_error = Some(e.to_string());
