@@ -75,11 +75,13 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::extract::DefaultBodyLimit::disable())
         // Requests on the spare connections: the probes, or a 503 (drained like any refusal).
         .layer(middleware::from_fn(spare::probes_only))
-        // Outermost: every refusal, the token check's and the browser defences' included.
+        // Every refusal, the token check's and the browser defences' included.
         .layer(middleware::from_fn_with_state(
             state.clone(),
             drain::refused,
         ))
+        // Outermost: `/v1/…` refusals in OpenAI's shape, whichever layer made them.
+        .layer(middleware::from_fn(openai::shape_refusals))
         .with_state(state)
 }
 

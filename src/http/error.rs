@@ -102,6 +102,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let refused = Refused {
+            code: self.code,
+            message: self.message.clone(),
+        };
         let body = Json(ErrorBody {
             error: self.code.to_string(),
             message: self.message,
@@ -119,8 +123,17 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderValue::from_static("Bearer"),
             );
         }
+        response.extensions_mut().insert(refused);
         response
     }
+}
+
+/// Marks a response made from an [`ApiError`], so that a layer can answer it in another shape
+/// (the OpenAI endpoints' errors: `openai::shape_refusals`) whichever layer refused.
+#[derive(Debug, Clone)]
+pub struct Refused {
+    pub code: &'static str,
+    pub message: String,
 }
 
 impl From<crate::protocol::OptionsError> for ApiError {

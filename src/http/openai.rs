@@ -30,14 +30,41 @@ impl From<ApiError> for OpenAiError {
     }
 }
 
+/// OpenAI's error body for a refusal of `status`.
+fn openai_body(status: axum::http::StatusCode, code: &str, message: &str) -> Value {
+    let kind = if status.is_client_error() {
+        "invalid_request_error"
+    } else {
+        "server_error"
+    };
+    json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+}
+
+/// Answers in OpenAI's shape what another layer refused on `/v1/…` (the token check, the
+/// browser defences, a wrong method or path, a drained connection), as the handlers' own
+/// errors are: OpenAI clients read `error.message`. Status and headers stay as they were.
+pub(super) async fn shape_refusals(request: Request, next: axum::middleware::Next) -> Response {
+    let openai = request.uri().path().starts_with("/v1/");
+    let mut response = next.run(request).await;
+    if !openai {
+        return response;
+    }
+    let Some(refused) = response.extensions_mut().remove::<super::error::Refused>() else {
+        return response;
+    };
+    let body = openai_body(response.status(), refused.code, &refused.message);
+    let (mut parts, _) = response.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    Response::from_parts(parts, axum::body::Body::from(body.to_string()))
+}
+
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        let kind = if self.0.status.is_client_error() {
-            "invalid_request_error"
-        } else {
-            "server_error"
-        };
-        let body = json!({"error": {"message": self.0.message, "type": kind, "param": null, "code": self.0.code}});
+        let body = openai_body(self.0.status, self.0.code, &self.0.message);
         let mut response = (self.0.status, Json(body)).into_response();
         if let Some(seconds) = self.0.retry_after {
             response.headers_mut().insert(

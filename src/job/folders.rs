@@ -179,20 +179,31 @@ pub fn sweep_stale(temp_dir: &std::path::Path) -> usize {
     removed
 }
 
-/// Whether job folders can be made in `temp_dir` now (it exists, is writable, has room for a
-/// small file). `Err` says why not. (`limits.min_free_bytes` is not asked here: `/health` and
-/// `/ready` stay up while uploads are refused for want of room.)
+/// Whether job folders can be made in `temp_dir` now (it exists or can be made, as a job makes
+/// it; it is writable and has room for a small file). `Err` says why not.
+/// (`limits.min_free_bytes` is not asked here: `/health` and `/ready` stay up while uploads are
+/// refused for want of room.)
 pub fn temp_dir_usable(temp_dir: &std::path::Path) -> Result<(), String> {
     use std::io::Write;
-    let mut probe = tempfile::Builder::new()
-        .prefix(".gpuhost-probe-")
-        .tempfile_in(temp_dir)
-        .map_err(|e| {
-            format!(
-                "cannot create files in the temp dir (limits.temp_dir): {}",
-                e.kind()
-            )
-        })?;
+    let make = || {
+        tempfile::Builder::new()
+            .prefix(".gpuhost-probe-")
+            .tempfile_in(temp_dir)
+    };
+    let mut probe = match make() {
+        // Missing (a first start, a tmp cleaner): made, as `job_dir_in` does. Calling it
+        // unusable kept `/ready` at 503, so no job came to make it.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(temp_dir).and_then(|()| make())
+        }
+        made => made,
+    }
+    .map_err(|e| {
+        format!(
+            "cannot create files in the temp dir (limits.temp_dir): {}",
+            e.kind()
+        )
+    })?;
     probe
         .write_all(&[0u8; 4096])
         .and_then(|()| probe.as_file().sync_data())

@@ -77,23 +77,35 @@ mod tests {
     #[tokio::test]
     async fn says_why_without_the_path_and_sees_a_repair_within_a_second() {
         let dir = tempfile::tempdir().unwrap();
-        let gone = dir.path().join("secret-place");
-        let probe = TempProbe::new(gone.clone());
+        // Under a file: it cannot be made (a missing temp dir that can be made is usable).
+        let blocker = dir.path().join("a-file");
+        std::fs::write(&blocker, b"").unwrap();
+        let probe = TempProbe::new(blocker.join("secret-place"));
         let why = probe.check().await.unwrap_err();
         assert!(!why.contains("secret-place"), "{why}");
         assert!(why.contains("limits.temp_dir"), "{why}");
-        std::fs::create_dir(&gone).unwrap();
+        std::fs::remove_file(&blocker).unwrap();
         // The answer is kept for a second, then probed again.
         assert!(probe.check().await.is_err());
         probe.lock().answer.as_mut().unwrap().0 -= FRESH;
         assert_eq!(probe.check().await, Ok(()));
+        assert!(blocker.join("secret-place").is_dir());
+    }
+
+    #[tokio::test]
+    async fn a_missing_temp_dir_is_made_as_a_job_would_make_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("not").join("yet");
+        assert_eq!(TempProbe::new(missing.clone()).check().await, Ok(()));
+        assert!(missing.is_dir());
     }
 
     #[tokio::test]
     async fn a_caller_that_goes_away_does_not_freeze_the_answer() {
         let dir = tempfile::tempdir().unwrap();
-        let gone = dir.path().join("not-yet");
-        let probe = TempProbe::new(gone.clone());
+        let blocker = dir.path().join("a-file");
+        std::fs::write(&blocker, b"").unwrap();
+        let probe = TempProbe::new(blocker.join("not-yet"));
         // Polled once (the probe starts), then dropped.
         let mut started = Box::pin(probe.check());
         assert!(futures_util::poll!(&mut started).is_pending());

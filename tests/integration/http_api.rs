@@ -62,6 +62,45 @@ async fn auth_matrix() {
             .body(wav(0.2, 16000, 1));
         assert_eq!(right.send().await.unwrap().status(), 200, "{method} {path}");
     }
+    // `/v1/…` refusals come in OpenAI's shape, whichever layer made them (OpenAI clients read
+    // `error.message`); the status and headers stay.
+    let openai = |r: reqwest::Response, status: u16, code: &'static str| async move {
+        assert_eq!(r.status().as_u16(), status);
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["code"], code, "{body}");
+        assert!(
+            !body["error"]["message"].as_str().unwrap().is_empty(),
+            "{body}"
+        );
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    };
+    let v1 = url("/v1/audio/transcriptions");
+    let none = plain
+        .post(&v1)
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(none.headers()["www-authenticate"], "Bearer");
+    openai(none, 401, "unauthorized").await;
+    let get = plain
+        .get(&v1)
+        .bearer_auth("s3cret-token")
+        .send()
+        .await
+        .unwrap();
+    openai(get, 405, "method_not_allowed").await;
+    let elsewhere = plain
+        .post(&v1)
+        .bearer_auth("s3cret-token")
+        .header("origin", "http://evil.example")
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    openai(elsewhere, 403, "cross_site_request").await;
+    let unknown = plain.get(url("/v1/models/x")).bearer_auth("s3cret-token");
+    openai(unknown.send().await.unwrap(), 404, "not_found").await;
     host.stop().await;
 }
 
