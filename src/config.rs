@@ -18,7 +18,7 @@ mod wyoming;
 
 pub use gpu::{GpuBackendChoice, GpuConfig, GpuStatusConfig, WatchConfig, WatchRelease};
 pub use http::HttpConfig;
-pub use pipeline::{AudioConfig, LimitsConfig, PipelineConfig};
+pub use pipeline::{AudioConfig, LimitsConfig, PipelineConfig, WORKS_ON};
 pub use service::{ArbiterConfig, Fallback, Reload, ServiceConfig};
 pub use speakers::SpeakersConfig;
 pub use worker::{Mode, SetupConfig, WorkerConfig, WorkerSpec};

@@ -6,6 +6,10 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+/// Stages that work on another's result (the aligner aligns the ASR's words): the pipeline must
+/// run that one first, and a request may not ask for the one without the other.
+pub const WORKS_ON: &[(&str, &str)] = &[("aligner", "asr")];
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PipelineConfig {
@@ -44,6 +48,7 @@ impl PipelineConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), String> {
+        self.inputs_first()?;
         for (stage, needs) in self.needs.iter().flatten() {
             let at = self.stages.iter().position(|s| s == stage).ok_or_else(|| {
                 format!("[pipeline] needs names `{stage}`, which is not in [pipeline] stages")
@@ -77,6 +82,43 @@ impl PipelineConfig {
             if let Some(twice) = group.iter().find(|name| !seen.insert(name.as_str())) {
                 return Err(format!(
                     "[pipeline] parallel names `{twice}` more than once"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PipelineConfig {
+    /// Each stage of [`WORKS_ON`] has its input before it: in `stages`, in an earlier parallel
+    /// group, and among its `needs` when it names any. (Without it, every job failed in the
+    /// worker with its traceback.)
+    fn inputs_first(&self) -> Result<(), String> {
+        let position = |name: &str| self.stages.iter().position(|s| s == name);
+        for (stage, input) in WORKS_ON {
+            let Some(at) = position(stage) else {
+                continue;
+            };
+            if !position(input).is_some_and(|i| i < at) {
+                return Err(format!(
+                    "[pipeline] stages: `{stage}` works on the `{input}` stage's result, so \
+                     `{input}` must come before it (stages = [\"diarizer\", \"{input}\", \"{stage}\"])"
+                ));
+            }
+            let together = self.parallel_groups().into_iter().any(|group| {
+                group.iter().any(|g| g == stage) && group.iter().any(|g| g == input)
+            });
+            if together {
+                return Err(format!(
+                    "[pipeline] parallel: `{stage}` works on the `{input}` stage's result, so it \
+                     cannot run beside it"
+                ));
+            }
+            let needs = self.needs.as_ref().and_then(|n| n.get(*stage));
+            if needs.is_some_and(|n| !n.iter().any(|x| x == input)) {
+                return Err(format!(
+                    "[pipeline] needs: `{stage}` works on the `{input}` stage's result, so its \
+                     needs must include `{input}`"
                 ));
             }
         }

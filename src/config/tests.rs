@@ -110,7 +110,7 @@ fn parallel_groups_default_and_checks() {
         ("parallel = [[\"asr\", \"ocr\"]]", "`ocr`"),
         ("parallel = [[\"diarizer\", \"aligner\"]]", "consecutive"),
         (
-            "parallel = [[\"diarizer\", \"asr\"], [\"asr\", \"aligner\"]]",
+            "parallel = [[\"diarizer\", \"asr\"], [\"diarizer\", \"asr\"]]",
             "more than once",
         ),
     ] {
@@ -128,6 +128,13 @@ fn needs_default_and_checks() {
         ("needs = { ocr = [\"asr\"] }", "`ocr`"),
         ("needs = { asr = [\"aligner\"] }", "not `aligner`"),
         ("needs = { asr = [\"asr\"] }", "not `asr`"),
+        ("needs = { aligner = [\"diarizer\"] }", "must include `asr`"),
+        ("stages = [\"aligner\"]", "`asr` must come before it"),
+        ("stages = [\"diarizer\", \"aligner\", \"asr\"]", "`asr` must come before it"),
+        (
+            "stages = [\"asr\", \"aligner\"]\nparallel = [[\"asr\", \"aligner\"]]",
+            "cannot run beside it",
+        ),
     ] {
         let err = Config::from_toml(&format!("[pipeline]\n{toml}\n"), ".".into()).unwrap_err();
         assert!(err.to_string().contains(says), "{toml}: {err}");

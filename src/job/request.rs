@@ -6,9 +6,9 @@ use crate::pipeline::JobOptions;
 use crate::protocol::OptionsError;
 use crate::AppState;
 
-/// Stages that work on another's result (the aligner aligns the ASR's words): asked for without
-/// it, when the pipeline has it, the request is refused before it waits in the queue.
-const WORKS_ON: &[(&str, &str)] = &[("aligner", "asr")];
+/// Stages that work on another's result: asked for without it, the request is refused before it
+/// waits in the queue.
+use crate::config::WORKS_ON;
 
 /// The stages a request runs, in pipeline order: all of them when `requested` is absent or
 /// blank, else the named ones (comma-separated), each known, at least one, and none without
