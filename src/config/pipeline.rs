@@ -105,9 +105,10 @@ impl PipelineConfig {
                      `{input}` must come before it (stages = [\"diarizer\", \"{input}\", \"{stage}\"])"
                 ));
             }
-            let together = self.parallel_groups().into_iter().any(|group| {
-                group.iter().any(|g| g == stage) && group.iter().any(|g| g == input)
-            });
+            let together = self
+                .parallel_groups()
+                .into_iter()
+                .any(|group| group.iter().any(|g| g == stage) && group.iter().any(|g| g == input));
             if together {
                 return Err(format!(
                     "[pipeline] parallel: `{stage}` works on the `{input}` stage's result, so it \

@@ -130,7 +130,10 @@ fn needs_default_and_checks() {
         ("needs = { asr = [\"asr\"] }", "not `asr`"),
         ("needs = { aligner = [\"diarizer\"] }", "must include `asr`"),
         ("stages = [\"aligner\"]", "`asr` must come before it"),
-        ("stages = [\"diarizer\", \"aligner\", \"asr\"]", "`asr` must come before it"),
+        (
+            "stages = [\"diarizer\", \"aligner\", \"asr\"]",
+            "`asr` must come before it",
+        ),
         (
             "stages = [\"asr\", \"aligner\"]\nparallel = [[\"asr\", \"aligner\"]]",
             "cannot run beside it",

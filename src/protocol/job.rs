@@ -39,13 +39,7 @@ pub enum OptionsError {
     BadLanguage,
     #[error("`prompt` is longer than {max} bytes (limits.max_field_bytes)")]
     PromptTooLong { max: usize },
-    #[error(
-        "language `{language}` is not supported by the `{stage}` worker: {model} knows {} only. \
-         Leave `language` out, or give the `{stage}` worker a multilingual model (for the asr \
-         worker: `engine = \"base\"` under [workers.asr] on CPU, or `engine = \"cuda\"` with any \
-         Whisper model)",
-        .known.join(", ")
-    )]
+    #[error("{}", unsupported_language(.language, .stage, .model, .known))]
     UnsupportedLanguage {
         language: String,
         stage: String,
@@ -60,6 +54,25 @@ pub enum OptionsError {
          `engine = \"cuda\"` with any multilingual Whisper model)"
     )]
     CannotTranslate { stage: String, model: String },
+}
+
+/// Why `language` is refused, and what would help: another model when the worker's knows one
+/// language (English-only), another code when it knows many (a multilingual model already).
+fn unsupported_language(language: &str, stage: &str, model: &str, known: &[String]) -> String {
+    if known.len() > 1 {
+        return format!(
+            "language `{language}` is not one the `{stage}` worker's {model} knows. Leave \
+             `language` out to have it detected, or give one of: {}",
+            known.join(", ")
+        );
+    }
+    format!(
+        "language `{language}` is not supported by the `{stage}` worker: {model} knows {} only. \
+         Leave `language` out, or give the `{stage}` worker a multilingual model (for the asr \
+         worker: `engine = \"base\"` under [workers.asr] on CPU, or `engine = \"cuda\"` with any \
+         Whisper model)",
+        known.join(", ")
+    )
 }
 
 /// Longest `language` accepted (codes are 2–3 letters, names a few more).
@@ -128,6 +141,28 @@ impl JobOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_language_gets_the_advice_that_fits_the_model() {
+        let refuse = |known: &[&str]| {
+            OptionsError::UnsupportedLanguage {
+                language: "xx".into(),
+                stage: "asr".into(),
+                model: "m".into(),
+                known: known.iter().map(|k| k.to_string()).collect(),
+            }
+            .to_string()
+        };
+        let english_only = refuse(&["en"]);
+        assert!(english_only.contains("engine = \"base\""), "{english_only}");
+        // A multilingual model already: another model would not help, another code would.
+        let many = refuse(&["de", "en", "ko"]);
+        assert!(!many.contains("engine ="), "{many}");
+        assert!(
+            many.contains("de, en, ko") && many.contains("detected"),
+            "{many}"
+        );
+    }
 
     #[test]
     fn options_are_checked_in_one_place() {

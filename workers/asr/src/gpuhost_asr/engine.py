@@ -234,8 +234,13 @@ class Transcriber:
         self.english_only = not self.model.model.is_multilingual
 
     def languages(self) -> list:
-        """The language codes the model can transcribe."""
-        return ["en"] if self.english_only else list(self.model.supported_languages)
+        """The language codes the model can transcribe: those its tokenizer has a token for.
+        (faster-whisper lists every code Whisper ever had for any multilingual model; `yue`,
+        Cantonese, came with large-v3, and asked of base it gave "U U U U …".)"""
+        if self.english_only:
+            return ["en"]
+        vocabulary = self.model.hf_tokenizer
+        return [c for c in self.model.supported_languages if vocabulary.token_to_id(f"<|{c}|>")]
 
     def warm_up(self, audio) -> None:
         """Decodes `audio` (float32, 16 kHz) once, through the VAD and without it, so that the
