@@ -56,7 +56,7 @@ pub(crate) async fn control(
         .json()
         .await
         .context("the server's answer is not JSON: is --server a gpuhost?")?;
-    println!("{}", serde_json::to_string(&body)?);
+    super::print_result(&(serde_json::to_string(&body)? + "\n"))?;
     Ok(ExitCode::SUCCESS)
 }
 

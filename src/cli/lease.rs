@@ -84,6 +84,18 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
             "--ttl must be a positive number of seconds, got {ttl}"
         );
     }
+    // A program that cannot start is said before the lease is taken (taking it unloads the
+    // resident workers for nothing).
+    let program = &args.command[0];
+    anyhow::ensure!(
+        gpuhost::process::find_program(program).is_some(),
+        "cannot run `{program}`: {}",
+        if program.contains('/') {
+            "no executable file there"
+        } else {
+            "no executable of that name on PATH"
+        }
+    );
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
     let base = remote.base.clone();
     let client = remote.client.clone();

@@ -94,6 +94,6 @@ pub(crate) async fn speakers(
         .json()
         .await
         .context("the server's answer is not JSON: is --server a gpuhost?")?;
-    println!("{}", serde_json::to_string_pretty(&body)?);
+    super::print_result(&(serde_json::to_string_pretty(&body)? + "\n"))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -34,24 +34,27 @@ pub(crate) async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow
         "the answer has no `decision`: is {} a gpuhost?",
         remote.base
     );
+    // Written as one piece: a reader that goes away (`| head`) ends the command quietly.
+    let mut out = String::new();
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&body)?);
+        out = serde_json::to_string_pretty(&body)? + "\n";
     } else {
-        print!("{}", super::shown(&render(&body)));
+        out.push_str(&super::shown(&render(&body)));
         if args.verbose {
             for u in body["backend"]["unavailable"]
                 .as_array()
                 .into_iter()
                 .flatten()
             {
-                println!(
-                    "backend {} unavailable: {}",
+                out.push_str(&format!(
+                    "backend {} unavailable: {}\n",
                     u["backend"].as_str().unwrap_or("?"),
                     super::shown(u["error"].as_str().unwrap_or(""))
-                );
+                ));
             }
         }
     }
+    super::print_result(&out)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -201,6 +201,18 @@ async fn remote(
     args: &TranscribeArgs,
     progress: &mut Progress,
 ) -> anyhow::Result<ClientEvent> {
+    // The server checks the stages it is asked for, but not the format, which is rendered here:
+    // `--stages diarizer --format txt` is refused as the server and the local run refuse it.
+    if let Some(named) = &args.stages {
+        let named: Vec<String> = named
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if !named.is_empty() {
+            gpuhost::render::fits(args.format, &named).map_err(anyhow::Error::msg)?;
+        }
+    }
     let mut url = server.base.join("transcribe")?;
     {
         let mut q = url.query_pairs_mut();

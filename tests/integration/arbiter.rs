@@ -1137,6 +1137,27 @@ async fn a_program_that_cannot_start_gives_its_lease_back_at_once() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("cannot run"), "{err}");
+    // Not found: said before any lease was asked for (one unloads the resident workers).
+    assert!(!err.contains("granted"), "{err}");
+    assert!(leases(&host).await.is_empty(), "{err}");
+    // Found but not runnable (its interpreter is missing): the lease is given back at once.
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("not-a-program");
+    std::fs::write(&garbage, "#!/nonexistent/interpreter\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&garbage, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = tokio::task::spawn_blocking({
+        let mut command = lease_command(&host, &["--ttl", "600"], &[garbage.to_str().unwrap()]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("granted") && err.contains("cannot run"),
+        "{err}"
+    );
     assert!(
         leases(&host).await.is_empty(),
         "released, not held for 600 s: {err}"

@@ -190,6 +190,24 @@ async fn transcribe_through_a_server() {
         .unwrap();
     assert_eq!(json_stdout(&piped)["stages"]["b"]["worker"], "b");
 
+    // A text format of stages without the asr is refused, as the server and a local run
+    // refuse it (it printed the stages' JSON).
+    let url = host.url.clone();
+    let no_text = tokio::task::spawn_blocking(move || {
+        gpuhost()
+            .args(["transcribe", "--server", &url, "--token", "tok"])
+            .args(["--stages", "b", "--format", "txt"])
+            .arg(fixture("audio/tone.mp3"))
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(!no_text.status.success());
+    assert!(no_text.stdout.is_empty());
+    let said = String::from_utf8_lossy(&no_text.stderr);
+    assert!(said.contains("needs the `asr` stage"), "{said}");
+
     let url = host.url.clone();
     let denied = tokio::task::spawn_blocking(move || {
         gpuhost()
@@ -302,8 +320,9 @@ async fn gpuhost_status_without_a_gpu_says_so_in_one_line() {
         c.env_remove("GPUHOST_TOKEN");
         c
     };
-    let out = tokio::task::spawn_blocking(move || {
-        (run(false).output().unwrap(), run(true).output().unwrap())
+    let out = tokio::task::spawn_blocking({
+        let run = run.clone();
+        move || (run(false).output().unwrap(), run(true).output().unwrap())
     });
     let (plain, verbose) = out.await.unwrap();
     let text = String::from_utf8_lossy(&plain.stdout);
@@ -321,6 +340,20 @@ async fn gpuhost_status_without_a_gpu_says_so_in_one_line() {
         text.contains("backend nvml unavailable: /nonexistent/libnvidia-ml.so.1"),
         "{text}"
     );
+    // A reader that went away (`gpuhost status | head -0`) ends it quietly: it panicked with
+    // "failed printing to stdout" and exit 101.
+    let closed = tokio::task::spawn_blocking(move || {
+        let (read, write) = std::io::pipe().unwrap();
+        drop(read);
+        let mut status = run(false);
+        status.stdout(write);
+        status.output().unwrap()
+    })
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&closed.stderr);
+    assert!(closed.status.success(), "{:?}: {said}", closed.status);
+    assert!(!said.contains("panicked"), "{said}");
     host.stop().await;
 }
 
