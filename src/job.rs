@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 
 use crate::audio::{self, AudioError, AudioInfo, Source};
 use crate::pipeline::JobOptions;
-use crate::protocol::ClientEvent;
+use crate::protocol::{ClientEvent, ErrorCode};
 use crate::AppState;
 
 mod fields;
@@ -150,7 +150,7 @@ pub fn start_job(
         if outcome.is_err() {
             let _ = tx
                 .send(ClientEvent::Error {
-                    code: crate::protocol::ErrorCode::Internal,
+                    code: ErrorCode::Internal,
                     message: "the job panicked; see the server log".into(),
                 })
                 .await;
@@ -220,7 +220,11 @@ async fn run_job(
             result: finish_result(result, &job),
         },
         Err(e) => {
-            tracing::warn!(error = %e, "job failed");
+            // The client's own going away is no failure of the host's.
+            match e.code() {
+                ErrorCode::Cancelled => tracing::info!(error = %e, "job cancelled"),
+                _ => tracing::warn!(error = %e, "job failed"),
+            }
             ClientEvent::Error {
                 code: e.code(),
                 message: redact(&e.to_string(), job.dir.path()),

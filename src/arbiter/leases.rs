@@ -114,7 +114,8 @@ impl Leases {
         };
         let Some(mut waiter) = core.queue.try_enqueue(ticket, max_waiting) else {
             let why = format!(
-                "{max_waiting} requests already wait for this GPU (limits.max_queue); try again later"
+                "{} for this GPU (limits.max_queue); try again later",
+                super::queue::already_waiting(max_waiting)
             );
             return refuse(&events, "queue_full", why).await;
         };

@@ -254,5 +254,13 @@ impl GpuQueue {
     }
 }
 
+/// "1 request already waits", "3 requests already wait": what a full queue holds, in words.
+pub fn already_waiting(n: usize) -> String {
+    match n {
+        1 => "1 request already waits".into(),
+        n => format!("{n} requests already wait"),
+    }
+}
+
 #[cfg(test)]
 mod tests;

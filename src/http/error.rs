@@ -63,6 +63,27 @@ impl ApiError {
         })
     }
 
+    /// 400 for a query string or path that does not parse, in words a person reads: serde's
+    /// "invalid digit found in string" says a number was expected.
+    pub fn unparsed(what: &str, text: String) -> ApiError {
+        let text = text
+            .replace("Failed to deserialize query string: ", "")
+            .replace("Invalid URL: ", "")
+            .replace(
+                "invalid digit found in string",
+                "not a whole number (0 or more)",
+            )
+            .replace(
+                "number too large to fit in target type",
+                "a number too large",
+            )
+            .replace(
+                "provided string was not `true` or `false`",
+                "neither `true` nor `false`",
+            );
+        ApiError::bad_request(format!("bad {what}: {text}"))
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
@@ -73,8 +94,9 @@ impl ApiError {
             StatusCode::TOO_MANY_REQUESTS,
             "queue_full",
             format!(
-                "{} requests already wait for the GPU (limits.max_queue); retry in about {} s",
-                full.max_queue, full.retry_after_s
+                "{} for the GPU (limits.max_queue); retry in about {} s",
+                crate::arbiter::queue::already_waiting(full.max_queue),
+                full.retry_after_s
             ),
         )
         .with_retry_after(full.retry_after_s)

@@ -136,7 +136,7 @@ pub(super) async fn renew(
     State(app): State<AppState>,
     id: Result<Path<u64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<LeaseView>, ApiError> {
-    let Path(id) = id.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Path(id) = id.map_err(|_| bad_id())?;
     app.arbiter
         .leases
         .renew(id)
@@ -155,7 +155,7 @@ pub(super) async fn release(
     State(app): State<AppState>,
     id: Result<Path<u64>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let Path(id) = id.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Path(id) = id.map_err(|_| bad_id())?;
     if app.arbiter.leases.release(id) {
         Ok(Json(json!({ "released": id })))
     } else {
@@ -206,10 +206,7 @@ pub(super) async fn history(
     query: Result<Query<HistoryQuery>, QueryRejection>,
 ) -> Result<Json<crate::arbiter::history::HistoryView>, ApiError> {
     let Query(query) = query.map_err(|e| {
-        ApiError::bad_request(format!(
-            "{}; `since` is a Unix time in seconds",
-            e.body_text()
-        ))
+        ApiError::unparsed("query (`since` is a Unix time in seconds)", e.body_text())
     })?;
     if query.since.is_some_and(|s| !s.is_finite()) {
         return Err(ApiError::bad_request(
@@ -217,4 +214,11 @@ pub(super) async fn history(
         ));
     }
     Ok(Json(app.queue.history.view(query.since)))
+}
+
+/// A lease id that is not one.
+fn bad_id() -> ApiError {
+    ApiError::bad_request(
+        "a lease id is a whole number: the `lease_id` that POST /gpu/lease answered",
+    )
 }

@@ -94,7 +94,7 @@ pub(super) async fn transcribe(
     query: Result<Query<TranscribeQuery>, QueryRejection>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Query(query) = query.map_err(|e| ApiError::unparsed("query", e.body_text()))?;
     let format = query.format;
     let priority = query.priority.unwrap_or(0);
     // Refuse before taking the upload when the queue is full already.

@@ -14,6 +14,14 @@ use crate::config::WORKS_ON;
 /// blank, else the named ones (comma-separated), each known, at least one, and none without
 /// the stage whose result it works on.
 pub fn select_stages(pipeline: &[String], requested: Option<&str>) -> Result<Vec<String>, String> {
+    if pipeline.is_empty() {
+        // A host for leases and services only: a job would run nothing and answer 200.
+        return Err(
+            "this server runs no pipeline ([pipeline] stages is empty): it serves GPU leases \
+             and services only"
+                .into(),
+        );
+    }
     let Some(requested) = requested.filter(|s| !s.trim().is_empty()) else {
         return Ok(pipeline.to_vec());
     };
@@ -156,6 +164,9 @@ mod tests {
             let err = select_stages(&p, Some(alone)).unwrap_err();
             assert!(err.contains("stages=asr,aligner"), "{err}");
         }
+        assert!(select_stages(&[], None)
+            .unwrap_err()
+            .contains("runs no pipeline"));
         // A pipeline without an asr stage has nothing to refuse for.
         let custom: Vec<String> = ["aligner"].map(String::from).to_vec();
         assert_eq!(select_stages(&custom, Some("aligner")).unwrap(), custom);

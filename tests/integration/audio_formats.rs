@@ -36,7 +36,10 @@ async fn every_format_decodes() {
         if name == "tone.mp3" {
             // The encoder's delay and padding trimmed (LAME tag), as ffmpeg trims them: they
             // put ~70 ms before every word.
-            assert!((duration - 1.5).abs() < 0.002, "{name}: duration {duration}");
+            assert!(
+                (duration - 1.5).abs() < 0.002,
+                "{name}: duration {duration}"
+            );
         }
     }
     host.stop().await;

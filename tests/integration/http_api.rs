@@ -160,10 +160,25 @@ async fn bad_queries_and_routes() {
         msg.contains("`ocr`") && msg.contains("pipeline is: w"),
         "{msg}"
     );
+    for bad in ["two", "-1"] {
+        let r = host
+            .post_body(
+                &format!("/transcribe?num_speakers={bad}"),
+                wav(0.2, 16000, 1),
+            )
+            .await;
+        let msg = json_error(r, 400, "bad_request").await;
+        // Said in words, not serde's "invalid digit found in string".
+        assert!(msg.contains("num_speakers: not a whole number"), "{msg}");
+    }
     let r = host
-        .post_body("/transcribe?num_speakers=two", wav(0.2, 16000, 1))
-        .await;
-    json_error(r, 400, "bad_request").await;
+        .client()
+        .delete(format!("{}/gpu/lease/abc", host.url))
+        .send()
+        .await
+        .unwrap();
+    let msg = json_error(r, 400, "bad_request").await;
+    assert!(msg.contains("a lease id is a whole number"), "{msg}");
     let r = host
         .post_body(
             "/transcribe?min_speakers=3&max_speakers=2",
