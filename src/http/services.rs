@@ -194,6 +194,10 @@ pub(super) async fn load(
 ) -> Result<Json<Value>, ApiError> {
     let handle = worker(&app, &name)?;
     handle.load();
+    // The answer says what the load did (`starting`), not the state before the worker's task
+    // took it up; a load that does not start (the GPU is held for another) reads `unloaded`.
+    let moved = handle.wait_for_state(|s| s.state != crate::worker::WorkerState::Unloaded);
+    let _ = tokio::time::timeout(std::time::Duration::from_millis(500), moved).await;
     Ok(Json(
         json!({ "worker": name, "state": handle.status().state }),
     ))
