@@ -30,6 +30,7 @@ pub use wyoming::WyomingConfig;
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Address the HTTP server binds to.
+    #[serde(deserialize_with = "validate::socket_addr")]
     pub listen: SocketAddr,
     /// Bearer token required on every endpoint except `/health`, `/ready`, `/openapi.json` and the
     /// dashboard page `/`. `GPUHOST_TOKEN` overrides it.

@@ -288,3 +288,21 @@ fn a_wyoming_server_must_run_the_asr() {
     // Off, its stages do not matter.
     assert!(Config::from_toml("[wyoming]\nstages = []\n", ".".into()).is_ok());
 }
+
+#[test]
+fn a_listen_address_that_is_not_one_is_said_plainly() {
+    for toml in [
+        "listen = \"localhost:9090\"\n",
+        "[wyoming]\nlisten = \"localhost:10300\"\n",
+    ] {
+        let err = Config::from_toml(toml, ".".into()).unwrap_err().to_string();
+        assert!(err.contains("not an IP address and port"), "{toml}: {err}");
+    }
+    let ok = Config::from_toml("[wyoming]\nlisten = \"[::1]:10300\"\n", ".".into()).unwrap();
+    assert_eq!(ok.wyoming.listen.unwrap().port(), 10300);
+    assert!(Config::from_toml("", ".".into())
+        .unwrap()
+        .wyoming
+        .listen
+        .is_none());
+}

@@ -194,3 +194,25 @@ impl Config {
         Ok(())
     }
 }
+
+/// An address to listen on, said plainly when it is not one (serde's "invalid socket address
+/// syntax" did not say that `localhost:9090` needs an IP address).
+pub(super) fn socket_addr<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<std::net::SocketAddr, D::Error> {
+    use serde::Deserialize;
+    let text = String::deserialize(d)?;
+    text.parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "`{text}` is not an IP address and port, such as 127.0.0.1:9090, 0.0.0.0:9090 or \
+             [::1]:9090 (host names such as localhost are not looked up)"
+        ))
+    })
+}
+
+/// [`socket_addr`] for an optional address.
+pub(super) fn some_socket_addr<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::net::SocketAddr>, D::Error> {
+    socket_addr(d).map(Some)
+}

@@ -10,6 +10,7 @@ use serde::Deserialize;
 pub struct WyomingConfig {
     /// Where to serve it (e.g. `"0.0.0.0:10300"`); absent: off. The protocol has no
     /// authentication, so bind it only where every client may transcribe.
+    #[serde(deserialize_with = "super::validate::some_socket_addr")]
     pub listen: Option<SocketAddr>,
     /// Stages a Wyoming request runs, in pipeline order. Default: `asr` alone when the pipeline
     /// has it (a voice command wants its text fast), else the whole pipeline.
