@@ -39,6 +39,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(status::metrics))
         .route("/v1/audio/transcriptions", post(openai::transcriptions))
         .route("/v1/audio/translations", post(openai::translations))
+        .route("/v1/models", get(openai::models))
         .route(
             "/gpu/lease",
             post(gpu::lease).layer(axum::extract::DefaultBodyLimit::max(64 * 1024)),

@@ -147,6 +147,26 @@ pub(super) async fn transcriptions(
     answer(app, request, false).await
 }
 
+/// OpenAI-compatible model list (clients and UIs ask it before they offer speech-to-text): the
+/// `model` field is not used to pick one, so the list holds OpenAI's name, which every client
+/// sends by default, and the ASR model this server runs.
+#[utoipa::path(get, path = "/v1/models", responses(
+    (status = 200, description = "`{object: \"list\", data: [{id, object, created, owned_by}]}`", body = Object),
+    super::openapi::GuardErrors,
+), security(("bearer" = [])))]
+pub(super) async fn models(State(app): State<AppState>) -> Json<Value> {
+    let loaded = app
+        .supervisor
+        .get("asr")
+        .and_then(|w| w.status().loaded)
+        .and_then(|l| l.model);
+    let ids = std::iter::once("whisper-1".to_string()).chain(loaded);
+    let data: Vec<Value> = ids
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "gpuhost"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
 /// OpenAI-compatible translation to English (a multilingual ASR model only).
 #[utoipa::path(
     post,

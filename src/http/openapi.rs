@@ -65,6 +65,7 @@ pub enum GuardErrors {
         super::transcribe::transcribe,
         super::openai::transcriptions,
         super::openai::translations,
+        super::openai::models,
         super::status::status,
         super::status::metrics,
         super::status::workers,

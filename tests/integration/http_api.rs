@@ -101,6 +101,17 @@ async fn auth_matrix() {
     openai(elsewhere, 403, "cross_site_request").await;
     let unknown = plain.get(url("/v1/models/x")).bearer_auth("s3cret-token");
     openai(unknown.send().await.unwrap(), 404, "not_found").await;
+    // The model list OpenAI clients and UIs ask for first.
+    let models = plain.get(url("/v1/models")).bearer_auth("s3cret-token");
+    let models: Value = models.send().await.unwrap().json().await.unwrap();
+    assert_eq!(models["object"], "list", "{models}");
+    assert_eq!(models["data"][0]["id"], "whisper-1", "{models}");
+    openai(
+        plain.get(url("/v1/models")).send().await.unwrap(),
+        401,
+        "unauthorized",
+    )
+    .await;
     host.stop().await;
 }
 
