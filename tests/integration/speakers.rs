@@ -11,13 +11,13 @@ use super::support::*;
 
 fn config(ready_meta: &str) -> String {
     format!(
-        "token = \"secret\"\n[pipeline]\nstages = [\"diarizer\", \"aligner\"]\nparallel = []\n{}{}",
+        "token = \"secret\"\n[pipeline]\nstages = [\"diarizer\", \"other\"]\nparallel = []\n{}{}",
         fake_worker(
             "diarizer",
             &format!("env = {{ FAKE_READY_META = '{ready_meta}' }}")
         ),
         // No `asr`: the result keeps each stage's own answer.
-        fake_worker("aligner", ""),
+        fake_worker("other", ""),
     )
 }
 
@@ -88,7 +88,7 @@ async fn a_voice_is_enrolled_kept_used_and_deleted_for_good() {
         json!(["김민수"])
     );
     assert_eq!(result["stages"]["diarizer"]["voiceprint_threshold"], 0.4);
-    assert!(result["stages"]["aligner"].get("voiceprints").is_none());
+    assert!(result["stages"]["other"].get("voiceprints").is_none());
 
     let gone = host
         .client()
