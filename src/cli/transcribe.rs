@@ -23,17 +23,24 @@ pub(crate) struct TranscribeArgs {
     /// Bearer token for --server (default: the config's `token`, as for every client command).
     #[arg(long, env = "GPUHOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// What to print: the whole result (`json`), text, subtitles (`srt`, `vtt`) or the
+    /// speakers' turns (`rttm`).
     #[arg(long, value_enum, default_value = "json")]
     format: Format,
     /// Comma-separated subset of the pipeline's stages.
     #[arg(long)]
     stages: Option<String>,
+    /// Language spoken: a code (`ko`, `en-US`) or an English name (`korean`); left out, the ASR
+    /// detects it (a multilingual model) or takes English (an English-only one).
     #[arg(long)]
     language: Option<String>,
+    /// How many people speak, when known (the diarizer counts them otherwise).
     #[arg(long)]
     num_speakers: Option<u32>,
+    /// At least this many people speak.
     #[arg(long)]
     min_speakers: Option<u32>,
+    /// At most this many people speak.
     #[arg(long)]
     max_speakers: Option<u32>,
     /// Text that primes the ASR: names, terms, spelling.

@@ -25,7 +25,8 @@ impl Form {
         match Multipart::from_request(request, &()).await {
             Ok(fields) => Ok(Form { fields, cut }),
             Err(e) => Err(ApiError::bad_request(format!(
-                "send multipart/form-data: {}",
+                "this endpoint reads a form: send Content-Type: multipart/form-data; boundary=… \
+                 ({})",
                 e.body_text()
             ))),
         }

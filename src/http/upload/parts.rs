@@ -53,7 +53,7 @@ impl PartScan {
                     if let Scan::Preamble(seen) = self.scan {
                         let seen = seen + fresh(at);
                         if seen > MAX_PART_HEADERS {
-                            return Err("the form has more than 16 KiB before its first part");
+                            return Err("the form has more than 16 KiB before its first part: is the Content-Type's boundary the one the body uses?");
                         }
                         self.scan = Scan::Preamble(seen);
                     }
