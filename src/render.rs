@@ -132,13 +132,34 @@ fn cues(transcript: &Transcript, vtt: bool) -> String {
         let line = match (speaker_of(seg).map(|s| s.replace("-->", "->")), vtt) {
             (Some(sp), true) => format!("<v {}>{}", vtt_escape(&sp), vtt_escape(&text)),
             (None, true) => vtt_escape(&text),
-            (Some(sp), false) => format!("[{sp}] {text}"),
-            (None, _) => text,
+            (Some(sp), false) => srt_escape(&format!("[{sp}] {text}")),
+            (None, false) => srt_escape(&text),
         };
         if vtt {
             let _ = write!(out, "{start} --> {end}\n{line}\n\n");
         } else {
             let _ = write!(out, "{}\n{start} --> {end}\n{line}\n\n", i + 1);
+        }
+    }
+    out
+}
+
+/// Text of an SRT cue. SRT has no escapes, and players read `<i>`, `<font …>` and `{\\an8}` in
+/// a cue as markup: a zero-width space after such a `<` or `{` shows the characters as they are
+/// (an enrolled name `Al<i>ce` was set in italics).
+fn srt_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        let next = chars.peek().copied();
+        let markup = match c {
+            '<' => next.is_some_and(|n| n.is_ascii_alphabetic() || n == '/'),
+            '{' => next == Some('\\'),
+            _ => false,
+        };
+        if markup {
+            out.push('\u{200B}');
         }
     }
     out
@@ -209,6 +230,16 @@ mod tests {
             ],
             "turns": [{"start": 0.4, "end": 2.3, "speaker": "SPEAKER_00"}]
         })
+    }
+
+    #[test]
+    fn srt_cues_show_markup_as_text() {
+        assert_eq!(srt_escape("[Al<i>ce] a < b"), "[Al<\u{200B}i>ce] a < b");
+        assert_eq!(
+            srt_escape("</b> {\\an8} {x}"),
+            "<\u{200B}/b> {\u{200B}\\an8} {x}"
+        );
+        assert_eq!(srt_escape("plain 안녕"), "plain 안녕");
     }
 
     #[test]
