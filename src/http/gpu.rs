@@ -188,6 +188,7 @@ fn no_lease(id: u64) -> ApiError {
 
 #[derive(serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
 pub(super) struct HistoryQuery {
     /// Only what happened at or after this Unix time (seconds); default: everything kept.
     since: Option<f64>,

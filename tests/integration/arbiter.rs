@@ -1405,6 +1405,11 @@ async fn the_history_shows_who_held_the_gpu_and_who_waited() {
         body["message"].as_str().unwrap().contains("Unix time"),
         "{body}"
     );
+    // So is a parameter it does not have (a typo would silently show everything).
+    let typo = host.get("/gpu/history?snce=1").send().await.unwrap();
+    assert_eq!(typo.status(), 400);
+    let body: Value = typo.json().await.unwrap();
+    assert!(body["message"].as_str().unwrap().contains("snce"), "{body}");
     host.stop().await;
 }
 
