@@ -44,12 +44,10 @@ pub(super) fn decode_with_symphonia(
         .format(
             &Hint::new(),
             source,
-            // The encoder's delay and padding are trimmed where the container says them (MP3's
-            // LAME tag): untrimmed, every time in an MP3's transcript came ~70 ms late.
-            &FormatOptions {
-                enable_gapless: true,
-                ..FormatOptions::default()
-            },
+            // Not gapless: symphonia's gapless MP3 reading cuts a file to its first Xing frame
+            // count, which loses all but the first part of joined MP3s (`cat a.mp3 b.mp3`). The
+            // encoder's delay is dropped below instead.
+            &FormatOptions::default(),
             &MetadataOptions::default(),
         )
         .map_err(|e| undecodable("unrecognized container format", e))?;
@@ -81,6 +79,12 @@ pub(super) fn decode_with_symphonia(
             });
         }
     }
+    // Samples the encoder put before the audio (MP3's LAME tag: 1105 at 44.1 kHz with the
+    // decoder's own), dropped as ffmpeg drops them: kept, every time in the transcript came late
+    // by them. At most a second: no encoder delays more, and a header may lie.
+    let mut skip = params.delay.map_or(0, |d| {
+        d.min(params.sample_rate.unwrap_or(TARGET_RATE)) as usize
+    });
     let mut decoder = symphonia::default::get_codecs()
         .make(&track.codec_params, &DecoderOptions::default())
         .map_err(|e| undecodable("unsupported codec", e))?;
@@ -128,6 +132,11 @@ pub(super) fn decode_with_symphonia(
                 .chunks(channels)
                 .map(|f| f.iter().sum::<f32>() / channels as f32),
         );
+        if skip > 0 {
+            let dropped = skip.min(mono.len());
+            mono.drain(..dropped);
+            skip -= dropped;
+        }
         source_frames += mono.len() as u64;
         let seconds = source_frames as f64 / f64::from(spec.rate);
         if seconds > max_seconds {
@@ -274,4 +283,45 @@ pub(super) async fn decode_with_ffmpeg(
         source_channels: 1,
         decoder: "ffmpeg",
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/audio")
+            .join(name)
+    }
+
+    /// Decodes `source`; the normalized samples.
+    fn decoded(source: Source) -> (AudioInfo, Vec<i16>) {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("audio.wav");
+        let never = std::sync::atomic::AtomicBool::new(false);
+        let info = decode_with_symphonia(&source, &out, 3600.0, &never).unwrap();
+        let samples = hound::WavReader::open(&out)
+            .unwrap()
+            .samples::<i16>()
+            .map(Result::unwrap)
+            .collect();
+        (info, samples)
+    }
+
+    #[test]
+    fn an_mp3s_encoder_delay_is_dropped_and_joined_mp3s_are_decoded_whole() {
+        // The fixture's tone starts with its first sample (ffmpeg: loud from sample 3).
+        let (_, samples) = decoded(Source::File(fixture("tone.mp3")));
+        let first = samples.iter().position(|s| s.abs() > 1000).unwrap();
+        // The LAME tag's 1105 samples at 44.1 kHz are 400 at 16 kHz: once every time came
+        // that much late.
+        assert!(first < 40, "the tone starts at sample {first}");
+        // Two MP3s joined (`cat a.mp3 b.mp3`): both decoded, not cut at the first one's frame
+        // count (which symphonia's gapless reading did).
+        let one = std::fs::read(fixture("tone.mp3")).unwrap();
+        let joined = [one.as_slice(), one.as_slice()].concat();
+        let (info, _) = decoded(Source::Memory(joined.into()));
+        assert!(info.seconds > 3.0, "{}", info.seconds);
+    }
 }

@@ -33,14 +33,6 @@ async fn every_format_decodes() {
         let duration = result["duration"].as_f64().unwrap();
         assert!((duration - 1.5).abs() < 0.1, "{name}: duration {duration}");
         assert_eq!(result["audio"]["decoder"], "symphonia", "{name}");
-        if name == "tone.mp3" {
-            // The encoder's delay and padding trimmed (LAME tag), as ffmpeg trims them: they
-            // put ~70 ms before every word.
-            assert!(
-                (duration - 1.5).abs() < 0.002,
-                "{name}: duration {duration}"
-            );
-        }
     }
     host.stop().await;
 }
