@@ -182,10 +182,11 @@ pub(super) async fn unload(
     ))
 }
 
-/// Loads an unloaded worker now.
+/// Loads an unloaded resident worker now, unless its GPU is held for a lease or a service.
 #[utoipa::path(post, path = "/workers/{name}/load", params(("name" = String, Path, description = "Worker name")), responses(
     (status = 200, description = "Loading", body = Object),
     (status = 404, description = "No such worker", body = ErrorBody),
+    (status = 409, description = "A one-shot worker (nothing to load), or its GPU is held for a lease or a service", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
 pub(super) async fn load(
@@ -193,9 +194,25 @@ pub(super) async fn load(
     PathName(name): PathName,
 ) -> Result<Json<Value>, ApiError> {
     let handle = worker(&app, &name)?;
+    let conflict = |why: String| ApiError::new(StatusCode::CONFLICT, "cannot_load", why);
+    if handle.status().mode == crate::config::Mode::Oneshot {
+        // Started by hand it stayed loaded, and no holder of the GPU unloaded it.
+        return Err(conflict(format!(
+            "worker `{name}` is one-shot: it starts for each job and exits after it, so there \
+             is nothing to load"
+        )));
+    }
+    // Loaded beside a lease's program or a service, it would take their memory: it loads again
+    // by itself once the GPU is released.
+    let core = app.arbiter.core_for(handle.device());
+    if let Some(why) = core.and_then(|core| core.busy_reason()) {
+        return Err(conflict(format!(
+            "worker `{name}` is not loaded now: {why}; it loads again once that is over"
+        )));
+    }
     handle.load();
     // The answer says what the load did (`starting`), not the state before the worker's task
-    // took it up; a load that does not start (the GPU is held for another) reads `unloaded`.
+    // took it up.
     let moved = handle.wait_for_state(|s| s.state != crate::worker::WorkerState::Unloaded);
     let _ = tokio::time::timeout(std::time::Duration::from_millis(500), moved).await;
     Ok(Json(

@@ -1715,6 +1715,52 @@ async fn fallback_oneshot_serves_a_job_without_bringing_the_resident_back() {
 }
 
 #[tokio::test]
+async fn a_worker_is_not_loaded_by_hand_beside_a_lease() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    // A lease that names no memory unloads every idle resident.
+    let lease: Value = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "notebook", "ttl_s": 60}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = lease["lease_id"].as_u64().unwrap();
+    wait_for("w to be unloaded", Duration::from_secs(10), || async {
+        host.worker("w").await["state"] == "unloaded"
+    })
+    .await;
+    // Loaded by hand it would sit in the lease holder's memory (it did).
+    let refused = host.post("/workers/w/load").send().await.unwrap();
+    assert_eq!(refused.status(), 409);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"], "cannot_load", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("notebook"),
+        "{body}"
+    );
+    assert_eq!(host.worker("w").await["state"], "unloaded");
+    // Released, it comes back by itself, and a load by hand is fine again.
+    let released = host.client().delete(format!("{}/gpu/lease/{id}", host.url));
+    assert_eq!(released.send().await.unwrap().status(), 200);
+    wait_for("w to be back", Duration::from_secs(10), || async {
+        host.worker("w").await["state"] == "ready"
+    })
+    .await;
+    assert_eq!(
+        host.post("/workers/w/load").send().await.unwrap().status(),
+        200
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn several_gpus_get_a_queue_each() {
     let gpu = FakeGpu::new(
         "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\ngpu: NVIDIA RTX A4000, 0, 300, 16376, 35, 20.0\n",
