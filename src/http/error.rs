@@ -69,10 +69,7 @@ impl ApiError {
         let text = text
             .replace("Failed to deserialize query string: ", "")
             .replace("Invalid URL: ", "")
-            .replace(
-                "invalid digit found in string",
-                "not a whole number (0 or more)",
-            )
+            .replace("invalid digit found in string", "not a whole number")
             .replace(
                 "number too large to fit in target type",
                 "a number too large",

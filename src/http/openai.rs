@@ -89,9 +89,9 @@ pub(super) struct OpenAiErrorBody {
 #[allow(dead_code)] // documentation only
 pub(super) enum OpenAiErrors {
     #[response(status = 401, description = "Token missing or wrong")]
-    Unauthorized(super::error::ErrorBody),
+    Unauthorized(OpenAiErrorBody),
     #[response(status = 403, description = "Foreign Host or a cross-site request")]
-    Forbidden(super::error::ErrorBody),
+    Forbidden(OpenAiErrorBody),
     #[response(status = 408, description = "The body stalled")]
     Stalled(OpenAiErrorBody),
     #[response(status = 413, description = "Upload, field or audio too large")]
@@ -152,7 +152,8 @@ pub(super) async fn transcriptions(
 /// sends by default, and the ASR model this server runs.
 #[utoipa::path(get, path = "/v1/models", responses(
     (status = 200, description = "`{object: \"list\", data: [{id, object, created, owned_by}]}`", body = Object),
-    super::openapi::GuardErrors,
+    (status = 401, description = "Token missing or wrong", body = OpenAiErrorBody),
+    (status = 403, description = "Foreign Host or a cross-site request", body = OpenAiErrorBody),
 ), security(("bearer" = [])))]
 pub(super) async fn models(State(app): State<AppState>) -> Json<Value> {
     let loaded = app
@@ -160,7 +161,11 @@ pub(super) async fn models(State(app): State<AppState>) -> Json<Value> {
         .get("asr")
         .and_then(|w| w.status().loaded)
         .and_then(|l| l.model);
-    let ids = std::iter::once("whisper-1".to_string()).chain(loaded);
+    // Without an `asr` stage every transcription is a 400: no model to offer.
+    let has_asr = app.config.pipeline.stages.iter().any(|s| s == "asr");
+    let ids = std::iter::once("whisper-1".to_string())
+        .chain(loaded)
+        .filter(|_| has_asr);
     let data: Vec<Value> = ids
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "gpuhost"}))
         .collect();

@@ -17,8 +17,8 @@ pub fn select_stages(pipeline: &[String], requested: Option<&str>) -> Result<Vec
     if pipeline.is_empty() {
         // A host for leases and services only: a job would run nothing and answer 200.
         return Err(
-            "this server runs no pipeline ([pipeline] stages is empty): it serves GPU leases \
-             and services only"
+            "there is no pipeline to run ([pipeline] stages is empty): this config serves GPU \
+             leases and services only"
                 .into(),
         );
     }
@@ -166,7 +166,7 @@ mod tests {
         }
         assert!(select_stages(&[], None)
             .unwrap_err()
-            .contains("runs no pipeline"));
+            .contains("no pipeline to run"));
         // A pipeline without an asr stage has nothing to refuse for.
         let custom: Vec<String> = ["aligner"].map(String::from).to_vec();
         assert_eq!(select_stages(&custom, Some("aligner")).unwrap(), custom);

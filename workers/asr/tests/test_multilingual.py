@@ -2,7 +2,7 @@ import subprocess
 
 import pytest
 from gpuhost_asr import models
-from gpuhost_asr.engine import AsrSettings, Transcriber
+from gpuhost_asr.engine import AsrSettings, Transcriber, UnsupportedRequest
 
 LINES = {
     "de": "Guten Morgen, heute ist das Wetter sehr schön und wir gehen in den Park.",
@@ -42,6 +42,12 @@ def test_the_base_model_knows_about_a_hundred_languages(base):
     # Cantonese has a token only in large-v3: asked of base it gave "U U U U …".
     assert "yue" not in base.languages()
     assert len(base.languages()) == 99
+
+
+def test_a_language_the_model_lacks_is_refused_by_the_engine_too(base, spoken):
+    # A one-shot worker is not asked by the host before the job: the engine refuses itself.
+    with pytest.raises(UnsupportedRequest, match="does not know language 'yue'"):
+        base.transcribe(spoken["es"], language="yue")
 
 
 def test_a_given_language_is_transcribed_in_that_language(base, spoken):

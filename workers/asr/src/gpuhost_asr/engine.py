@@ -232,8 +232,9 @@ class Transcriber:
             local_files_only=settings.local_files_only,
         )
         self.english_only = not self.model.model.is_multilingual
+        self._languages = self._known_languages()
 
-    def languages(self) -> list:
+    def _known_languages(self) -> list:
         """The language codes the model can transcribe: those its tokenizer has a token for.
         (faster-whisper lists every code Whisper ever had for any multilingual model; `yue`,
         Cantonese, came with large-v3, and asked of base it gave "U U U U …".)"""
@@ -241,6 +242,10 @@ class Transcriber:
             return ["en"]
         vocabulary = self.model.hf_tokenizer
         return [c for c in self.model.supported_languages if vocabulary.token_to_id(f"<|{c}|>")]
+
+    def languages(self) -> list:
+        """The language codes the model can transcribe."""
+        return list(self._languages)
 
     def warm_up(self, audio) -> None:
         """Decodes `audio` (float32, 16 kHz) once, through the VAD and without it, so that the
@@ -270,6 +275,12 @@ class Transcriber:
         result's `language` stays the spoken one)."""
         if self.english_only:
             refuse_other_languages(self.model_name, language, translate)
+        elif language and language not in self._languages:
+            # The host refuses it first when the worker is loaded; a one-shot worker is not.
+            raise UnsupportedRequest(
+                f"the model {self.model_name} does not know language {language!r}: leave it "
+                f"out to have it detected, or give one of: {', '.join(self._languages)}"
+            )
         from faster_whisper.audio import decode_audio
 
         audio = decode_audio(audio_path, sampling_rate=gaps.RATE)
