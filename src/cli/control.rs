@@ -57,6 +57,15 @@ pub(crate) async fn control(
         .await
         .context("the server's answer is not JSON: is --server a gpuhost?")?;
     super::print_result(&(serde_json::to_string(&body)? + "\n"))?;
+    // A stop whose teardown failed (the memory never came back) is no success: scripts look at
+    // the exit status.
+    if matches!(action, Action::Stop) && body["state"] == "failed" {
+        bail!(
+            "{}: the stop failed: {}",
+            args.name,
+            super::shown(body["last_error"].as_str().unwrap_or("no reason given"))
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -282,14 +282,11 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
     .await;
     let events = grant_events(host.post("/services/leaky/start").send().await.unwrap()).await;
     assert!(matches!(events.last(), Some(GrantEvent::Healthy { .. })));
-    let stopped: Value = host
-        .post("/services/leaky/stop")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    // `gpuhost stop` says the stop failed, and exits 1 (it exited 0).
+    let (code, err, out) = cli(&host, &["stop", "leaky"]).await;
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("leaky: the stop failed"), "{err}");
+    let stopped: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(stopped["state"], "failed", "{stopped}");
     assert!(
         stopped["last_error"]
@@ -1711,6 +1708,51 @@ async fn fallback_oneshot_serves_a_job_without_bringing_the_resident_back() {
     // `/load` still brings it back for good.
     host.post("/workers/w/load").send().await.unwrap();
     let host = host.ready().await;
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_service_whose_url_already_answers_is_not_started_again() {
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(&gpu, &service(&gpu, "llm", "--load-s 0.1", ""));
+    // A copy started by hand on the service's port (its own state folder: gpuhost's starts
+    // are counted apart).
+    let port: String = config
+        .split("http://127.0.0.1:")
+        .nth(1)
+        .unwrap()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let outside = tempfile::tempdir().unwrap();
+    let mut copy = std::process::Command::new(python())
+        .arg(fixture("fake_service.py"))
+        .args([
+            port.as_str(),
+            outside.path().to_str().unwrap(),
+            "--load-s",
+            "0",
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/health");
+    wait_for("the copy to serve", Duration::from_secs(10), || async {
+        reqwest::get(&url)
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    let host = TestHost::start(&config).await.ready().await;
+    let events = grant_events(host.post("/services/llm/start").send().await.unwrap()).await;
+    let _ = copy.kill();
+    let _ = copy.wait();
+    // Called healthy, it was the copy that answered: a second one was started beside it.
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Error { code, message }) if code == "service_failed" && message.contains("already answers")),
+        "{events:?}"
+    );
+    assert_eq!(starts(&gpu), 0, "nothing started beside the copy");
     host.stop().await;
 }
 

@@ -81,6 +81,20 @@ impl Actor {
         let Some(permit) = self.wait_for_grant().await else {
             return;
         };
+        if self.already_served().await {
+            // A copy started by hand (vLLM still on its port): it answered the health polls, a
+            // second copy was started beside it and died on the port, and both were called
+            // healthy; the one that lives holds GPU memory gpuhost does not know of.
+            return self.fail(
+                "service_failed",
+                format!(
+                    "something already answers {} before gpuhost started {}: a copy started \
+                     outside gpuhost? Stop it; gpuhost starts a service only where nothing \
+                     serves yet",
+                    self.spec.health_url, self.spec.name
+                ),
+            );
+        }
         let events = self.events.clone();
         let notify = move |e: GrantEvent| events.send(e);
         if let Err(why) = self
@@ -177,6 +191,13 @@ impl Actor {
                 },
             }
         }
+    }
+
+    /// Whether the health URL answers 2xx before the service is started (one try, 2 s at most).
+    async fn already_served(&self) -> bool {
+        let probe = self.core.http.get(&self.spec.health_url);
+        let answer = probe.timeout(Duration::from_secs(2)).send().await;
+        answer.is_ok_and(|r| r.status().is_success())
     }
 
     /// Polls the health URL until it answers 2xx; `Err` on exit, timeout or a stop.
