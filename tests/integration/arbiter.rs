@@ -1757,6 +1757,46 @@ async fn a_service_whose_url_already_answers_is_not_started_again() {
 }
 
 #[tokio::test]
+async fn a_service_that_dies_while_healthy_is_failed_not_stopped() {
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(
+        &gpu,
+        &service(
+            &gpu,
+            "crash",
+            "--load-s 0.1 --mib 2000 --fail-after-s 0.5",
+            "",
+        ),
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let events = grant_events(host.post("/services/crash/start").send().await.unwrap()).await;
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
+        "{events:?}"
+    );
+    // It read `stopped`, as if someone had stopped it.
+    wait_status(&host, "crash failed", |s| {
+        service_state(s, "crash") == "failed"
+    })
+    .await;
+    let services: Value = host
+        .get("/services")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let crash = &services["services"][0];
+    let why = crash["last_error"].as_str().unwrap();
+    assert!(
+        why.contains("exited by itself") && why.contains("exit code 3"),
+        "{crash}"
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_worker_is_not_loaded_by_hand_beside_a_lease() {
     let gpu = FakeGpu::new(IDLE);
     let host = TestHost::start(&arbiter_config(&gpu, ""))

@@ -149,8 +149,10 @@ impl Actor {
                     seconds,
                 });
                 self.set(ServiceState::Healthy, |s| s.last_use = Some(Instant::now()));
-                let reason = self.while_healthy(&mut running).await;
-                self.stop(running, &reason, None).await;
+                let (reason, exited) = self.while_healthy(&mut running).await;
+                // Ending by itself while healthy is a failure (a crash, an OOM), not a stop.
+                let failure = exited.then_some("service_failed");
+                self.stop(running, &reason, failure).await;
             }
             Err((code, why)) => self.stop(running, &why, Some(code)).await,
         }
@@ -249,8 +251,9 @@ impl Actor {
         }
     }
 
-    /// Serves until a stop or an exit; returns why it ends.
-    async fn while_healthy(&mut self, running: &mut Running) -> String {
+    /// Serves until a stop or an exit; returns why it ends, and whether the service ended by
+    /// itself.
+    async fn while_healthy(&mut self, running: &mut Running) -> (String, bool) {
         // Its own clock: log lines and touches (many a second) must not postpone the measure.
         let mut measure = tokio::time::interval(Duration::from_secs(1));
         measure.tick().await;
@@ -258,17 +261,17 @@ impl Actor {
             tokio::select! {
                 status = running.group.wait() => {
                     let exit = status.map(|s| describe_exit(&s)).unwrap_or_else(|e| e.to_string());
-                    let why = format!("the service exited ({exit})");
-                    self.status.send_modify(|s| s.last_error = Some(format!("{why}; last lines:\n{}", self.tail_text())));
-                    return why;
+                    let why = format!("the service exited by itself while healthy ({exit}); last lines:\n{}", self.tail_text());
+                    self.status.send_modify(|s| s.last_error = Some(why.clone()));
+                    return (why, true);
                 }
                 Some(line) = next_line(&mut running.stdout) => self.log(line, false),
                 Some(line) = next_line(&mut running.stderr) => self.log(line, false),
                 _ = measure.tick() => self.measure(running.group.pid()),
                 control = self.rx.recv() => match control {
-                    Some(Control::Stop { reason }) => return reason,
+                    Some(Control::Stop { reason }) => return (reason, false),
                     Some(Control::Touch) | Some(Control::Start { .. }) => self.status.send_modify(|s| s.last_use = Some(Instant::now())),
-                    None => return "gpuhost is shutting down".into(),
+                    None => return ("gpuhost is shutting down".into(), false),
                 },
             }
         }
