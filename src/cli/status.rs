@@ -87,7 +87,11 @@ pub(crate) fn render(s: &Value) -> String {
             s["backend"]["active"].as_str().unwrap_or("?")
         )),
     }
-    out.push_str(&format!("is_idle: {}\n", s["is_idle"]));
+    out.push_str(&format!(
+        "is_idle: {}  (backend {})\n",
+        s["is_idle"],
+        s["backend"]["active"].as_str().unwrap_or("?")
+    ));
     let procs = s["processes"].as_array().cloned().unwrap_or_default();
     if procs.is_empty() {
         out.push_str("no processes on the GPU\n");
@@ -106,12 +110,32 @@ pub(crate) fn render(s: &Value) -> String {
             p["command"].as_str().unwrap_or("")
         ));
     }
+    // A pid only while there is a process (it read `pid null`).
+    let pid = |v: &Value| {
+        v["pid"]
+            .as_u64()
+            .map(|p| format!(" pid {p}"))
+            .unwrap_or_default()
+    };
     for w in s["workers"].as_array().cloned().unwrap_or_default() {
         out.push_str(&format!(
-            "worker {:<10} {:<8} pid {}\n",
+            "worker  {:<10} {:<8}{}\n",
             w["name"].as_str().unwrap_or(""),
             w["state"].as_str().unwrap_or(""),
-            w["pid"]
+            pid(&w)
+        ));
+    }
+    for v in s["services"].as_array().cloned().unwrap_or_default() {
+        let error = match (v["state"].as_str(), v["last_error"].as_str()) {
+            // Its first line: the rest is the service's own log.
+            (Some("failed"), Some(e)) => format!("  {}", e.lines().next().unwrap_or("")),
+            _ => String::new(),
+        };
+        out.push_str(&format!(
+            "service {:<10} {:<8}{}{error}\n",
+            v["name"].as_str().unwrap_or(""),
+            v["state"].as_str().unwrap_or(""),
+            pid(&v)
         ));
     }
     out.push_str(&format!(
@@ -141,5 +165,29 @@ mod tests {
             assert_eq!(cells.chars().count(), 30, "{bar}");
         }
         assert!(render(&json!("not an object")).contains("no sample"));
+    }
+
+    #[test]
+    fn services_and_the_backend_are_shown_and_no_pid_is_null() {
+        let text = render(&json!({
+            "backend": {"active": "nvml"},
+            "is_idle": false,
+            "queue": {"running": 0, "waiting": 0},
+            "workers": [{"name": "asr", "state": "unloaded", "pid": null}],
+            "services": [
+                {"name": "llm", "state": "healthy", "pid": 42},
+                {"name": "img", "state": "failed", "pid": null, "last_error": "the service exited\nTraceback"},
+            ],
+        }));
+        assert!(text.contains("backend nvml"), "{text}");
+        assert!(!text.contains("null"), "{text}");
+        assert!(
+            text.contains("service llm        healthy  pid 42"),
+            "{text}"
+        );
+        assert!(
+            text.contains("service img        failed    the service exited\n"),
+            "{text}"
+        );
     }
 }
