@@ -201,17 +201,27 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         }
     };
     // Ctrl-C reaches the program too (same process group): wait for it to end, then release.
-    // SIGTERM or SIGHUP to gpuhost (a service manager, a closed terminal) is passed on to the
-    // program and everything below it, then the lease is released as at a normal end. A lost
-    // lease stops the program the same way. Either way SIGKILL follows after LOST_GRACE.
+    // A second one (or a SIGINT sent to gpuhost alone, which the program never saw, twice) stops
+    // the program as SIGTERM does. SIGTERM or SIGHUP to gpuhost (a service manager, a closed
+    // terminal) is passed on to the program and everything below it, then the lease is released
+    // as at a normal end. A lost lease stops the program the same way. Either way SIGKILL
+    // follows after LOST_GRACE.
     let mut renewer = renewer;
     let mut lost = false;
     let mut stopping = Stopping::No;
+    let mut interrupts = 0;
     let mut reap = tokio::time::interval(Duration::from_secs(1));
     let status = loop {
         tokio::select! {
             status = program.wait() => break status?,
-            _ = tokio::signal::ctrl_c() => eprintln!("gpuhost lease: interrupted; waiting for the program to exit"),
+            _ = tokio::signal::ctrl_c() => {
+                interrupts += 1;
+                if interrupts == 1 {
+                    eprintln!("gpuhost lease: interrupted; waiting for the program to exit (interrupt again to stop it)");
+                } else {
+                    stopping.begin(&program, "interrupted twice");
+                }
+            }
             Some(()) = terminate.recv() => stopping.begin(&program, "terminated"),
             Some(()) = hangup.recv() => stopping.begin(&program, "hung up"),
             _ = &mut renewer, if !lost => {

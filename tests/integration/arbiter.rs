@@ -1012,6 +1012,59 @@ async fn a_program_whose_lease_is_gone_is_stopped() {
 }
 
 #[tokio::test]
+async fn a_second_interrupt_stops_the_leased_program() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let running = dir.path().join("running");
+    // SIGINT sent to the client alone never reaches the program (it waited forever).
+    let script = format!(
+        "trap 'exit 9' TERM; touch {}; sleep 6021 & wait",
+        running.display()
+    );
+    let child = lease_command(&host, &["--ttl", "600"], &["sh", "-c", &script])
+        .stderr(std::fs::File::create(dir.path().join("err")).unwrap())
+        .spawn()
+        .unwrap();
+    lease_shows(&host).await;
+    wait_for("the program to run", Duration::from_secs(10), || {
+        let up = running.exists();
+        async move { up }
+    })
+    .await;
+    let err = || std::fs::read_to_string(dir.path().join("err")).unwrap();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    wait_for(
+        "the first interrupt to be heard",
+        Duration::from_secs(10),
+        || {
+            let heard = err().contains("interrupt again");
+            async move { heard }
+        },
+    )
+    .await;
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let mut child = child;
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(9),
+        "the program's own status: {}",
+        err()
+    );
+    assert!(leases(&host).await.is_empty(), "released: {}", err());
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_terminated_lease_client_stops_its_program_and_releases_at_once() {
     let gpu = FakeGpu::new(IDLE);
     let host = TestHost::start(&arbiter_config(&gpu, ""))
