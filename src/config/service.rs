@@ -81,20 +81,16 @@ impl ServiceConfig {
             return Err(format!("{at}: command is empty"));
         }
         super::validate::launchable(&self.command, &self.env).map_err(|e| format!("{at}: {e}"))?;
-        match reqwest::Url::parse(&self.health_url) {
-            Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
-            Ok(_) => {
-                return Err(format!(
-                    "{at}: health_url must be an http:// or https:// URL with a host, got {:?}",
-                    self.health_url
-                ))
-            }
-            Err(e) => {
-                return Err(format!(
-                    "{at}: health_url {:?} is not a URL ({e})",
-                    self.health_url
-                ))
-            }
+        http_url(&at, "health_url", &self.health_url)?;
+        if let Some(url) = &self.release_url {
+            // Checked here, not at the first stop, where a typo only logged a warning.
+            http_url(&at, "release_url", url)?;
+        }
+        if reqwest::Method::from_bytes(self.release_method.as_bytes()).is_err() {
+            return Err(format!(
+                "{at}: release_method {:?} is not an HTTP method (POST, PUT, DELETE, …)",
+                self.release_method
+            ));
         }
         super::validate::positive_seconds(
             &format!("{at}:"),
@@ -129,6 +125,17 @@ impl ServiceConfig {
             "SIGHUP" => libc::SIGHUP,
             _ => libc::SIGTERM,
         }
+    }
+}
+
+/// `url` (the value of `key` in section `at`) is an http:// or https:// URL with a host.
+fn http_url(at: &str, key: &str, url: &str) -> Result<(), String> {
+    match reqwest::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
+        Ok(_) => Err(format!(
+            "{at}: {key} must be an http:// or https:// URL with a host, got {url:?}"
+        )),
+        Err(e) => Err(format!("{at}: {key} {url:?} is not a URL ({e})")),
     }
 }
 

@@ -225,6 +225,11 @@ fn settings_that_would_break_the_server_later_are_refused_at_load() {
         ("token = \"é\"\n", "printable ASCII"),
         ("token = \"a b\"\n", "printable ASCII"),
         ("[gpu]\ndevice = 4294967296\n", "[gpu] device"),
+        ("[gpu.status]\nidle_utilization_pct = 500\n", "0 to 100"),
+        (
+            "[limits]\nmax_upload_bytes = 0\n",
+            "every upload would be refused",
+        ),
         (
             "[arbiter]\nlease_ttl_s = 100\nmax_lease_ttl_s = 10\n",
             "above max_lease_ttl_s",
@@ -241,6 +246,11 @@ fn settings_that_would_break_the_server_later_are_refused_at_load() {
             &svc("").replace("http://127.0.0.1:8000/health", "ftp://h/x"),
             "http://",
         ),
+        (
+            &svc("release_url = \"nope\"\n"),
+            "release_url \"nope\" is not a URL",
+        ),
+        (&svc("release_method = \"GE T\"\n"), "not an HTTP method"),
         (&svc("").replace("[\"vllm\"]", "[\"\"]"), "command is empty"),
         (&svc("").replace("\"llm\"", "\"a/b\""), "letters, digits"),
     ] {

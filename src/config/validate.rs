@@ -105,6 +105,15 @@ impl Config {
                 self.gpu.status.interval_s
             ));
         }
+        if self.gpu.status.idle_utilization_pct > 100 {
+            return invalid(format!(
+                "[gpu.status] idle_utilization_pct is a percentage, 0 to 100, got {}",
+                self.gpu.status.idle_utilization_pct
+            ));
+        }
+        if self.limits.max_upload_bytes == 0 {
+            return invalid("[limits] max_upload_bytes is 0: every upload would be refused".into());
+        }
         for stage in &self.pipeline.stages {
             if !self.workers.contains_key(stage) {
                 return Err(ConfigError::Invalid(format!(
