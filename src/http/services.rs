@@ -157,10 +157,23 @@ pub(super) async fn touch(
 
 fn worker(app: &AppState, name: &str) -> Result<crate::worker::WorkerHandle, ApiError> {
     app.supervisor.get(name).cloned().ok_or_else(|| {
+        let known: Vec<String> = app
+            .supervisor
+            .statuses()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
         ApiError::new(
             StatusCode::NOT_FOUND,
             "no_such_worker",
-            format!("no worker `{name}`"),
+            format!(
+                "no worker `{name}`; configured: {}",
+                if known.is_empty() {
+                    "none".into()
+                } else {
+                    known.join(", ")
+                }
+            ),
         )
     })
 }

@@ -1297,6 +1297,9 @@ async fn the_command_line_unloads_loads_starts_and_stops() {
     let (code, err, _) = cli(&host, &["stop", "nope"]).await;
     assert_eq!(code, Some(1));
     assert!(err.contains("no service `nope`"), "{err}");
+    let (code, err, _) = cli(&host, &["unload", "nope"]).await;
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no worker `nope`; configured: w"), "{err}");
     host.stop().await;
 }
 
