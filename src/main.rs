@@ -53,12 +53,13 @@ enum Command {
     Transcribe(cli::transcribe::TranscribeArgs),
     /// Create or refresh worker venvs (all managed workers when none are named).
     Setup {
+        /// The workers to set up (names from the config); default: every packaged worker.
         workers: Vec<String>,
         /// Rebuild even when up to date.
         #[arg(long)]
         force: bool,
     },
-    /// Show a server's GPU status: decision, VRAM, processes, workers, queue.
+    /// Show a server's GPU status: decision, VRAM, processes, workers, services, queue.
     Status(cli::status::StatusArgs),
     /// Run a program while holding a GPU lease from a server (`gpuhost lease -- python train.py`).
     Lease(cli::lease::LeaseArgs),
