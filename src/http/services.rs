@@ -41,24 +41,13 @@ pub(super) fn view(s: &ServiceStatus) -> Value {
 
 fn service(app: &AppState, name: &str) -> Result<ServiceHandle, ApiError> {
     app.arbiter.services.get(name).cloned().ok_or_else(|| {
-        let known: Vec<String> = app
-            .arbiter
-            .services
-            .statuses()
-            .into_iter()
-            .map(|s| s.name)
-            .collect();
-        ApiError::new(
-            StatusCode::NOT_FOUND,
+        let known = app.arbiter.services.statuses().into_iter().map(|s| s.name);
+        unknown(
             "no_such_service",
-            format!(
-                "no service `{name}`; configured: {}",
-                if known.is_empty() {
-                    "none ([[services]] in the config)".into()
-                } else {
-                    known.join(", ")
-                }
-            ),
+            "service",
+            name,
+            known,
+            "none ([[services]] in the config)",
         )
     })
 }
@@ -157,25 +146,30 @@ pub(super) async fn touch(
 
 fn worker(app: &AppState, name: &str) -> Result<crate::worker::WorkerHandle, ApiError> {
     app.supervisor.get(name).cloned().ok_or_else(|| {
-        let known: Vec<String> = app
-            .supervisor
-            .statuses()
-            .into_iter()
-            .map(|s| s.name)
-            .collect();
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "no_such_worker",
-            format!(
-                "no worker `{name}`; configured: {}",
-                if known.is_empty() {
-                    "none".into()
-                } else {
-                    known.join(", ")
-                }
-            ),
-        )
+        let known = app.supervisor.statuses().into_iter().map(|s| s.name);
+        unknown("no_such_worker", "worker", name, known, "none")
     })
+}
+
+/// 404 `code` for the `what` called `name`, naming the `known` ones (`none` when there are none).
+fn unknown(
+    code: &'static str,
+    what: &str,
+    name: &str,
+    known: impl Iterator<Item = String>,
+    none: &str,
+) -> ApiError {
+    let known: Vec<String> = known.collect();
+    let listed = if known.is_empty() {
+        none.to_string()
+    } else {
+        known.join(", ")
+    };
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        code,
+        format!("no {what} `{name}`; configured: {listed}"),
+    )
 }
 
 /// Unloads a worker (its process stops; it reloads at the next job or on `/load`).
