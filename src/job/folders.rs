@@ -38,15 +38,23 @@ pub fn job_dir_for(config: &Config, upload: &Source) -> std::io::Result<tempfile
 const SMALL_ROOM: u64 = 4 << 20;
 
 fn job_dir_in(dir: PathBuf) -> std::io::Result<tempfile::TempDir> {
-    let make = || {
+    in_made_dir(&dir, || {
         tempfile::Builder::new()
             .prefix(&format!("{JOB_PREFIX}{}-", std::process::id()))
             .tempdir_in(&dir)
-    };
+    })
+}
+
+/// `make` (something created in `dir`), with `dir` made first when it is gone (a tmp cleaner,
+/// a first start) and `make` tried again. Jobs and the `/health` probe make it alike: a probe
+/// that called a missing dir unusable kept `/ready` at 503, so no job came to make it.
+fn in_made_dir<T>(
+    dir: &std::path::Path,
+    make: impl Fn() -> std::io::Result<T>,
+) -> std::io::Result<T> {
     match make() {
-        // The temp dir itself is gone (a tmp cleaner, a first start): make it and try again.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(&dir)?;
+            std::fs::create_dir_all(dir)?;
             make()
         }
         made => made,
@@ -185,19 +193,11 @@ pub fn sweep_stale(temp_dir: &std::path::Path) -> usize {
 /// refused for want of room.)
 pub fn temp_dir_usable(temp_dir: &std::path::Path) -> Result<(), String> {
     use std::io::Write;
-    let make = || {
+    let mut probe = in_made_dir(temp_dir, || {
         tempfile::Builder::new()
             .prefix(".gpuhost-probe-")
             .tempfile_in(temp_dir)
-    };
-    let mut probe = match make() {
-        // Missing (a first start, a tmp cleaner): made, as `job_dir_in` does. Calling it
-        // unusable kept `/ready` at 503, so no job came to make it.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(temp_dir).and_then(|()| make())
-        }
-        made => made,
-    }
+    })
     .map_err(|e| {
         format!(
             "cannot create files in the temp dir (limits.temp_dir): {}",

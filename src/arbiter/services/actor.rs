@@ -195,11 +195,15 @@ impl Actor {
         }
     }
 
+    /// One GET of the health URL: whether it answers 2xx within `timeout`.
+    fn probe(&self, timeout: Duration) -> futures_util::future::BoxFuture<'static, bool> {
+        let request = self.core.http.get(&self.spec.health_url).timeout(timeout);
+        Box::pin(async move { request.send().await.is_ok_and(|r| r.status().is_success()) })
+    }
+
     /// Whether the health URL answers 2xx before the service is started (one try, 2 s at most).
     async fn already_served(&self) -> bool {
-        let probe = self.core.http.get(&self.spec.health_url);
-        let answer = probe.timeout(Duration::from_secs(2)).send().await;
-        answer.is_ok_and(|r| r.status().is_success())
+        self.probe(Duration::from_secs(2)).await
     }
 
     /// Polls the health URL until it answers 2xx; `Err` on exit, timeout or a stop.
@@ -219,11 +223,7 @@ impl Actor {
             tokio::select! {
                 _ = tokio::time::sleep_until(next_poll), if probe.is_none() => {
                     next_poll += interval;
-                    let request = self.core.http.get(&self.spec.health_url)
-                        .timeout(interval.max(Duration::from_secs(2)));
-                    probe = Some(Box::pin(async move {
-                        request.send().await.is_ok_and(|r| r.status().is_success())
-                    }));
+                    probe = Some(self.probe(interval.max(Duration::from_secs(2))));
                 }
                 healthy = async { probe.as_mut().expect("guarded by the condition").await }, if probe.is_some() => {
                     probe = None;
