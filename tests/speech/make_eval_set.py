@@ -169,11 +169,14 @@ def main(out: str) -> None:
             write_wav(wide, samples)
             with open(os.path.join(out, f"{name}.json"), "w") as f:
                 json.dump(truth, f, indent=1)
-            # Telephone: band-limit, 8 kHz, mu-law, as a phone line would deliver it.
+            # Telephone: band-limit, 8 kHz, mu-law, as a phone line would deliver it. `-R`:
+            # sox's dither is seeded the same every time, so every build of the set is the same
+            # (a fresh seed per build moved a phone recording's WER across its bound).
             phone = os.path.join(out, f"{name}_phone.wav")
             subprocess.run(
                 [
                     "sox",
+                    "-R",
                     wide,
                     "-r",
                     "8000",
