@@ -47,6 +47,8 @@ pub struct Core {
     pub footprints: Arc<Footprints>,
     /// `[[gpu.watch]]` servers that can be asked to free their memory.
     watches: Vec<WatchConfig>,
+    /// Where service actors say which process group is theirs (for `/status`).
+    pub service_pids: Arc<crate::gpu::ServicePids>,
 }
 
 pub struct Arbiter {
@@ -176,6 +178,7 @@ impl Arbiter {
                     http: http.clone(),
                     footprints: Arc::clone(&footprints),
                     watches: watches.clone(),
+                    service_pids: Arc::clone(&gpu.services),
                 });
                 core.queue.set_room(sharing::RoomSource(Box::new({
                     let core = Arc::downgrade(&core);

@@ -5,6 +5,7 @@ mod backend;
 mod decision;
 pub mod error;
 mod nvml;
+mod owners;
 pub mod procfs;
 mod sampler;
 pub mod smi;
@@ -13,6 +14,7 @@ use serde::Serialize;
 
 pub use backend::{Backend, BackendReport};
 pub use decision::{Decision, DecisionInput, Judge};
+pub use owners::ServicePids;
 pub use sampler::{GpuMonitor, Snapshot, StatusView};
 
 /// One GPU as sampled.
@@ -67,6 +69,10 @@ pub struct GpuProcess {
     /// The gpuhost worker this process belongs to.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker: Option<String>,
+    /// The gpuhost service (`[[services]]`) this process belongs to: its own process or a
+    /// child it started (vLLM's engine core).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
     /// The `[[gpu.watch]]` service it matched.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub watch: Option<String>,

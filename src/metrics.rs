@@ -153,6 +153,7 @@ pub fn render(app: &App) -> String {
             ("pid", p.pid.to_string()),
             ("name", p.name.clone()),
             ("worker", p.worker.clone().unwrap_or_default()),
+            ("service", p.service.clone().unwrap_or_default()),
         ];
         set(&process_memory, labels, p.used_memory_mib as f64 * MIB);
     }

@@ -185,6 +185,7 @@ mod tests {
                     command_note: None,
                     gpu_index: 0,
                     worker: None,
+                    service: None,
                     watch: None,
                 })
                 .collect(),

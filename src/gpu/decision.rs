@@ -101,6 +101,7 @@ impl Judge {
                         .watch
                         .as_deref()
                         .or(p.worker.as_deref())
+                        .or(p.service.as_deref())
                         .unwrap_or(&p.name);
                     format!("{label} (pid {}, {} MiB)", p.pid, p.used_memory_mib)
                 })
@@ -191,6 +192,7 @@ mod tests {
             command_note: None,
             gpu_index: 0,
             worker: None,
+            service: None,
             watch: None,
         }
     }

@@ -14,13 +14,14 @@ use super::error::SampleError;
 use super::procfs::ProcFs;
 use super::{
     Backend, BackendReport, Decision, DecisionInput, GpuInfo, GpuProcess, Judge, RawSample,
+    ServicePids,
 };
 use crate::config::{Config, WatchConfig};
 use crate::supervisor::Supervisor;
 
 mod describe;
 mod view;
-use describe::{describe, reconcile};
+use describe::{describe, reconcile, Owners};
 pub use view::StatusView;
 
 /// One published sample with its verdict.
@@ -57,6 +58,8 @@ pub struct GpuMonitor {
     stale_after: Duration,
     device: u32,
     hide_commands: bool,
+    /// The running services' process groups, written by their actors.
+    pub services: Arc<ServicePids>,
     /// Taken once on shutdown; std Mutex, never held across `.await`.
     task: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
@@ -67,6 +70,7 @@ struct Sampler {
     watch: Vec<WatchConfig>,
     judge: Judge,
     supervisor: Arc<Supervisor>,
+    services: Arc<ServicePids>,
     http: reqwest::Client,
     device: u32,
 }
@@ -102,6 +106,7 @@ impl GpuMonitor {
         };
         let (tx, rx) = watch::channel(Arc::new(initial));
         let device = config.gpu.device as u32;
+        let services = Arc::new(ServicePids::default());
         let task = (!matches!(backend, Backend::None)).then(|| {
             let sampler = Sampler {
                 backend,
@@ -113,6 +118,7 @@ impl GpuMonitor {
                     Duration::from_secs_f64(st.quiet_period_s),
                 ),
                 supervisor,
+                services: Arc::clone(&services),
                 http: reqwest::Client::builder()
                     .timeout(Duration::from_secs(1))
                     .build()
@@ -127,6 +133,7 @@ impl GpuMonitor {
             stale_after: Duration::from_secs_f64(st.stale_after_s),
             device,
             hide_commands: st.hide_commands,
+            services,
             task: std::sync::Mutex::new(task),
         }
     }
@@ -189,6 +196,7 @@ impl Sampler {
             .into_iter()
             .filter_map(|s| Some((s.pid?, s.name)))
             .collect();
+        let service_pids = self.services.current();
         // `/proc` reads can block (a process stuck in the kernel): off the runtime threads, in
         // one hop per sample.
         let (procfs, watch, listed) = (
@@ -199,7 +207,11 @@ impl Sampler {
         let (processes, found) = tokio::task::spawn_blocking(move || {
             let patterns: Vec<&str> = watch.iter().map(|w| w.pattern.as_str()).collect();
             let found = procfs.find(&patterns, std::process::id());
-            (describe(&procfs, &watch, &worker_pids, &listed), found)
+            let owners = Owners {
+                workers: &worker_pids,
+                services: &service_pids,
+            };
+            (describe(&procfs, &watch, &owners, &listed), found)
         })
         .await
         .unwrap_or_default();

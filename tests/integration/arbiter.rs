@@ -140,6 +140,16 @@ async fn twenty_concurrent_starts_start_one_process() {
         s["reason"].as_str().unwrap().contains("service llm"),
         "{s:#}"
     );
+    // Its process is named as gpuhost's service, in /status and in /metrics.
+    assert_eq!(s["processes"][0]["service"], "llm", "{s:#}");
+    let metrics = host.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("gpuhost_gpu_process_memory_bytes")
+                && l.contains("service=\"llm\"")),
+        "{metrics}"
+    );
     // Already healthy: answered at once, still one process.
     let events = grant_events(host.post("/services/llm/start").send().await.unwrap()).await;
     assert!(matches!(events.as_slice(), [GrantEvent::Healthy { .. }]));

@@ -127,6 +127,7 @@ impl Actor {
                 }
             };
         let pid = group.pid();
+        self.core.service_pids.started(pid, &self.spec.name);
         tracing::info!(service = %self.spec.name, pid, "service started");
         self.emit(GrantEvent::Starting { pid });
         self.set(ServiceState::Starting, |s| {

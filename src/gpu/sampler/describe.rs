@@ -7,22 +7,27 @@ use super::super::procfs::ProcFs;
 use super::super::{GpuInfo, GpuProcess, RawProcess};
 use crate::config::WatchConfig;
 
+/// The process groups gpuhost started, by their leader's pid.
+pub(super) struct Owners<'a> {
+    pub(super) workers: &'a HashMap<u32, String>,
+    pub(super) services: &'a HashMap<u32, String>,
+}
+
 /// The listed GPU processes with what `/proc` tells of them: command line (the parent's when
-/// empty), owning worker, watched service.
+/// empty), owning worker or service (its own pid or an ancestor's), watched service.
 pub(super) fn describe(
     procfs: &ProcFs,
     watch: &[WatchConfig],
-    worker_pids: &HashMap<u32, String>,
+    owners: &Owners,
     listed: &[RawProcess],
 ) -> Vec<GpuProcess> {
     listed
         .iter()
         .map(|p| {
             let cmd = procfs.command(p.pid);
-            let worker = procfs
-                .lineage(p.pid)
-                .iter()
-                .find_map(|pid| worker_pids.get(pid).cloned());
+            let lineage = procfs.lineage(p.pid);
+            let owner =
+                |of: &HashMap<u32, String>| lineage.iter().find_map(|pid| of.get(pid).cloned());
             let watch = watch
                 .iter()
                 .find(|w| cmd.command.contains(&w.pattern))
@@ -39,7 +44,8 @@ pub(super) fn describe(
                 command_pid: cmd.from_pid,
                 command_note: cmd.note,
                 gpu_index: p.gpu_index,
-                worker,
+                worker: owner(owners.workers),
+                service: owner(owners.services),
                 watch,
             }
         })

@@ -51,6 +51,8 @@ impl Actor {
             after: stopped_at,
         };
         let verified = self.core.verify_teardown(&gone).await;
+        // Gone, or given up on: a process that outlives its group's kill is the block's to name.
+        self.core.service_pids.ended(pid);
         let Running { permit, .. } = running;
         match verified {
             Ok(()) => {
