@@ -152,7 +152,8 @@ fn spawn_piped(
         .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = adopted::recorded(|| cmd.spawn(), Child::id)?;
+    let mut child =
+        adopted::recorded(|| cmd.spawn(), Child::id).map_err(|e| which_missing(e, cwd))?;
     let stdin = child.stdin.take();
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
@@ -168,6 +169,24 @@ fn spawn_piped(
         stdout,
         stderr,
     ))
+}
+
+/// A spawn's "No such file or directory" is the program's or the working folder's: says which
+/// (the OS does not), so that a config's `cwd` that does not exist is not read as a missing
+/// program.
+fn which_missing(e: io::Error, cwd: &Path) -> io::Error {
+    if e.kind() == io::ErrorKind::NotFound && !cwd.is_dir() {
+        let what = if cwd.exists() {
+            "is not a folder"
+        } else {
+            "does not exist"
+        };
+        return io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("its working folder (`cwd`) {} {what}", cwd.display()),
+        );
+    }
+    e
 }
 
 /// What a short helper command printed.
