@@ -81,9 +81,9 @@ async fn a_helper_that_writes_without_end_is_cut_off() {
 async fn a_missing_working_folder_is_named_not_taken_for_a_missing_program() {
     let gone = std::path::Path::new("/nonexistent/gpuhost-cwd");
     let argv = ["sh".to_string(), "-c".into(), "true".into()];
-    let e = spawn_service(&argv, gone, &BTreeMap::new())
-        .err()
-        .expect("no such folder");
+    let Err(e) = spawn_service(&argv, gone, &BTreeMap::new()) else {
+        panic!("no such folder");
+    };
     assert!(
         e.to_string()
             .contains("working folder (`cwd`) /nonexistent/gpuhost-cwd does not exist"),
@@ -91,8 +91,8 @@ async fn a_missing_working_folder_is_named_not_taken_for_a_missing_program() {
     );
     // A missing program in a folder that exists keeps the OS's words.
     let argv = ["/nonexistent/program".to_string()];
-    let e = spawn_service(&argv, std::path::Path::new("/"), &BTreeMap::new())
-        .err()
-        .expect("no such program");
+    let Err(e) = spawn_service(&argv, std::path::Path::new("/"), &BTreeMap::new()) else {
+        panic!("no such program");
+    };
     assert!(!e.to_string().contains("cwd"), "{e}");
 }
