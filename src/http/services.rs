@@ -81,8 +81,18 @@ pub(super) async fn start(
             return;
         }
         // Joining a start under way: where it is now, then (heartbeats) said again while it
-        // stays there.
-        if let Some(now) = joined.now {
+        // stays there. Joining a stop: this start waits for it (its grace, its teardown), and
+        // says so rather than nothing until then.
+        let now = joined.now.or_else(|| {
+            (status.state == ServiceState::Stopping).then(|| GrantEvent::Queued {
+                position: 1,
+                waiting_for: Some(format!(
+                    "service {} to finish stopping (it starts again after)",
+                    status.name
+                )),
+            })
+        });
+        if let Some(now) = now {
             if tx.send(now).await.is_err() {
                 return;
             }

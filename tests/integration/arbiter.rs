@@ -2035,6 +2035,12 @@ async fn a_caller_joining_a_failed_starts_teardown_gets_a_start_of_its_own() {
     .await;
     let joined = host.post("/services/slow/start").send().await.unwrap();
     let joined = grant_events(joined).await;
+    // Told at once what it waits for (it heard nothing for the whole grace before).
+    assert!(
+        matches!(joined.first(), Some(GrantEvent::Queued { waiting_for: Some(w), .. })
+        if w.contains("service slow to finish stopping")),
+        "{joined:?}"
+    );
     let first = first.await.unwrap();
     assert!(
         matches!(first.last(), Some(GrantEvent::Error { code, .. }) if code == "service_timeout"),
