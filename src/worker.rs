@@ -214,6 +214,10 @@ impl TaskError {
                 kind: FailureKind::NoSpace,
                 ..
             } => ErrorCode::InsufficientStorage,
+            TaskError::Failed {
+                kind: FailureKind::Refused,
+                ..
+            } => ErrorCode::Refused,
             TaskError::Failed { .. } => ErrorCode::JobFailed,
             TaskError::BadOutput { .. } => ErrorCode::BadOutput,
             TaskError::ShuttingDown { .. } => ErrorCode::ShuttingDown,

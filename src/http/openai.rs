@@ -98,10 +98,7 @@ pub(super) enum OpenAiErrors {
     TooLarge(OpenAiErrorBody),
     #[response(status = 415, description = "Not decodable as audio")]
     NotAudio(OpenAiErrorBody),
-    #[response(
-        status = 422,
-        description = "The job failed, or the worker refused it (a language or a translation its model cannot do, when it was not loaded to be asked before)"
-    )]
+    #[response(status = 422, description = "The job failed")]
     JobFailed(OpenAiErrorBody),
     #[response(status = 429, description = "The GPU queue is full (see Retry-After)")]
     QueueFull(OpenAiErrorBody),
@@ -135,7 +132,7 @@ pub(super) enum OpenAiErrors {
             (String = "application/x-subrip"),
             (String = "text/vtt"),
         )),
-        (status = 400, description = "Bad form", body = OpenAiErrorBody),
+        (status = 400, description = "Bad form, or the worker refused the job (a language or a translation its model cannot do, when it was not loaded to be asked before)", body = OpenAiErrorBody),
         OpenAiErrors,
     ),
     security(("bearer" = []))

@@ -16,6 +16,10 @@ pub enum ErrorCode {
     WorkerTimeout,
     /// A worker reported that this job failed (bad input for the model, say).
     JobFailed,
+    /// A worker declined what the job asked (`kind: "refused"`: a language or a translation its
+    /// model cannot do, too little speech for a voiceprint): the request's to change, a 400 as
+    /// the host's own refusals before the queue are.
+    Refused,
     /// A worker said `done` but its result file is missing or not JSON.
     BadOutput,
     /// A worker's disk (or quota) was full (`kind: "no_space"`), as the host's own full temp
@@ -40,6 +44,7 @@ impl ErrorCode {
             ErrorCode::WorkerUnavailable | ErrorCode::ShuttingDown => 503,
             ErrorCode::WorkerTimeout => 504,
             ErrorCode::JobFailed => 422,
+            ErrorCode::Refused => 400,
             ErrorCode::InsufficientStorage => 507,
             ErrorCode::WorkerCrashed | ErrorCode::BadOutput => 502,
             // Nobody reads the answer of a cancelled job; 499 is nginx's "client closed request".
@@ -57,6 +62,7 @@ impl ErrorCode {
             ErrorCode::WorkerCrashed => "worker_crashed",
             ErrorCode::WorkerTimeout => "worker_timeout",
             ErrorCode::JobFailed => "job_failed",
+            ErrorCode::Refused => "refused",
             ErrorCode::BadOutput => "bad_output",
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::ShuttingDown => "shutting_down",

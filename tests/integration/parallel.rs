@@ -167,6 +167,21 @@ async fn a_request_naming_a_language_runs_the_asr_first_among_oneshot_stages() {
     assert!(message.contains("stage `asr`"), "{message}");
     assert_eq!(host.worker("diarizer").await["tasks_done"], 0);
     assert_eq!(host.worker("diarizer").await["tasks_failed"], 0);
+    // A one-shot ASR refuses a language itself (never loaded, it could not be asked before the
+    // queue): the request's to change, a 400 as the host's own refusals are, not a failed job.
+    let refused = host
+        .post_body(
+            "/transcribe?language=fake:refuse&format=json",
+            wav(0.2, 16000, 1),
+        )
+        .await;
+    assert_eq!(refused.status(), 400);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"], "refused", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("English-only"),
+        "{body}"
+    );
     // Without a language the configured order stands.
     let events = host.transcribe("", wav(0.2, 16000, 1)).await;
     assert!(

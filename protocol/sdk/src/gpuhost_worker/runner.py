@@ -31,7 +31,8 @@ JobCancelled = TaskCancelled
 class TaskRefused(ValueError):
     """Raise from `Worker.run` when the task asks what cannot be done with this input or this
     model (too little speech for a voiceprint, a language the model does not know). Its message
-    goes to the client as it is; the host answers 422 and counts a refusal, not a failure."""
+    goes to the client as it is; the host answers 400 (`refused`) and counts a refusal, not a
+    failure."""
 
 
 def failure(e: BaseException) -> dict:
