@@ -4,6 +4,7 @@
 mod child;
 mod decode;
 mod limits;
+mod mp4;
 mod resample;
 mod wav;
 
