@@ -45,6 +45,19 @@ pub enum GrantKind {
     Reload,
 }
 
+impl GrantKind {
+    /// Its wire name (`job`), as `/gpu/history` says it and the audit log records it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GrantKind::Job => "job",
+            GrantKind::Service => "service",
+            GrantKind::Lease => "lease",
+            GrantKind::Unload => "unload",
+            GrantKind::Reload => "reload",
+        }
+    }
+}
+
 impl From<HolderKind> for GrantKind {
     fn from(kind: HolderKind) -> GrantKind {
         match kind {
@@ -150,7 +163,7 @@ impl History {
             waited_s: (waited.as_secs_f64() * 1000.0).round() / 1000.0,
             peak_mib: None,
         };
-        tracing::info!(target: "gpuhost::audit", grant = id, device, kind = ?record.kind, holder, waited_s = record.waited_s, "GPU granted");
+        tracing::info!(target: "gpuhost::audit", grant = id, device, kind = record.kind.as_str(), holder, waited_s = record.waited_s, "GPU granted");
         let mut rings = self.lock();
         rings.grants.push_back(record);
         self.trim(&mut rings);
@@ -167,7 +180,7 @@ impl History {
         {
             let end = unix_now();
             r.end = Some(end);
-            tracing::info!(target: "gpuhost::audit", grant = id, kind = ?r.kind, holder = %r.holder, held_s = end - r.start, peak_mib = ?r.peak_mib, "GPU released");
+            tracing::info!(target: "gpuhost::audit", grant = id, kind = r.kind.as_str(), holder = %r.holder, held_s = end - r.start, peak_mib = r.peak_mib, "GPU released");
         }
     }
 
@@ -177,7 +190,7 @@ impl History {
         let mut rings = self.lock();
         let id = EVENT_IDS + rings.next_event_id;
         rings.next_event_id += 1;
-        tracing::info!(target: "gpuhost::audit", event = id, device, kind = ?kind, holder, "GPU event");
+        tracing::info!(target: "gpuhost::audit", event = id, device, kind = kind.as_str(), holder, "GPU event");
         rings.grants.push_back(GrantRecord {
             id,
             device,

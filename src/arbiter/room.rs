@@ -162,7 +162,7 @@ impl Core {
         let released = watched::release(&self.http, how).await;
         let verified = match released {
             Ok(what) => {
-                tracing::info!(watch = %watch.name, released = ?what, "asked a watched server to free its memory");
+                tracing::info!(watch = %watch.name, released = %what.join(", "), "asked a watched server to free its memory");
                 let gone = Gone {
                     what: format!("watched {}", watch.name),
                     pids: Vec::new(),

@@ -82,14 +82,14 @@ impl GpuMonitor {
         let (backend, report) = Backend::select(st);
         match &report.path {
             Some(path) => {
-                tracing::info!(backend = report.active, %path, unavailable = ?report.unavailable, "GPU status backend")
+                tracing::info!(backend = report.active, %path, unavailable = %unavailable(&report), "GPU status backend")
             }
             // Chosen (`backend = "none"`, and every one-shot command) is no news.
             None if st.backend == crate::config::GpuBackendChoice::None => {
                 tracing::debug!("GPU status backend: none, as configured")
             }
             None => {
-                tracing::warn!(unavailable = ?report.unavailable, "no GPU status backend: /status will read unknown")
+                tracing::warn!(unavailable = %unavailable(&report), "no GPU status backend: /status will read unknown")
             }
         }
         let initial = match &backend {
@@ -157,6 +157,12 @@ impl GpuMonitor {
             task.abort();
         }
     }
+}
+
+/// The backends that could not be used, each in a phrase, for a log line.
+fn unavailable(report: &BackendReport) -> String {
+    let why: Vec<String> = report.unavailable.iter().map(|u| u.summary()).collect();
+    why.join("; ")
 }
 
 impl Sampler {

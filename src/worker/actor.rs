@@ -176,7 +176,7 @@ impl Actor {
         };
         match outcome {
             Ok(session) => {
-                tracing::info!(worker = %self.spec.name, pid = session.pid(), ready = ?session.ready, "worker ready");
+                tracing::info!(worker = %self.spec.name, pid = session.pid(), ready = %serde_json::to_string(&session.ready).unwrap_or_default(), "worker ready");
                 self.failures = 0;
                 let (pid, ready) = (session.pid(), session.ready.clone());
                 self.life = Life::Up(Box::new(session));

@@ -84,3 +84,16 @@ fn long_holder_labels_are_cut_in_the_record() {
         .iter()
         .any(|g| g.id == id && g.holder == "short"));
 }
+
+#[test]
+fn the_audit_log_names_a_grant_kind_as_the_api_does() {
+    for kind in [
+        GrantKind::Job,
+        GrantKind::Service,
+        GrantKind::Lease,
+        GrantKind::Unload,
+        GrantKind::Reload,
+    ] {
+        assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+    }
+}
