@@ -134,4 +134,26 @@ impl App {
             temp_probe,
         })
     }
+
+    /// The GPU as `/status`, `/metrics` and `/health` say it: the latest sample, and busy
+    /// whatever it shows while a grant the sample cannot see yet (a service still loading, a
+    /// lease) or a block holds the GPU.
+    pub fn gpu_view(&self, workers: &[crate::worker::WorkerStatus]) -> crate::gpu::StatusView {
+        let mut view = self.gpu.view(workers);
+        if let Some(why) = self.arbiter.busy_reason() {
+            view.is_idle = false;
+            view.decision = crate::gpu::Decision::Busy;
+            view.reason = why;
+        }
+        view
+    }
+
+    /// `/health`'s part of [`App::gpu_view`].
+    pub fn gpu_health(&self) -> crate::gpu::GpuHealth {
+        let mut health = self.gpu.health();
+        if self.arbiter.busy_reason().is_some() {
+            health.decision = crate::gpu::Decision::Busy;
+        }
+        health
+    }
 }

@@ -108,6 +108,13 @@ impl Core {
             .map(|g| g.memory_used_mib)
     }
 
+    /// The processes on the device, as last sampled.
+    pub fn listed_pids(&self) -> Vec<u32> {
+        let snap = self.snapshot();
+        let on_device = snap.processes.iter().filter(|p| p.gpu_index == self.device);
+        on_device.map(|p| p.pid).collect()
+    }
+
     /// The device's whole memory, as last sampled.
     pub fn total_mib(&self) -> Option<u64> {
         self.room().map(|r| r.total_mib).filter(|&t| t > 0)
@@ -221,6 +228,9 @@ impl Arbiter {
 
     /// Stops the services and the loop (leases end with the process).
     pub async fn stop(&self) {
+        for core in &self.cores {
+            core.queue.close();
+        }
         if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
             task.abort();
         }

@@ -15,7 +15,7 @@ use serde::Serialize;
 pub use backend::{Backend, BackendReport};
 pub use decision::{Decision, DecisionInput, Judge};
 pub use owners::ServicePids;
-pub use sampler::{GpuMonitor, Snapshot, StatusView};
+pub use sampler::{GpuHealth, GpuMonitor, Snapshot, StatusView};
 
 /// One GPU as sampled.
 #[derive(Debug, Clone, PartialEq, Serialize)]

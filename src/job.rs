@@ -159,6 +159,18 @@ pub fn start_job(
     Ok(rx)
 }
 
+/// A queued job's last event when gpuhost shuts down before its turn came.
+async fn shutting_down(tx: &mpsc::Sender<ClientEvent>) {
+    let _ = tx
+        .send(ClientEvent::Error {
+            code: ErrorCode::ShuttingDown,
+            message: "gpuhost is shutting down; the job never started: send it again once \
+                      gpuhost is back"
+                .into(),
+        })
+        .await;
+}
+
 async fn run_job(
     app: AppState,
     job: PreparedJob,
@@ -167,6 +179,9 @@ async fn run_job(
 ) {
     let mut last_position = None;
     let permit = loop {
+        if waiter.closed() {
+            return shutting_down(&tx).await;
+        }
         let position = waiter.position();
         if position.is_some() && position != last_position {
             last_position = position;
@@ -197,7 +212,10 @@ async fn run_job(
             });
         }
         tokio::select! {
-            permit = waiter.granted() => pinned.push(permit),
+            permit = waiter.granted() => match permit {
+                Some(permit) => pinned.push(permit),
+                None => return shutting_down(&tx).await,
+            },
             _ = tx.closed() => return,
         }
     }

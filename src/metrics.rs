@@ -82,7 +82,7 @@ const MIB: f64 = 1048576.0;
 
 pub fn render(app: &App) -> String {
     let workers = app.supervisor.statuses();
-    let status = app.gpu.view(&workers);
+    let status = app.gpu_view(&workers);
     let mut scrape = Scrape(Registry::default());
 
     let sample_ok = scrape.gauges(
@@ -197,9 +197,17 @@ pub fn render(app: &App) -> String {
     }
 
     let waiting = app.queue.waiting() as f64;
-    scrape.gauge("gpuhost_queue_waiting", "Jobs waiting for the GPU", waiting);
+    scrape.gauge(
+        "gpuhost_queue_waiting",
+        "Requests waiting for the GPU: jobs, service starts, leases",
+        waiting,
+    );
     let running = app.queue.running() as f64;
-    scrape.gauge("gpuhost_queue_running", "Jobs holding the GPU", running);
+    scrape.gauge(
+        "gpuhost_queue_running",
+        "Holders of the GPU now: jobs, services, leases",
+        running,
+    );
     let leases = app.arbiter.leases.list().len() as f64;
     scrape.gauge(
         "gpuhost_leases",

@@ -11,6 +11,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::queue::{GpuPermit, HolderKind, Ticket};
+use super::teardown::Gone;
 use super::Core;
 use crate::protocol::GrantEvent;
 
@@ -36,8 +37,42 @@ struct Lease {
     ttl: Duration,
     granted: Instant,
     expires: Instant,
-    /// Held until the lease ends: dropping it hands the GPU on.
-    _permit: GpuPermit,
+    /// Held until the lease ends and its memory is back (see [`Lease::end`]).
+    permit: GpuPermit,
+    core: Arc<Core>,
+    /// Used memory of the device when it was granted, and (`share = "vram"`) the processes on it.
+    baseline_used_mib: Option<u64>,
+    listed_before: Option<Vec<u32>>,
+}
+
+impl Lease {
+    /// Hands the GPU on once the lease's memory is back, as for every holder: its program is
+    /// not gpuhost's to stop, so only the memory is checked; when it never comes back the
+    /// queue is blocked until it does (a program that outlives its lease holds the memory the
+    /// next holder was promised).
+    fn end(self) {
+        let gone = Gone {
+            what: format!("the lease of {} ({})", self.view.holder, self.view.purpose),
+            pids: Vec::new(),
+            pgid: None,
+            baseline_used_mib: self.baseline_used_mib,
+            listed_before: self.listed_before,
+            watch: None,
+            after: Instant::now(),
+        };
+        let (core, permit) = (self.core, self.permit);
+        // Mostly the program has ended before its lease (`gpuhost lease -- CMD`), and the
+        // last sample shows its memory back: the next holder need not wait for another.
+        if core.seen_gone(&gone) {
+            return drop(permit);
+        }
+        tokio::spawn(async move {
+            if let Err(why) = core.verify_teardown(&gone).await {
+                core.block_until_freed(gone, why);
+            }
+            drop(permit);
+        });
+    }
 }
 
 pub struct Leases {
@@ -121,6 +156,10 @@ impl Leases {
         };
         let mut last = None;
         let permit = loop {
+            if waiter.closed() {
+                let why = "gpuhost is shutting down; no lease was granted".to_string();
+                return refuse(&events, "shutting_down", why).await;
+            }
             let position = waiter.position();
             if let Some(position) = position {
                 if !request.wait {
@@ -161,6 +200,8 @@ impl Leases {
             return; // the client left while room was made: no lease for nobody
         }
         let now = Instant::now();
+        let baseline_used_mib = core.used_mib();
+        let listed_before = core.queue.shares_vram().then(|| core.listed_pids());
         let view = LeaseView {
             id,
             device: core.device,
@@ -179,7 +220,10 @@ impl Leases {
                 ttl,
                 granted: now,
                 expires: now + ttl,
-                _permit: permit,
+                permit,
+                core: Arc::clone(&core),
+                baseline_used_mib,
+                listed_before,
             },
         );
         let granted = GrantEvent::Granted {
@@ -204,10 +248,12 @@ impl Leases {
     /// Ends the lease: the GPU goes to the next waiter. `false` when it did not exist.
     pub fn release(&self, id: u64) -> bool {
         let removed = self.lock().remove(&id);
-        if let Some(lease) = &removed {
-            tracing::info!(lease = id, holder = %lease.view.holder, held_s = lease.granted.elapsed().as_secs_f64(), "lease released");
-        }
-        removed.is_some()
+        let Some(lease) = removed else {
+            return false;
+        };
+        tracing::info!(lease = id, holder = %lease.view.holder, held_s = lease.granted.elapsed().as_secs_f64(), "lease released");
+        lease.end();
+        true
     }
 
     /// Reclaims every lease whose TTL passed without a renewal.
@@ -224,6 +270,7 @@ impl Leases {
         };
         for lease in expired {
             tracing::warn!(lease = lease.view.id, holder = %lease.view.holder, "lease expired without a renewal; GPU reclaimed");
+            lease.end();
         }
     }
 

@@ -103,6 +103,8 @@ struct QueueState {
     next_id: u64,
     /// While set, nothing is granted (a teardown that never completed): the reason.
     blocked: Option<String>,
+    /// gpuhost is shutting down: nothing is granted again, and every waiter is told so.
+    closed: bool,
 }
 
 impl GpuQueue {
@@ -230,9 +232,26 @@ impl GpuQueue {
         self.bump();
     }
 
+    /// Grants nothing more, ever (gpuhost shuts down): each waiter sees [`Waiter::closed`].
+    pub fn close(&self) {
+        {
+            let mut state = self.lock();
+            state.closed = true;
+            state.blocked = Some("gpuhost is shutting down".into());
+        }
+        self.bump();
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     pub fn unblock(&self) {
         {
             let mut state = self.lock();
+            if state.closed {
+                return;
+            }
             state.blocked = None;
             self.dispatch(&mut state);
         }

@@ -26,6 +26,19 @@ impl Core {
         .await
     }
 
+    /// Whether the latest sample already shows `gone` done (taken before it ended: only for a
+    /// holder whose end gpuhost does not cause, a lease whose program has exited already).
+    pub fn seen_gone(&self, gone: &Gone) -> bool {
+        !self.observed
+            || teardown::check(
+                &self.snapshot(),
+                self.device,
+                gone,
+                self.config.teardown_tolerance_mib,
+            )
+            .is_ok()
+    }
+
     /// After a teardown that never completed: block the queue (nothing is granted; `/status`
     /// says busy with the reason) until a later sample shows the memory back.
     pub fn block_until_freed(self: &Arc<Self>, gone: Gone, reason: String) {
@@ -106,6 +119,7 @@ impl Core {
                     pids: vec![pid],
                     pgid: Some(pid),
                     baseline_used_mib: None,
+                    listed_before: None,
                     watch: None,
                     after: before,
                 };
@@ -168,6 +182,7 @@ impl Core {
                     pids: Vec::new(),
                     pgid: None,
                     baseline_used_mib: None,
+                    listed_before: None,
                     watch: Some(watch.name.clone()),
                     after: before,
                 };

@@ -50,6 +50,10 @@ pub struct ServiceStatus {
     pub since: Option<Instant>,
     #[serde(skip)]
     pub last_use: Option<Instant>,
+    /// Lives ended (stopped or failed) so far: a stop waits for this to move, as the state
+    /// itself may pass through `stopped` to `queued` (a start waiting) between two looks.
+    #[serde(skip)]
+    pub ended: u64,
 }
 
 enum Control {
@@ -113,6 +117,17 @@ impl ServiceHandle {
         let _ = self.control.try_send(Control::Touch);
     }
 
+    /// Stops the service and waits until the life it is in (queued, starting, healthy or
+    /// stopping) has ended; at once when none is.
+    pub async fn stop_and_wait(&self, reason: &str) -> ServiceStatus {
+        let before = self.status();
+        self.stop(reason);
+        if matches!(before.state, ServiceState::Stopped | ServiceState::Failed) {
+            return before;
+        }
+        self.wait_for(|s| s.ended > before.ended).await
+    }
+
     /// Waits until the service reaches a state for which `pred` holds.
     pub async fn wait_for(&self, pred: impl Fn(&ServiceStatus) -> bool) -> ServiceStatus {
         let mut rx = self.status.clone();
@@ -154,6 +169,7 @@ impl Services {
                     last_error: None,
                     since: None,
                     last_use: None,
+                    ended: 0,
                 });
                 let events = Announcer::new();
                 let actor = Actor {
@@ -247,24 +263,28 @@ pub fn footprint_key(name: &str) -> String {
 mod tests {
     use super::*;
 
+    fn healthy() -> ServiceStatus {
+        ServiceStatus {
+            name: "s".into(),
+            state: ServiceState::Healthy,
+            pid: None,
+            vram_mib: None,
+            device: 0,
+            measured_vram_mib: None,
+            starts: 0,
+            last_error: None,
+            since: None,
+            last_use: None,
+            ended: 0,
+        }
+    }
+
     #[tokio::test]
     async fn a_stop_is_not_lost_behind_a_full_channel() {
         let (control, mut rx) = mpsc::channel(2);
         let handle = ServiceHandle {
             control,
-            status: watch::channel(ServiceStatus {
-                name: "s".into(),
-                state: ServiceState::Healthy,
-                pid: None,
-                vram_mib: None,
-                device: 0,
-                measured_vram_mib: None,
-                starts: 0,
-                last_error: None,
-                since: None,
-                last_use: None,
-            })
-            .1,
+            status: watch::channel(healthy()).1,
             events: Announcer::new(),
         };
         // The actor is busy: touches fill its channel, then the stop comes.
@@ -278,5 +298,30 @@ mod tests {
             Some(Control::Stop { reason }) => assert_eq!(reason, "shutting down"),
             _ => panic!("the stop was lost"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_stop_returns_when_a_waiting_start_follows_it_at_once() {
+        let (control, mut rx) = mpsc::channel(8);
+        let (status_tx, status) = watch::channel(healthy());
+        let handle = ServiceHandle {
+            control,
+            status,
+            events: Announcer::new(),
+        };
+        let stop = tokio::spawn(async move { handle.stop_and_wait("by request").await });
+        assert!(matches!(rx.recv().await, Some(Control::Stop { .. })));
+        // The actor stops the service, then takes the start that waited behind the stop,
+        // before the caller looks again: it never sees `stopped`.
+        status_tx.send_modify(|s| {
+            s.state = ServiceState::Stopped;
+            s.ended += 1;
+        });
+        status_tx.send_modify(|s| s.state = ServiceState::Queued);
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(5), stop)
+            .await
+            .expect("the stop waited for a state it had missed")
+            .unwrap();
+        assert_eq!(seen.ended, 1);
     }
 }

@@ -20,6 +20,10 @@ pub struct Gone {
     pub pgid: Option<u32>,
     /// Used memory of the device before the holder started.
     pub baseline_used_mib: Option<u64>,
+    /// With `share = "vram"`: the GPU processes listed when the holder started. One listed now
+    /// that is neither among them nor the holder's came with another holder sharing the GPU
+    /// (a lease's program, a job's worker): its memory is not the holder's to give back.
+    pub listed_before: Option<Vec<u32>>,
     /// A `[[gpu.watch]]` server asked to free its memory (it keeps running): the processes
     /// matched by it may hold no more than the tolerance in all.
     pub watch: Option<String>,
@@ -107,7 +111,15 @@ pub fn check(snap: &Snapshot, device: u32, gone: &Gone, tolerance_mib: u64) -> R
         return Err(format!("GPU {device} is not in the sample"));
     };
     if let Some(before) = gone.baseline_used_mib {
-        if gpu.memory_used_mib > before.saturating_add(tolerance_mib) {
+        let others_mib = gone.listed_before.as_ref().map_or(0, |listed| {
+            snap.processes
+                .iter()
+                .filter(|p| p.gpu_index == device && !listed.contains(&p.pid))
+                .map(|p| p.used_memory_mib)
+                .fold(0, u64::saturating_add)
+        });
+        let used = gpu.memory_used_mib.saturating_sub(others_mib);
+        if used > before.saturating_add(tolerance_mib) {
             let holders: Vec<String> = snap
                 .processes
                 .iter()
@@ -121,9 +133,14 @@ pub fn check(snap: &Snapshot, device: u32, gone: &Gone, tolerance_mib: u64) -> R
                     )
                 })
                 .collect();
+            let others = if others_mib > 0 {
+                format!(" (not counting {others_mib} MiB of processes that came since)")
+            } else {
+                String::new()
+            };
             return Err(format!(
-                "{} MiB used, {} MiB before {} started (tolerance {} MiB); on the GPU: {}",
-                gpu.memory_used_mib,
+                "{} MiB used{others}, {} MiB before {} started (tolerance {} MiB); on the GPU: {}",
+                used,
                 before,
                 gone.what,
                 tolerance_mib,
@@ -203,6 +220,7 @@ mod tests {
             pids: vec![42],
             pgid: None,
             baseline_used_mib: Some(500),
+            listed_before: None,
             watch: None,
             after: Instant::now(),
         };
@@ -212,5 +230,27 @@ mod tests {
         let err = check(&snap(9000, &[]), 0, &gone, 256).unwrap_err();
         assert!(err.contains("9000 MiB used"), "{err}");
         assert!(check(&snap(700, &[7]), 0, &gone, 256).is_ok());
+    }
+
+    #[test]
+    fn with_shared_vram_a_process_that_came_since_is_not_the_holders() {
+        let mut gone = Gone {
+            what: "service x".into(),
+            pids: vec![42],
+            pgid: None,
+            baseline_used_mib: Some(500),
+            listed_before: Some(vec![7]),
+            watch: None,
+            after: Instant::now(),
+        };
+        // pid 7 was there before; pid 9 (1000 MiB) came with a lease beside the service.
+        assert!(check(&snap(1500, &[7, 9]), 0, &gone, 256).is_ok());
+        let err = check(&snap(2600, &[7, 9]), 0, &gone, 256).unwrap_err();
+        assert!(
+            err.contains("1600 MiB used (not counting 1000 MiB"),
+            "{err}"
+        );
+        gone.listed_before = None;
+        assert!(check(&snap(1500, &[7, 9]), 0, &gone, 256).is_err());
     }
 }

@@ -22,7 +22,7 @@ use crate::supervisor::Supervisor;
 mod describe;
 mod view;
 use describe::{describe, reconcile, Owners};
-pub use view::StatusView;
+pub use view::{GpuHealth, StatusView};
 
 /// One published sample with its verdict.
 #[derive(Debug, Clone)]

@@ -46,7 +46,7 @@ pub(super) async fn health(State(app): State<AppState>) -> Response {
         "uptime_s": crate::pipeline::round3(app.started.elapsed().as_secs_f64()),
         "workers": { "total": statuses.len(), "ready": ready, "loading": loading },
         "queue": { "running": app.queue.running(), "waiting": app.queue.waiting(), "max_waiting": app.config.limits.max_queue },
-        "gpu": app.gpu.health(),
+        "gpu": app.gpu_health(),
     });
     (status, Json(body)).into_response()
 }

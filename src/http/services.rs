@@ -132,10 +132,7 @@ pub(super) async fn stop(
     PathName(name): PathName,
 ) -> Result<Json<Value>, ApiError> {
     let handle = service(&app, &name)?;
-    handle.stop("stopped by request");
-    let status = handle
-        .wait_for(|s| matches!(s.state, ServiceState::Stopped | ServiceState::Failed))
-        .await;
+    let status = handle.stop_and_wait("stopped by request").await;
     Ok(Json(view(&status)))
 }
 

@@ -16,13 +16,7 @@ use crate::AppState;
 ), security(("bearer" = [])))]
 pub(super) async fn status(State(app): State<AppState>) -> Json<Value> {
     let workers = app.supervisor.statuses();
-    let mut view = app.gpu.view(&workers);
-    // A grant the sample cannot see yet (a service still loading, a lease) is still a holder.
-    if let Some(why) = app.arbiter.busy_reason() {
-        view.is_idle = false;
-        view.decision = crate::gpu::Decision::Busy;
-        view.reason = why;
-    }
+    let view = app.gpu_view(&workers);
     let mut body = serde_json::to_value(&view).unwrap_or_default();
     body["workers"] = workers
         .iter()

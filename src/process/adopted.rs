@@ -141,10 +141,12 @@ pub fn sweep(proc: &ProcFs) -> Vec<u32> {
             continue;
         }
         let command = proc.cmdline(pid).unwrap_or_default();
-        if group == pid {
+        if group == pid || !started.contains(&group) {
+            // Its own group, or one gpuhost never started (a daemon's double fork).
             tracing::warn!(pid, %command, "killing an orphan a worker or service left outside its process group");
         } else {
-            // In the group of a worker that has exited: the group kill's anyway.
+            // In the group of a worker that has exited (a helper still ending at its stop):
+            // the group kill's anyway.
             tracing::debug!(pid, %command, "killing an orphan of an exited worker or service");
         }
         // SAFETY: signals to our own unreaped child (its pid cannot be reused meanwhile) and to

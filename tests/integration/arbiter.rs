@@ -196,6 +196,14 @@ async fn a_lease_makes_room_and_residents_come_back_after_it() {
         s["reason"].as_str().unwrap().contains("alice: training"),
         "{s:#}"
     );
+    // /health and /metrics say what /status says, though the sample shows nothing yet.
+    let health = host.get_json("/health").await;
+    assert_eq!(health["gpu"]["decision"], "busy", "{health:#}");
+    let metrics = host.metrics().await;
+    assert!(
+        metrics.contains("gpuhost_gpu_decision{decision=\"busy\"} 1"),
+        "{metrics}"
+    );
     assert_eq!(s["leases"][0]["holder"], "alice");
     // Renew, then release: the worker reloads (a new process).
     let renewed = host
@@ -338,6 +346,70 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
         s["decision"] != "busy" || s["reason"].as_str().is_some_and(|r| !r.contains("leaky"))
     })
     .await;
+    let granted = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "bob"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(granted.status(), 200);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_program_that_outlives_its_lease_blocks_the_gpu_until_its_memory_is_back() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    let granted: Value = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "alice", "purpose": "notebook"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = granted["lease_id"].as_u64().expect("a lease id");
+    // The notebook takes 9 GB, and keeps it after its lease ends.
+    gpu.set_state("gpu: NVIDIA GeForce RTX 5090, 0, 9512, 32607, 41, 28.5\n");
+    wait_status(&host, "the notebook's memory in the sample", |s| {
+        s["gpu"]["memory_used_mib"] == 9512
+    })
+    .await;
+    let released = host
+        .client()
+        .delete(format!("{}/gpu/lease/{id}", host.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 200);
+    let s = wait_status(&host, "the block", |s| {
+        s["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("did not come back"))
+    })
+    .await;
+    assert_eq!(s["decision"], "busy");
+    assert!(
+        s["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the lease of alice (notebook)"),
+        "{s:#}"
+    );
+    let refused = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "bob"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+    // The notebook exits: the GPU goes on.
+    gpu.set_state(IDLE);
+    wait_status(&host, "the block to lift", |s| s["decision"] != "busy").await;
     let granted = host
         .post("/gpu/lease")
         .json(&json!({"holder": "bob"}))

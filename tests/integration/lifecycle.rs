@@ -66,6 +66,26 @@ async fn sigterm_stops_every_worker_and_ends_running_jobs() {
         read_events(response).await
     });
     wait_busy(&served.url).await;
+    // A job still waiting for the GPU is never granted it once the shutdown began: it is told
+    // so, as its last event.
+    let url = format!("{}/transcribe", served.url);
+    let response = reqwest::Client::new()
+        .post(url)
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    let mut queued = EventReader::new(response);
+    queued
+        .until(|e| matches!(e, gpuhost::protocol::ClientEvent::Queued { .. }))
+        .await;
+    let queued = tokio::spawn(async move {
+        let mut events = Vec::new();
+        while let Some(event) = queued.next().await {
+            events.push(event);
+        }
+        events
+    });
     served.binary.signal(libc::SIGTERM);
     let started = Instant::now();
     let status =
@@ -86,6 +106,11 @@ async fn sigterm_stops_every_worker_and_ends_running_jobs() {
     let events = job.await.unwrap();
     let (code, _) = error_of(&events);
     assert_eq!(code, "shutting_down");
+    let events = queued.await.unwrap();
+    assert!(!events.iter().any(super::support::started), "{events:?}");
+    let (code, message) = error_of(&events);
+    assert_eq!(code, "shutting_down");
+    assert!(message.contains("never started"), "{message}");
 }
 
 #[tokio::test]

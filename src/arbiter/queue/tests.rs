@@ -154,3 +154,20 @@ async fn backfill_lets_what_fits_go_ahead_only_when_allowed() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_closed_queue_grants_nothing_and_tells_its_waiters() {
+    let q = GpuQueue::new(1);
+    let held = q.enqueue().granted().await;
+    let waiting = q.enqueue();
+    q.close();
+    assert!(waiting.closed());
+    drop(held);
+    assert_eq!(waiting.position(), Some(1), "granted after the close");
+    assert!(waiting.granted().await.is_none());
+    q.unblock();
+    assert!(
+        q.enqueue().granted().await.is_none(),
+        "an unblock reopened it"
+    );
+}

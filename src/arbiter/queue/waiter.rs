@@ -36,6 +36,11 @@ impl Waiter {
             .map(|i| i + 1)
     }
 
+    /// Whether the queue will never grant again (gpuhost shuts down): leave and say so.
+    pub fn closed(&self) -> bool {
+        self.queue.is_closed()
+    }
+
     /// Waits for the next thing that happens to this waiter: `Some(permit)` when the GPU is
     /// ours, `None` when the queue changed (so the position may have). Cancel-safe.
     pub async fn next(&mut self) -> Option<GpuPermit> {
@@ -51,11 +56,14 @@ impl Waiter {
         }
     }
 
-    /// Waits until the GPU is ours.
-    pub async fn granted(mut self) -> GpuPermit {
+    /// Waits until the GPU is ours; `None` when the queue closes first.
+    pub async fn granted(mut self) -> Option<GpuPermit> {
         loop {
+            if self.closed() {
+                return None;
+            }
             if let Some(permit) = self.next().await {
-                return permit;
+                return Some(permit);
             }
         }
     }

@@ -34,6 +34,8 @@ struct Running {
     stdout: Option<LineReader<ChildStdout>>,
     stderr: Option<LineReader<ChildStderr>>,
     baseline_used_mib: Option<u64>,
+    /// See [`crate::arbiter::teardown::Gone::listed_before`].
+    listed_before: Option<Vec<u32>>,
     permit: GpuPermit,
 }
 
@@ -57,6 +59,9 @@ impl Actor {
         self.status.send_modify(|s| {
             s.state = state;
             s.since = Some(Instant::now());
+            if matches!(state, ServiceState::Stopped | ServiceState::Failed) {
+                s.ended += 1;
+            }
             also(s);
         });
     }
@@ -112,6 +117,11 @@ impl Actor {
         }
         let started = Instant::now();
         let baseline_used_mib = self.core.used_mib();
+        let listed_before = self
+            .core
+            .queue
+            .shares_vram()
+            .then(|| self.core.listed_pids());
         let (group, stdout, stderr) =
             match spawn_service(&self.spec.command, &self.cwd, &self.spec.env) {
                 Ok(spawned) => spawned,
@@ -139,6 +149,7 @@ impl Actor {
             stdout: Some(LineReader::new(stdout)),
             stderr: Some(LineReader::new(stderr)),
             baseline_used_mib,
+            listed_before,
             permit,
         };
         match self.until_healthy(&mut running, started).await {
@@ -173,6 +184,14 @@ impl Actor {
         let mut waiter = self.core.queue.try_enqueue(ticket, usize::MAX)?;
         let mut last = None;
         loop {
+            if waiter.closed() {
+                self.emit(GrantEvent::Error {
+                    code: "shutting_down".into(),
+                    message: "gpuhost is shutting down; the service was not started".into(),
+                });
+                self.set(ServiceState::Stopped, |_| {});
+                return None;
+            }
             let position = waiter.position();
             if position.is_some() && position != last {
                 last = position;
@@ -185,7 +204,8 @@ impl Actor {
                 next = waiter.next() => if let Some(permit) = next { return Some(permit) },
                 control = self.rx.recv() => match control {
                     Some(Control::Stop { reason }) => {
-                        self.emit(GrantEvent::Error { code: "stopped".into(), message: format!("stopped before it started: {reason}") });
+                        let code = if self.core.queue.is_closed() { "shutting_down" } else { "stopped" };
+                        self.emit(GrantEvent::Error { code: code.into(), message: format!("stopped before it started: {reason}") });
                         self.set(ServiceState::Stopped, |_| {});
                         return None;
                     }
@@ -244,8 +264,9 @@ impl Actor {
                         self.spec.health_url, self.spec.start_timeout_s, self.tail_text())));
                 }
                 control = self.rx.recv() => match control {
+                    Some(Control::Stop { reason }) if self.core.queue.is_closed() => return Err(("shutting_down", format!("stopped while starting: {reason}"))),
                     Some(Control::Stop { reason }) => return Err(("stopped", format!("stopped while starting: {reason}"))),
-                    None => return Err(("stopped", "gpuhost is shutting down".into())),
+                    None => return Err(("shutting_down", "gpuhost is shutting down".into())),
                     Some(_) => {}
                 },
             }

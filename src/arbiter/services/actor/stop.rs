@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::{Actor, Running};
 use crate::arbiter::services::ServiceState;
 use crate::arbiter::teardown::Gone;
+use crate::protocol::GrantEvent;
 
 impl Actor {
     /// Release call, signal → grace → kill, verified teardown, then the GPU goes on.
@@ -47,6 +48,7 @@ impl Actor {
             pids: vec![pid],
             pgid: Some(pid),
             baseline_used_mib: running.baseline_used_mib,
+            listed_before: running.listed_before.take(),
             watch: None,
             after: stopped_at,
         };
@@ -58,6 +60,15 @@ impl Actor {
             Ok(()) => {
                 drop(permit);
                 match failure {
+                    // Stopped while starting: its callers hear why; the service is stopped,
+                    // not failed.
+                    Some(code @ ("stopped" | "shutting_down")) => {
+                        self.emit(GrantEvent::Error {
+                            code: code.into(),
+                            message: reason.to_string(),
+                        });
+                        self.set(ServiceState::Stopped, |s| s.pid = None);
+                    }
                     Some(code) => self.fail(code, reason.to_string()),
                     None => self.set(ServiceState::Stopped, |s| s.pid = None),
                 }
