@@ -50,6 +50,7 @@ VARIANTS = {
     "fill 0.25 s": {"FILL_S": 0.25},
     "fill 1 s": {"FILL_S": 1.0},
     "neither": {"FLOOR_S": None, "FILL_S": 0.0},
+    "drop the rest": {"MERGE_REST": False},
     # Not a setting: every local speaker given the reference speaker it overlaps most in its
     # window. What is left is the error of the segmentation and the reconstruction alone.
     "oracle clustering": {"ORACLE": True},

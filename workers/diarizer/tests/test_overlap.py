@@ -246,3 +246,19 @@ def test_speech_to_the_last_sample_ends_with_the_recording(engine, crosstalk):
     assert result["turns"], result
     assert all(0 <= t["start"] < t["end"] <= 2.0 for t in result["turns"]), result["turns"]
     assert all(0 <= s < e <= 2.0 for s, e in result["overlaps"]), result["overlaps"]
+
+
+def test_more_local_speakers_than_clusters_keep_the_main_one():
+    """One voice the segmentation split in two in a short clip (3.4 s and a 0.7 s edge): with one
+    cluster, the long one must not be dropped because the short one scores closer to it."""
+    from gpuhost_diarizer.overlap_clusters import _assign
+
+    local = _local([[3.4, 0.7]])
+    a, b = local.embeddings
+    assert float(b @ b) > float(a @ b)  # the short one is the closer to a centroid at b
+    centroid = b / np.linalg.norm(b)
+    assert _assign(local, centroid[None, :]).tolist() == [0, 0]
+    # With as many clusters as local speakers, each still gets its own.
+    far = np.zeros(256, dtype=np.float32)
+    far[2] = 1
+    assert sorted(_assign(local, np.array([centroid, far])).tolist()) == [0, 1]

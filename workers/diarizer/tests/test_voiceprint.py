@@ -59,6 +59,11 @@ def test_too_little_speech_is_refused_with_what_to_give(embedder, voices):
         voiceprint.enroll(embedder, audio, [(0.0, 1.2)])
     with pytest.raises(voiceprint.EnrollError):
         voiceprint.enroll(embedder, audio, [])  # no spans is no speech, not all of it
+    # Speech in short phrases counts in full (only the first phrase counted: "only 0.8 s").
+    phrases = voiceprint.enroll(embedder, audio, [(0.0, 0.8), (1.0, 1.8), (2.0, 2.8)])
+    assert phrases["seconds"] == pytest.approx(2.4, abs=0.01)
+    whole = voiceprint.enroll(embedder, audio, None)
+    assert np.dot(phrases["vector"], whole["vector"]) > 0.8
 
 
 def test_enrolled_voices_name_their_speakers_and_the_rest_keep_theirs(embedder, voices):
@@ -97,8 +102,13 @@ def test_spans_lose_what_overlaps_and_cut_into_pieces():
     assert voiceprint._minus([(0, 10)], [(2, 3), (9, 12)]) == [(0, 2), (3, 9)]
     assert voiceprint._minus([(0, 1)], [(5, 6)]) == [(0, 1)]
     cut = voiceprint.pieces([(0, 7), (10, 10.5)])
-    assert cut == [(0, 7 / 3), (7 / 3, 14 / 3), (14 / 3, 7)]  # the half second is left out
-    assert voiceprint.pieces([(0, 0.5)]) == [(0, 0.5)]  # unless there is nothing else
+    assert cut == [[(0, 7 / 3)], [(7 / 3, 14 / 3)], [(14 / 3, 7)]]  # the half second is left out
+    assert voiceprint.pieces([(0, 0.5)]) == [[(0, 0.5)]]  # unless there is nothing else
+    # Speech in short phrases is joined, none of it lost; one long span does not push it out.
+    phrases = [(2 * i, 2 * i + 0.7) for i in range(8)]
+    cut = voiceprint.pieces(phrases + [(20, 21.5)])
+    assert [len(g) for g in cut] == [5, 3, 1], cut
+    assert sum(b - a for g in cut for a, b in g) == pytest.approx(8 * 0.7 + 1.5)
     # The same second given twice counts once.
     assert voiceprint.union([(0, 1.2)] * 10 + [(1, 2), (3, 4)]) == [(0, 2), (3, 4)]
 

@@ -202,12 +202,16 @@ def assemble(local: Local, threshold, num_speakers, min_speakers, max_speakers, 
     activity = np.zeros((k, local.frames), dtype=np.float32)
     count = np.zeros(local.frames, dtype=np.float32)
     cover = np.zeros(local.frames, dtype=np.float32)
+    # Per window, a cluster is as active as the most active of its local speakers there (two
+    # when a window had more local speakers than clusters: see overlap_clusters._assign).
+    per_window: dict = {}
     for (w, s), label in zip(local.owners, labels):
-        if label < 0:
-            continue
+        if label >= 0:
+            per_window.setdefault((w, label), []).append(s)
+    for (w, label), speakers in per_window.items():
         a = local.starts[w]
         b = min(local.frames, a + FRAMES)
-        activity[label, a:b] += local.seg[w, : b - a, s]
+        activity[label, a:b] += local.seg[w, : b - a][:, speakers].max(axis=1)
     for w, a in enumerate(local.starts):
         b = min(local.frames, a + FRAMES)
         count[a:b] += local.seg[w, : b - a].sum(axis=1)

@@ -3,7 +3,8 @@ into the recording's speakers. No protocol code here.
 
 Agglomerative clustering, average linkage on unit embeddings, trained on the local speakers with
 enough speech (short ones embed poorly) and then every local speaker assigned to a cluster, two
-speakers of one window never to the same one. The speaker count is automatic unless given;
+speakers of one window never to the same one while there are clusters enough (the ones with
+most speech first; see `_assign`). The speaker count is automatic unless given;
 unless `num_speakers`/`max_speakers` say otherwise it is never below the local speakers with
 `FLOOR_S` of speech each side by side in a window, in `FLOOR_WINDOWS` windows. `local` is an
 `overlap.Local`.
@@ -21,6 +22,9 @@ MIN_CLUSTER_S = 3.0  # a cluster with less speech joins its nearest larger one
 # that many clusters unless a count is given (None: no such floor).
 FLOOR_S = 2.0
 FLOOR_WINDOWS = 2  # ... in at least this many windows
+# A window with more local speakers than clusters: the ones past the clusters' count (those with
+# the least speech) join their nearest cluster (False: they are dropped, as pyannote does).
+MERGE_REST = True
 
 
 def cluster(local, threshold, num_speakers=None, min_speakers=None, max_speakers=None):
@@ -82,14 +86,21 @@ def _absorb_small(x, sec, labels):
 
 
 def _assign(local, centroids: np.ndarray) -> np.ndarray:
-    """Each embedding to a centroid; two local speakers of one window never share one."""
+    """Each embedding to a centroid; two local speakers of one window never share one, unless
+    the window has more local speakers than there are clusters: then the ones with the most
+    speech get distinct clusters and the rest join their nearest (one voice the segmentation
+    split in two; dropping the rest lost a short clip's main speaker to a brief edge one)."""
     labels = np.full(len(local.owners), -1, dtype=int)
     by_window: dict = {}
     for i, (w, _) in enumerate(local.owners):
         by_window.setdefault(w, []).append(i)
     for rows in by_window.values():
-        score = local.embeddings[rows] @ centroids.T
+        rows = sorted(rows, key=lambda i: -local.seconds[i])
+        first, rest = rows[: len(centroids)], rows[len(centroids) :]
+        score = local.embeddings[first] @ centroids.T
         r, c = linear_sum_assignment(-score)
         for i, k in zip(r, c):
-            labels[rows[i]] = k
+            labels[first[i]] = k
+        for i in rest if MERGE_REST else []:
+            labels[i] = int(np.argmax(local.embeddings[i] @ centroids.T))
     return labels

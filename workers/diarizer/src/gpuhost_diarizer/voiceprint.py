@@ -37,28 +37,44 @@ def union(spans: list) -> list:
 
 
 def pieces(spans: list, min_s: float = MIN_PIECE_S) -> list:
-    """`spans` ([start, end] seconds) cut into pieces of at most PIECE_S, the longest spans first,
-    up to MAX_SPEECH_S in all; pieces under `min_s` only when there is nothing longer."""
-    spans = sorted(union(spans), key=lambda x: x[0] - x[1])
-    out, total = [], 0.0
-    for start, end in spans:
+    """The audio one embedding each looks at: lists of [start, end] spans. A span of `min_s` or
+    more is cut into parts of at most PIECE_S; shorter ones (speech in short phrases, a list of
+    names) are joined in time order up to PIECE_S of speech, so that none of it is lost. Longest
+    first, up to MAX_SPEECH_S in all; a piece under `min_s` only when there is nothing longer."""
+    spans = union(spans)
+    groups: list = []
+    for start, end in (x for x in spans if x[1] - x[0] >= min_s):
         k = max(1, int(np.ceil((end - start) / PIECE_S)))
-        for i in range(k):
-            a, b = start + (end - start) * i / k, start + (end - start) * (i + 1) / k
-            if b - a < min_s and out:
-                continue
-            out.append((a, b))
-            total += b - a
-            if total >= MAX_SPEECH_S:
-                return out
+        cuts = [start + (end - start) * i / k for i in range(k + 1)]
+        groups.extend([(a, b)] for a, b in zip(cuts, cuts[1:]))
+    joined: list = []
+    for span in (x for x in spans if x[1] - x[0] < min_s):
+        joined.append(span)
+        if _speech(joined) >= PIECE_S:
+            groups.append(joined)
+            joined = []
+    if joined:
+        groups.append(joined)
+    out, total = [], 0.0
+    for group in sorted(groups, key=lambda g: -_speech(g)):
+        if _speech(group) < min_s and out:
+            continue
+        out.append(group)
+        total += _speech(group)
+        if total >= MAX_SPEECH_S:
+            break
     return out
+
+
+def _speech(spans: list) -> float:
+    return sum(b - a for a, b in spans)
 
 
 def embed_spans(embedder: SpeakerEmbedder, audio: np.ndarray, spans: list) -> tuple:
     """(unit mean embedding or None, seconds of speech it is taken from)."""
     vectors, weights = [], []
-    for a, b in pieces(spans):
-        piece = audio[int(a * RATE) : int(b * RATE)]
+    for group in pieces(spans):
+        piece = np.concatenate([audio[int(a * RATE) : int(b * RATE)] for a, b in group])
         if len(piece) < int(0.3 * RATE):
             continue
         vectors.append(embedder.embed(embedder.fbank(piece)))
