@@ -69,7 +69,10 @@ impl ApiError {
         let text = text
             .replace("Failed to deserialize query string: ", "")
             .replace("Invalid URL: ", "")
-            .replace("invalid digit found in string", "not a whole number")
+            .replace(
+                "invalid digit found in string",
+                "not a whole number of 0 or more",
+            )
             .replace(
                 "number too large to fit in target type",
                 "a number too large",

@@ -66,6 +66,15 @@ fn unsupported_language(language: &str, stage: &str, model: &str, known: &[Strin
             known.join(", ")
         );
     }
+    if super::language::name(language).is_none() {
+        // No model would help: a typo, or a code of a language no engine here knows.
+        return format!(
+            "language `{language}` is not a language code any engine here knows (Whisper's \
+             100 languages, by ISO 639-1 code such as `ko` or English name such as `korean`); \
+             the `{stage}` worker's {model} knows {}. Leave `language` out, or fix it",
+            known.join(", ")
+        );
+    }
     format!(
         "language `{language}` is not supported by the `{stage}` worker: {model} knows {} only. \
          Leave `language` out, or give the `{stage}` worker a multilingual model (for the asr \
@@ -144,17 +153,22 @@ mod tests {
 
     #[test]
     fn an_unknown_language_gets_the_advice_that_fits_the_model() {
-        let refuse = |known: &[&str]| {
+        let refuse_as = |language: &str, known: &[&str]| {
             OptionsError::UnsupportedLanguage {
-                language: "xx".into(),
+                language: language.into(),
                 stage: "asr".into(),
                 model: "m".into(),
                 known: known.iter().map(|k| k.to_string()).collect(),
             }
             .to_string()
         };
+        let refuse = |known: &[&str]| refuse_as("ko", known);
         let english_only = refuse(&["en"]);
         assert!(english_only.contains("engine = \"base\""), "{english_only}");
+        // No language at all: no model would help.
+        let typo = refuse_as("xx", &["en"]);
+        assert!(!typo.contains("engine ="), "{typo}");
+        assert!(typo.contains("not a language code"), "{typo}");
         // A multilingual model already: another model would not help, another code would.
         let many = refuse(&["de", "en", "ko"]);
         assert!(!many.contains("engine ="), "{many}");
