@@ -45,6 +45,15 @@ pub(super) fn arbiter_config(gpu: &FakeGpu, rest: &str) -> String {
     )
 }
 
+/// `POST /gpu/lease` for `holder`, without waiting: the response.
+async fn lease_as(host: &TestHost, holder: &str) -> reqwest::Response {
+    host.post("/gpu/lease")
+        .json(&json!({ "holder": holder }))
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn grant_events(response: reqwest::Response) -> Vec<GrantEvent> {
     assert_eq!(response.status(), 200);
     let text = response.text().await.unwrap();
@@ -320,12 +329,7 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
         "{s:#}"
     );
     // Nothing is granted meanwhile.
-    let refused = host
-        .post("/gpu/lease")
-        .json(&json!({"holder": "bob"}))
-        .send()
-        .await
-        .unwrap();
+    let refused = lease_as(&host, "bob").await;
     assert_eq!(refused.status(), 409);
     let body: Value = refused.json().await.unwrap();
     assert!(
@@ -346,12 +350,7 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
         s["decision"] != "busy" || s["reason"].as_str().is_some_and(|r| !r.contains("leaky"))
     })
     .await;
-    let granted = host
-        .post("/gpu/lease")
-        .json(&json!({"holder": "bob"}))
-        .send()
-        .await
-        .unwrap();
+    let granted = lease_as(&host, "bob").await;
     assert_eq!(granted.status(), 200);
     host.stop().await;
 }
@@ -400,22 +399,12 @@ async fn a_program_that_outlives_its_lease_blocks_the_gpu_until_its_memory_is_ba
             .contains("the lease of alice (notebook)"),
         "{s:#}"
     );
-    let refused = host
-        .post("/gpu/lease")
-        .json(&json!({"holder": "bob"}))
-        .send()
-        .await
-        .unwrap();
+    let refused = lease_as(&host, "bob").await;
     assert_eq!(refused.status(), 409);
     // The notebook exits: the GPU goes on.
     gpu.set_state(IDLE);
     wait_status(&host, "the block to lift", |s| s["decision"] != "busy").await;
-    let granted = host
-        .post("/gpu/lease")
-        .json(&json!({"holder": "bob"}))
-        .send()
-        .await
-        .unwrap();
+    let granted = lease_as(&host, "bob").await;
     assert_eq!(granted.status(), 200);
     host.stop().await;
 }

@@ -31,6 +31,16 @@ async fn serve() -> Served {
     }
 }
 
+/// A 0.2 s WAV posted to `url`: the response.
+async fn post_wav(url: String) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(url)
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap()
+}
+
 /// Waits until one worker of the served binary is busy with a job.
 async fn wait_busy(url: &str) {
     let workers = format!("{url}/workers");
@@ -56,26 +66,11 @@ async fn sigterm_stops_every_worker_and_ends_running_jobs() {
     assert_eq!(pids.len(), 2, "{pids:?}");
     // A job in flight when SIGTERM arrives ends with an error event, not a hang.
     let url = format!("{}/transcribe?language=fake:sleep=30000", served.url);
-    let job = tokio::spawn(async move {
-        let response = reqwest::Client::new()
-            .post(url)
-            .body(wav(0.2, 16000, 1))
-            .send()
-            .await
-            .unwrap();
-        read_events(response).await
-    });
+    let job = tokio::spawn(async move { read_events(post_wav(url).await).await });
     wait_busy(&served.url).await;
     // A job still waiting for the GPU is never granted it once the shutdown began: it is told
     // so, as its last event.
-    let url = format!("{}/transcribe", served.url);
-    let response = reqwest::Client::new()
-        .post(url)
-        .body(wav(0.2, 16000, 1))
-        .send()
-        .await
-        .unwrap();
-    let mut queued = EventReader::new(response);
+    let mut queued = EventReader::new(post_wav(format!("{}/transcribe", served.url)).await);
     queued
         .until(|e| matches!(e, gpuhost::protocol::ClientEvent::Queued { .. }))
         .await;
