@@ -3,6 +3,7 @@
 
 mod child;
 mod decode;
+mod downmix;
 mod limits;
 mod mp4;
 mod resample;

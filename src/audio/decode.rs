@@ -131,11 +131,7 @@ pub(super) fn decode_with_symphonia(
         let mut buf = SampleBuffer::<f32>::new(decoded.capacity() as u64, spec);
         buf.copy_interleaved_ref(decoded);
         mono.clear();
-        mono.extend(
-            buf.samples()
-                .chunks(channels)
-                .map(|f| f.iter().sum::<f32>() / channels as f32),
-        );
+        super::downmix::downmix(buf.samples(), channels, &mut mono);
         if skip > 0 {
             let dropped = skip.min(mono.len());
             mono.drain(..dropped);

@@ -181,3 +181,37 @@ async fn decode_given_up(decoder: Option<&'static std::path::Path>) {
     );
     assert!(decodes.try_acquire().is_ok(), "the decode's turn is free");
 }
+
+#[tokio::test]
+async fn a_phase_inverted_stereo_upload_is_not_silence() {
+    // A 44.1 kHz stereo tone whose right channel is the left one inverted: the mean of the
+    // channels is silence (an empty transcript), the speech is in either channel.
+    let mut bytes = wav(1.0, 44100, 2);
+    for frame in bytes[44..].chunks_mut(4) {
+        let right = i16::from_le_bytes([frame[2], frame[3]]);
+        frame[2..4].copy_from_slice(&(-right).to_le_bytes());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.wav");
+    std::fs::write(&input, bytes).unwrap();
+    let out = dir.path().join("out.wav");
+    let decodes = tokio::sync::Semaphore::new(1);
+    gpuhost::audio::normalize(
+        gpuhost::audio::Source::File(input),
+        &out,
+        60.0,
+        Some(std::path::Path::new(env!("CARGO_BIN_EXE_gpuhost"))),
+        "",
+        &decodes,
+        0,
+    )
+    .await
+    .unwrap();
+    let samples: Vec<f64> = std::fs::read(&out).unwrap()[44..]
+        .chunks(2)
+        .map(|s| f64::from(i16::from_le_bytes([s[0], s[1]])))
+        .collect();
+    let rms = (samples.iter().map(|x| x * x).sum::<f64>() / samples.len() as f64).sqrt();
+    // The tone's amplitude is 12000: RMS about 8500.
+    assert!(rms > 7000.0, "rms {rms}");
+}
