@@ -108,11 +108,12 @@ impl Core {
             .map(|g| g.memory_used_mib)
     }
 
-    /// The processes on the device, as last sampled.
-    pub fn listed_pids(&self) -> Vec<u32> {
-        let snap = self.snapshot();
+    /// With `share = "vram"`: the processes on the device, as last sampled, for a holder that
+    /// starts now (see [`teardown::Gone::listed_before`]); `None` when holders never share.
+    pub fn listed_before(&self) -> Option<Vec<u32>> {
+        let snap = self.queue.shares_vram().then(|| self.snapshot())?;
         let on_device = snap.processes.iter().filter(|p| p.gpu_index == self.device);
-        on_device.map(|p| p.pid).collect()
+        Some(on_device.map(|p| p.pid).collect())
     }
 
     /// The device's whole memory, as last sampled.

@@ -201,7 +201,7 @@ impl Leases {
         }
         let now = Instant::now();
         let baseline_used_mib = core.used_mib();
-        let listed_before = core.queue.shares_vram().then(|| core.listed_pids());
+        let listed_before = core.listed_before();
         let view = LeaseView {
             id,
             device: core.device,

@@ -45,6 +45,14 @@ pub(super) fn arbiter_config(gpu: &FakeGpu, rest: &str) -> String {
     )
 }
 
+/// A host on `gpu` with one fake worker and no services, its worker ready.
+async fn arbiter_host(gpu: &FakeGpu) -> TestHost {
+    TestHost::start(&arbiter_config(gpu, ""))
+        .await
+        .ready()
+        .await
+}
+
 /// `POST /gpu/lease` for `holder`, without waiting: the response.
 async fn lease_as(host: &TestHost, holder: &str) -> reqwest::Response {
     host.post("/gpu/lease")
@@ -184,10 +192,7 @@ async fn twenty_concurrent_starts_start_one_process() {
 #[tokio::test]
 async fn a_lease_makes_room_and_residents_come_back_after_it() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let old_pid = host.worker("w").await["pid"].as_u64().unwrap();
     let (lease_id, events) = granted_lease(
         &host,
@@ -358,10 +363,7 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
 #[tokio::test]
 async fn a_program_that_outlives_its_lease_blocks_the_gpu_until_its_memory_is_back() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let granted: Value = host
         .post("/gpu/lease")
         .json(&json!({"holder": "alice", "purpose": "notebook"}))
@@ -412,10 +414,7 @@ async fn a_program_that_outlives_its_lease_blocks_the_gpu_until_its_memory_is_ba
 #[tokio::test]
 async fn an_unrenewed_lease_is_reclaimed_after_its_ttl() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     // A TTL too short to renew within is refused, not granted already expired.
     let instant = host
         .post("/gpu/lease")
@@ -805,10 +804,7 @@ async fn gpuhost_lease_runs_a_program_under_a_lease_and_passes_its_status() {
 #[tokio::test]
 async fn a_killed_lease_holder_is_reclaimed_after_its_ttl() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let mut child = lease_command(&host, &["--vram", "1000", "--ttl", "1"], &["sleep", "600"])
         .spawn()
         .unwrap();
@@ -833,10 +829,7 @@ async fn a_killed_lease_holder_is_reclaimed_after_its_ttl() {
 #[tokio::test]
 async fn a_sigkilled_lease_client_takes_its_programs_whole_tree() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let dir = tempfile::tempdir().unwrap();
     // A wrapper that ignores SIGTERM, and a child that inherits that: a SIGKILLed client runs
     // no code, so only the orphan guard can stop them (SIGTERM, a second, SIGKILL).
@@ -890,10 +883,7 @@ fn children_of(parent: u32) -> Vec<(u32, String, bool)> {
 #[tokio::test]
 async fn a_sigkilled_lease_client_takes_what_it_had_adopted_and_reaps_meanwhile() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let dir = tempfile::tempdir().unwrap();
     // Fifty short-lived detached helpers (zombies of the client once they exit, until reaped)
     // and one long one, orphaned to the client: outside the program's tree.
@@ -940,10 +930,7 @@ async fn a_sigkilled_lease_client_takes_what_it_had_adopted_and_reaps_meanwhile(
 #[tokio::test]
 async fn a_leased_program_still_gets_sigterm_when_its_client_and_guard_are_killed() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let dir = tempfile::tempdir().unwrap();
     let mut child = lease_command(&host, &["--ttl", "600"], &["sleep", "6025"])
         .stderr(std::fs::File::create(dir.path().join("err")).unwrap())
@@ -978,10 +965,7 @@ async fn a_leased_program_still_gets_sigterm_when_its_client_and_guard_are_kille
 #[tokio::test]
 async fn what_a_leased_program_detaches_is_stopped_when_it_ends() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let dir = tempfile::tempdir().unwrap();
     // A daemon: its own session, and its parent gone at once, so neither the program's group
     // nor its tree holds it any more.
@@ -1016,10 +1000,7 @@ async fn what_a_leased_program_detaches_is_stopped_when_it_ends() {
 #[tokio::test]
 async fn a_program_whose_lease_is_gone_is_stopped() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     // A wrapper (sh) with the real user below it, as `uv run` or a shell script has.
     let log = tempfile::NamedTempFile::new().unwrap();
     let child = lease_command(
@@ -1085,10 +1066,7 @@ async fn a_program_whose_lease_is_gone_is_stopped() {
 #[tokio::test]
 async fn a_second_interrupt_stops_the_leased_program() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let dir = tempfile::tempdir().unwrap();
     let running = dir.path().join("running");
     // SIGINT sent to the client alone never reaches the program (it waited forever).
@@ -1138,10 +1116,7 @@ async fn a_second_interrupt_stops_the_leased_program() {
 #[tokio::test]
 async fn a_terminated_lease_client_stops_its_program_and_releases_at_once() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("term");
     let running = dir.path().join("running");
@@ -1245,10 +1220,7 @@ fn a_lease_client_whose_server_never_answers_still_stops_at_sigterm() {
 #[tokio::test]
 async fn a_program_that_cannot_start_gives_its_lease_back_at_once() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let out = tokio::task::spawn_blocking({
         let mut command = lease_command(&host, &["--ttl", "600"], &["/nonexistent/program"]);
         move || command.output().unwrap()
@@ -1289,10 +1261,7 @@ async fn a_program_that_cannot_start_gives_its_lease_back_at_once() {
 #[tokio::test]
 async fn a_lease_client_that_cannot_reach_its_server_for_a_ttl_stops_the_program() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let log = tempfile::NamedTempFile::new().unwrap();
     let child = lease_command(&host, &["--ttl", "1"], &["sleep", "6020"])
         .stderr(std::fs::File::create(log.path()).unwrap())
@@ -1439,10 +1408,7 @@ async fn measured_footprints_replace_the_guess_and_survive_a_restart() {
 #[tokio::test]
 async fn the_history_shows_who_held_the_gpu_and_who_waited() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let before = host
         .get("/gpu/history")
         .send()
@@ -1693,10 +1659,7 @@ async fn waiting_leases_are_bounded_by_the_queue_limit() {
 #[tokio::test]
 async fn a_lease_larger_than_the_gpu_is_refused_before_anything_unloads() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     wait_status(&host, "a sample", |s| s["gpu"]["memory_total_mib"] == 32607).await;
     let pid = host.worker("w").await["pid"].as_u64();
     let r = lease_now(&host, "greedy", 1 << 40).await;
@@ -1926,10 +1889,7 @@ async fn a_service_that_dies_while_healthy_is_failed_not_stopped() {
 #[tokio::test]
 async fn a_worker_is_not_loaded_by_hand_beside_a_lease() {
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     // A lease that names no memory unloads every idle resident.
     let lease: Value = host
         .post("/gpu/lease")
@@ -2147,10 +2107,7 @@ async fn ready_counts_a_worker_unloaded_for_a_lease() {
     // Jobs queue (bounded by max_queue) and reload it once the lease is gone: a 503 kept away
     // the very job that would bring it back.
     let gpu = FakeGpu::new(IDLE);
-    let host = TestHost::start(&arbiter_config(&gpu, ""))
-        .await
-        .ready()
-        .await;
+    let host = arbiter_host(&gpu).await;
     let (id, _) = granted_lease(&host, json!({"holder": "bob", "wait": true, "ttl_s": 60})).await;
     assert_eq!(host.worker("w").await["state"], "unloaded");
     let ready = host.get("/ready").send().await.unwrap();

@@ -96,16 +96,12 @@ async fn ffmpeg_reads_no_playlists_and_counts_only_the_samples() {
     host.stop().await;
 }
 
-#[tokio::test]
-async fn normalized_audio_is_16k_mono_pcm16() {
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("in.flac");
-    std::fs::copy(fixture("audio/tone.flac"), &input).unwrap();
-    let out = dir.path().join("out.wav");
+/// `input` normalized to `out` as a job's upload is (60 s at most, the decode in a child).
+async fn normalize(input: std::path::PathBuf, out: &std::path::Path) -> gpuhost::audio::AudioInfo {
     let decodes = tokio::sync::Semaphore::new(1);
-    let info = gpuhost::audio::normalize(
+    gpuhost::audio::normalize(
         gpuhost::audio::Source::File(input),
-        &out,
+        out,
         60.0,
         Some(std::path::Path::new(env!("CARGO_BIN_EXE_gpuhost"))),
         "",
@@ -113,7 +109,16 @@ async fn normalized_audio_is_16k_mono_pcm16() {
         0,
     )
     .await
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test]
+async fn normalized_audio_is_16k_mono_pcm16() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.flac");
+    std::fs::copy(fixture("audio/tone.flac"), &input).unwrap();
+    let out = dir.path().join("out.wav");
+    let info = normalize(input, &out).await;
     assert_eq!((info.source_rate, info.source_channels), (44100, 2));
     let bytes = std::fs::read(&out).unwrap();
     assert_eq!(&bytes[0..4], b"RIFF");
@@ -195,18 +200,7 @@ async fn a_phase_inverted_stereo_upload_is_not_silence() {
     let input = dir.path().join("in.wav");
     std::fs::write(&input, bytes).unwrap();
     let out = dir.path().join("out.wav");
-    let decodes = tokio::sync::Semaphore::new(1);
-    gpuhost::audio::normalize(
-        gpuhost::audio::Source::File(input),
-        &out,
-        60.0,
-        Some(std::path::Path::new(env!("CARGO_BIN_EXE_gpuhost"))),
-        "",
-        &decodes,
-        0,
-    )
-    .await
-    .unwrap();
+    normalize(input, &out).await;
     let samples: Vec<f64> = std::fs::read(&out).unwrap()[44..]
         .chunks(2)
         .map(|s| f64::from(i16::from_le_bytes([s[0], s[1]])))

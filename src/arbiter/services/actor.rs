@@ -51,6 +51,16 @@ impl Actor {
         }
     }
 
+    /// The code a stop before `healthy` gives the start's callers: `shutting_down` once the
+    /// queue is closed (gpuhost stops), else `stopped`.
+    fn stop_code(&self) -> &'static str {
+        if self.core.queue.is_closed() {
+            "shutting_down"
+        } else {
+            "stopped"
+        }
+    }
+
     fn emit(&self, event: GrantEvent) {
         self.events.send(event);
     }
@@ -117,11 +127,7 @@ impl Actor {
         }
         let started = Instant::now();
         let baseline_used_mib = self.core.used_mib();
-        let listed_before = self
-            .core
-            .queue
-            .shares_vram()
-            .then(|| self.core.listed_pids());
+        let listed_before = self.core.listed_before();
         let (group, stdout, stderr) =
             match spawn_service(&self.spec.command, &self.cwd, &self.spec.env) {
                 Ok(spawned) => spawned,
@@ -204,8 +210,7 @@ impl Actor {
                 next = waiter.next() => if let Some(permit) = next { return Some(permit) },
                 control = self.rx.recv() => match control {
                     Some(Control::Stop { reason }) => {
-                        let code = if self.core.queue.is_closed() { "shutting_down" } else { "stopped" };
-                        self.emit(GrantEvent::Error { code: code.into(), message: format!("stopped before it started: {reason}") });
+                        self.emit(GrantEvent::Error { code: self.stop_code().into(), message: format!("stopped before it started: {reason}") });
                         self.set(ServiceState::Stopped, |_| {});
                         return None;
                     }
@@ -264,8 +269,7 @@ impl Actor {
                         self.spec.health_url, self.spec.start_timeout_s, self.tail_text())));
                 }
                 control = self.rx.recv() => match control {
-                    Some(Control::Stop { reason }) if self.core.queue.is_closed() => return Err(("shutting_down", format!("stopped while starting: {reason}"))),
-                    Some(Control::Stop { reason }) => return Err(("stopped", format!("stopped while starting: {reason}"))),
+                    Some(Control::Stop { reason }) => return Err((self.stop_code(), format!("stopped while starting: {reason}"))),
                     None => return Err(("shutting_down", "gpuhost is shutting down".into())),
                     Some(_) => {}
                 },
