@@ -4,6 +4,7 @@
 mod child;
 mod decode;
 mod downmix;
+mod ffmpeg;
 mod limits;
 mod mp4;
 mod resample;
@@ -14,7 +15,8 @@ use std::path::{Path, PathBuf};
 
 use crate::process::find_program;
 pub use child::child_main;
-use decode::{decode_with_ffmpeg, decode_with_symphonia};
+use decode::decode_with_symphonia;
+use ffmpeg::decode_with_ffmpeg;
 pub(crate) use limits::check_format;
 pub use resample::Resampler;
 pub use wav::WavWriter;

@@ -1,5 +1,5 @@
-//! The two decoders: symphonia in process (WAV, FLAC, MP3, OGG/Vorbis, M4A/AAC, MP4 audio),
-//! streamed through the downmix and resampler into the WAV writer, and `ffmpeg` for the rest.
+//! The symphonia decoder (WAV, FLAC, MP3, OGG/Vorbis, M4A/AAC, MP4 audio), streamed through the
+//! downmix and resampler into the WAV writer; `ffmpeg.rs` decodes the rest.
 
 use std::path::Path;
 
@@ -11,26 +11,7 @@ use symphonia::core::io::MediaSourceStream;
 use symphonia::core::meta::MetadataOptions;
 use symphonia::core::probe::Hint;
 
-use super::{
-    decode_timeout, limits, unless_stalled, wav, AudioError, AudioInfo, Resampler, Source,
-    WavWriter, TARGET_RATE,
-};
-use crate::process::{run_helper, HelperInput, RunError};
-
-/// The demuxers ffmpeg may use on an upload: audio and audio-video containers that hold their
-/// media themselves. Playlists (HLS, `concat`) are left out: they make ffmpeg open further files
-/// or streams (any audio file the server can read, or a live list it reloads without end).
-const FFMPEG_FORMATS: &str = "aac,ac3,aiff,amr,ape,asf,au,avi,caf,dts,eac3,flac,flv,gsm,matroska,mov,mp3,mpc,mpc8,mpeg,mpegts,ogg,tta,voc,w64,wav,wv";
-
-/// Most times its own size an upload may grow into normalized audio (32 KB a second) through
-/// ffmpeg. Real codecs stay far below (8 kbps MP3: 32×, the 700 bps Codec2 mode: 366×); a
-/// format declaring 1 Hz turns 28 KB into 4 hours. symphonia's path is bounded by the declared
-/// format checks (4 kHz at least) instead.
-const FFMPEG_MAX_EXPANSION: f64 = 1000.0;
-
-/// ffmpeg's address-space limit: decoding audio takes tens of MB; a file whose tables ask for
-/// gigabytes fails in ffmpeg instead of pressing the machine's memory.
-const FFMPEG_ADDRESS_SPACE: u64 = 2 << 30;
+use super::{limits, AudioError, AudioInfo, Resampler, Source, WavWriter, TARGET_RATE};
 
 pub(super) fn decode_with_symphonia(
     input: &Source,
@@ -166,122 +147,6 @@ pub(super) fn decode_with_symphonia(
         source_rate: rate,
         source_channels: channels,
         decoder: "symphonia",
-    })
-}
-
-pub(super) async fn decode_with_ffmpeg(
-    ffmpeg: &Path,
-    input: &Path,
-    output: &Path,
-    max_seconds: f64,
-    symphonia_said: &str,
-) -> Result<AudioInfo, AudioError> {
-    let input_bytes = std::fs::metadata(input)?.len();
-    // ffmpeg stops writing at this length: a hostile upload costs no more disk than that.
-    let expansion_cap =
-        (input_bytes as f64 * FFMPEG_MAX_EXPANSION / (2.0 * f64::from(TARGET_RATE))).max(1.0);
-    let args: Vec<String> = [
-        "-nostdin",
-        "-hide_banner",
-        "-v",
-        "error",
-        "-y",
-        "-protocol_whitelist",
-        "file",
-        "-format_whitelist",
-        FFMPEG_FORMATS,
-        "-i",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([input.display().to_string()])
-    .chain(
-        [
-            "-vn",
-            "-ac",
-            "1",
-            "-ar",
-            "16000",
-            "-c:a",
-            "pcm_s16le",
-            "-f",
-            "wav",
-            "-t",
-        ]
-        .iter()
-        .map(|s| s.to_string()),
-    )
-    .chain([
-        format!("{}", (max_seconds + 1.0).min(expansion_cap)),
-        output.display().to_string(),
-    ])
-    .collect();
-    let timeout = decode_timeout(input_bytes);
-    let limits = HelperInput {
-        stdin: None,
-        address_space: Some(FFMPEG_ADDRESS_SPACE),
-    };
-    let run = async {
-        run_helper(ffmpeg, &args, timeout, limits)
-            .await
-            .map_err(|e| {
-                // In words a client can act on, without the server's path to ffmpeg.
-                let why = match e {
-                    RunError::Timeout { timeout, .. } => {
-                        format!("did not finish within {} s", timeout.as_secs())
-                    }
-                    RunError::Io { .. } => {
-                        "wrote more messages than are kept (the file is likely corrupt)".into()
-                    }
-                    RunError::Spawn { .. } => "could not be started".into(),
-                };
-                tracing::warn!(error = %e, "ffmpeg failed on an upload");
-                AudioError::Undecodable(format!("{symphonia_said}; ffmpeg {why}"))
-            })
-    };
-    let captured = unless_stalled(output, run).await?;
-    if !captured.status.success() {
-        let stderr = String::from_utf8_lossy(&captured.stderr);
-        if stderr.contains("not on whitelist") {
-            return Err(AudioError::Undecodable(format!(
-                "{symphonia_said}; ffmpeg: this container is not accepted (playlists and other formats that refer to further files are refused)"
-            )));
-        }
-        // Its first line names the problem ("Invalid data found…", "Error while decoding…"),
-        // the last what it gave up on; both when they differ.
-        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        let said = match (lines.first(), lines.last()) {
-            (Some(first), Some(last)) if first != last => format!("{first} … {last}"),
-            (Some(only), _) => only.to_string(),
-            _ => "no message".into(),
-        };
-        return Err(AudioError::Undecodable(format!(
-            "{symphonia_said}; ffmpeg: {said}"
-        )));
-    }
-    let samples = wav::data_bytes(output)? / 2;
-    if samples == 0 {
-        return Err(AudioError::Undecodable(format!(
-            "{symphonia_said}; ffmpeg found no audio"
-        )));
-    }
-    let seconds = samples as f64 / f64::from(TARGET_RATE);
-    if seconds > max_seconds {
-        return Err(AudioError::TooLong {
-            seconds,
-            max: max_seconds,
-        });
-    }
-    if expansion_cap < max_seconds && seconds >= expansion_cap - 0.01 {
-        return Err(AudioError::BadFormat(format!(
-            "the upload ({input_bytes} bytes) decodes into more than {FFMPEG_MAX_EXPANSION:.0} times its size; its sample rate or codec is not one real audio uses"
-        )));
-    }
-    Ok(AudioInfo {
-        seconds,
-        source_rate: TARGET_RATE,
-        source_channels: 1,
-        decoder: "ffmpeg",
     })
 }
 

@@ -1,6 +1,7 @@
 //! Downmix of interleaved frames to mono: the mean of the channels, unless the channels cancel
 //! out (one of them phase-inverted, a common mastering or cabling fault), where the mean is
-//! silence and the first channel carries the speech.
+//! silence and the first channel carries the speech. The same rule decides for ffmpeg's output
+//! (`decode.rs`), which downmixes itself.
 
 /// Below this fraction of the channels' mean energy the mean has cancelled out (−20 dB: two
 /// uncorrelated channels keep half, two equal ones all of it).
@@ -19,12 +20,18 @@ pub(super) fn downmix(samples: &[f32], channels: usize, out: &mut Vec<f32>) {
     }
     let mono: f32 = out[start..].iter().map(|x| x * x).sum();
     let each: f32 = samples.iter().map(|x| x * x).sum::<f32>() / channels as f32;
-    // Tiny energies (digital silence, dither) decide nothing.
-    let frames = (samples.len() / channels).max(1) as f32;
-    if each / frames > 1e-8 && mono < CANCELLED * each {
+    let frames = samples.len() / channels;
+    if cancelled(f64::from(mono), f64::from(each), frames as u64) {
         out.truncate(start);
         out.extend(samples.chunks(channels).map(|f| f[0]));
     }
+}
+
+/// Whether a downmix with energy `mono` (sum of squares, full scale 1.0) over `frames` has
+/// cancelled out, against `each`, the energy of a channel (their mean where all are known).
+pub(super) fn cancelled(mono: f64, each: f64, frames: u64) -> bool {
+    // Tiny energies (digital silence, dither) decide nothing.
+    each / frames.max(1) as f64 > 1e-8 && mono < f64::from(CANCELLED) * each
 }
 
 #[cfg(test)]

@@ -128,6 +128,26 @@ pub(super) fn data_bytes(path: &Path) -> io::Result<u64> {
     Ok(u64::from(size).min(len.saturating_sub(body)))
 }
 
+/// The energy of a 16-bit mono WAV file's samples (sum of squares, full scale 1.0) and how many
+/// there are.
+pub(super) fn energy(path: &Path) -> io::Result<(f64, u64)> {
+    use io::Read;
+    let samples = data_bytes(path)? / 2;
+    let mut file = io::BufReader::new(File::open(path)?);
+    find_chunk(&mut file, b"data").map_err(|_| io::Error::other("no data chunk"))?;
+    let (mut sum, mut left, mut buf) = (0f64, samples * 2, vec![0u8; 64 * 1024]);
+    while left > 0 {
+        let want = buf.len().min(left as usize);
+        file.read_exact(&mut buf[..want])?;
+        sum += buf[..want]
+            .chunks_exact(2)
+            .map(|s| (f64::from(i16::from_le_bytes([s[0], s[1]])) / 32768.0).powi(2))
+            .sum::<f64>();
+        left -= want as u64;
+    }
+    Ok((sum, samples))
+}
+
 /// Whether `bytes` is a RIFF/WAVE file of PCM, 1 channel, `rate` Hz, 16 bits.
 pub(super) fn is_normalized(bytes: &[u8], rate: u32) -> bool {
     pcm16_mono_data(bytes, rate).is_some()

@@ -96,7 +96,8 @@ async fn ffmpeg_reads_no_playlists_and_counts_only_the_samples() {
     host.stop().await;
 }
 
-/// `input` normalized to `out` as a job's upload is (60 s at most, the decode in a child).
+/// `input` normalized to `out` as a job's upload is (60 s at most, the decode in a child, ffmpeg
+/// from `PATH`).
 async fn normalize(input: std::path::PathBuf, out: &std::path::Path) -> gpuhost::audio::AudioInfo {
     let decodes = tokio::sync::Semaphore::new(1);
     gpuhost::audio::normalize(
@@ -104,7 +105,7 @@ async fn normalize(input: std::path::PathBuf, out: &std::path::Path) -> gpuhost:
         out,
         60.0,
         Some(std::path::Path::new(env!("CARGO_BIN_EXE_gpuhost"))),
-        "",
+        "ffmpeg",
         &decodes,
         0,
     )
@@ -199,13 +200,38 @@ async fn a_phase_inverted_stereo_upload_is_not_silence() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.wav");
     std::fs::write(&input, bytes).unwrap();
-    let out = dir.path().join("out.wav");
-    normalize(input, &out).await;
-    let samples: Vec<f64> = std::fs::read(&out).unwrap()[44..]
-        .chunks(2)
-        .map(|s| f64::from(i16::from_le_bytes([s[0], s[1]])))
-        .collect();
-    let rms = (samples.iter().map(|x| x * x).sum::<f64>() / samples.len() as f64).sqrt();
-    // The tone's amplitude is 12000: RMS about 8500.
-    assert!(rms > 7000.0, "rms {rms}");
+    // The same through ffmpeg, which downmixes itself: WavPack (lossless), which symphonia
+    // does not read.
+    let packed = dir.path().join("in.wv");
+    let made = std::process::Command::new("ffmpeg")
+        .args(["-v", "error", "-i"])
+        .arg(&input)
+        .arg(&packed)
+        .status()
+        .expect("ffmpeg must be installed for this test (.ci/run installs it)");
+    assert!(made.success());
+    for (input, decoder) in [(input, "symphonia"), (packed, "ffmpeg")] {
+        let out = dir.path().join("out.wav");
+        let info = normalize(input, &out).await;
+        assert_eq!(info.decoder, decoder);
+        let samples: Vec<f64> = hound::WavReader::open(&out)
+            .unwrap()
+            .samples::<i16>()
+            .map(|s| f64::from(s.unwrap()))
+            .collect();
+        let rms = (samples.iter().map(|x| x * x).sum::<f64>() / samples.len() as f64).sqrt();
+        // The tone's amplitude is 12000: RMS about 8500.
+        assert!(rms > 7000.0, "{decoder}: rms {rms}");
+        assert!(
+            samples.len().abs_diff(16000) < 200,
+            "{decoder}: {}",
+            samples.len()
+        );
+        // ffmpeg's second output is gone.
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            3,
+            "{decoder}"
+        );
+    }
 }
