@@ -8,6 +8,7 @@ use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use crate::arbiter::queue::Turn;
 use crate::audio::{self, AudioError, AudioInfo, Source};
 use crate::pipeline::JobOptions;
 use crate::protocol::{ClientEvent, ErrorCode};
@@ -177,22 +178,20 @@ async fn run_job(
     mut waiter: crate::arbiter::queue::Waiter,
     tx: mpsc::Sender<ClientEvent>,
 ) {
-    let mut last_position = None;
     let permit = loop {
-        if waiter.closed() {
-            return shutting_down(&tx).await;
-        }
-        let position = waiter.position();
-        if position.is_some() && position != last_position {
-            last_position = position;
-            // Not waited for: a client that does not read must not keep its turn from coming.
-            let _ = tx.try_send(ClientEvent::Queued {
-                position: position.unwrap_or(0),
-                waiting_for: app.queue.waiting_for(),
-            });
-        }
         tokio::select! {
-            next = waiter.next() => if let Some(permit) = next { break permit },
+            turn = waiter.next() => match turn {
+                Turn::Granted(permit) => break permit,
+                // Not waited for: a client that does not read must not keep its turn from
+                // coming.
+                Turn::Waiting(position) => {
+                    let _ = tx.try_send(ClientEvent::Queued {
+                        position,
+                        waiting_for: app.queue.waiting_for(),
+                    });
+                }
+                Turn::Closed => return shutting_down(&tx).await,
+            },
             _ = tx.closed() => return, // dropping the waiter leaves the queue
         }
     };

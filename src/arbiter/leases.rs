@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use super::queue::{GpuPermit, HolderKind, Ticket};
+use super::queue::{GpuPermit, HolderKind, Ticket, Turn};
 use super::teardown::Gone;
 use super::Core;
 use crate::protocol::GrantEvent;
@@ -154,37 +154,34 @@ impl Leases {
             );
             return refuse(&events, "queue_full", why).await;
         };
-        let mut last = None;
         let permit = loop {
-            if waiter.closed() {
-                let why = "gpuhost is shutting down; no lease was granted".to_string();
-                return refuse(&events, "shutting_down", why).await;
-            }
-            let position = waiter.position();
-            if let Some(position) = position {
-                if !request.wait {
-                    let holders = core
-                        .queue
-                        .waiting_for()
-                        .unwrap_or_else(|| "others waiting".into());
-                    let why = format!(
-                        "the GPU is taken ({holders}); send \"wait\": true to queue for it"
-                    );
-                    return refuse(&events, "gpu_busy", why).await;
-                }
-                if last != Some(position) {
-                    last = Some(position);
-                    let waiting_for = core.queue.waiting_for();
+            tokio::select! {
+                turn = waiter.next() => match turn {
+                    Turn::Granted(permit) => break permit,
+                    Turn::Waiting(_) if !request.wait => {
+                        let holders = core
+                            .queue
+                            .waiting_for()
+                            .unwrap_or_else(|| "others waiting".into());
+                        let why = format!(
+                            "the GPU is taken ({holders}); send \"wait\": true to queue for it"
+                        );
+                        return refuse(&events, "gpu_busy", why).await;
+                    }
                     // Not waited for: a client that does not read must not keep its turn
                     // from coming.
-                    let _ = events.try_send(GrantEvent::Queued {
-                        position,
-                        waiting_for,
-                    });
-                }
-            }
-            tokio::select! {
-                next = waiter.next() => if let Some(permit) = next { break permit },
+                    Turn::Waiting(position) => {
+                        let waiting_for = core.queue.waiting_for();
+                        let _ = events.try_send(GrantEvent::Queued {
+                            position,
+                            waiting_for,
+                        });
+                    }
+                    Turn::Closed => {
+                        let why = "gpuhost is shutting down; no lease was granted".to_string();
+                        return refuse(&events, "shutting_down", why).await;
+                    }
+                },
                 _ = events.closed() => return,
             }
         };

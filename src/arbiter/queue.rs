@@ -18,7 +18,7 @@ mod view;
 mod waiter;
 
 pub use view::{HolderView, WaiterView};
-pub use waiter::{GpuPermit, Waiter};
+pub use waiter::{GpuPermit, Turn, Waiter};
 
 use super::history::History;
 use super::sharing::{RoomSource, ShareMode, Sharing};
@@ -203,6 +203,7 @@ impl GpuQueue {
             grant,
             version: self.version.subscribe(),
             consumed: false,
+            told: None,
         })
     }
 

@@ -159,9 +159,9 @@ async fn backfill_lets_what_fits_go_ahead_only_when_allowed() {
 async fn a_closed_queue_grants_nothing_and_tells_its_waiters() {
     let q = GpuQueue::new(1);
     let held = q.enqueue().granted().await;
-    let waiting = q.enqueue();
+    let mut waiting = q.enqueue();
     q.close();
-    assert!(waiting.closed());
+    assert!(matches!(waiting.next().await, Turn::Closed));
     drop(held);
     assert_eq!(waiting.position(), Some(1), "granted after the close");
     assert!(waiting.granted().await.is_none());
@@ -170,4 +170,38 @@ async fn a_closed_queue_grants_nothing_and_tells_its_waiters() {
         q.enqueue().granted().await.is_none(),
         "an unblock reopened it"
     );
+}
+
+#[tokio::test]
+async fn a_waiter_is_told_its_position_then_the_grant_or_the_close() {
+    let q = GpuQueue::new(1);
+    let held = q.enqueue().granted().await;
+    let ahead = q.enqueue();
+    let mut mine = q.enqueue();
+    assert!(
+        matches!(mine.next().await, Turn::Waiting(2)),
+        "told at once"
+    );
+    drop(ahead);
+    assert!(
+        matches!(mine.next().await, Turn::Waiting(1)),
+        "told when it moves"
+    );
+    drop(held);
+    let Turn::Granted(permit) = mine.next().await else {
+        panic!("not granted");
+    };
+    assert_eq!(q.running(), 1);
+    drop(permit);
+    assert_eq!(q.running(), 0);
+
+    // A grant not yet taken when the queue closes is given back, not used.
+    let held = q.enqueue().granted().await;
+    let mut late = q.enqueue();
+    assert!(matches!(late.next().await, Turn::Waiting(1)));
+    drop(held); // granted to `late` now
+    q.close();
+    assert!(matches!(late.next().await, Turn::Closed));
+    drop(late);
+    assert_eq!(q.running(), 0, "the grant went back");
 }

@@ -1,5 +1,5 @@
-//! A place in the GPU queue (`Waiter`: its position, the wait for the grant, leaving on drop) and
-//! the grant itself (`GpuPermit`: the GPU is handed on when it drops).
+//! A place in the GPU queue (`Waiter`: what happens to it as a [`Turn`], leaving on drop) and the
+//! grant itself (`GpuPermit`: the GPU is handed on when it drops).
 
 use std::sync::Arc;
 
@@ -16,6 +16,20 @@ pub struct Waiter {
     pub(super) version: watch::Receiver<u64>,
     /// `true` once this waiter turned into a permit (nothing to undo on drop).
     pub(super) consumed: bool,
+    /// The position last told by [`Waiter::next`].
+    pub(super) told: Option<usize>,
+}
+
+/// What happens to a place in the queue, as [`Waiter::next`] tells it.
+#[derive(Debug)]
+pub enum Turn {
+    /// The GPU is ours.
+    Granted(GpuPermit),
+    /// Still waiting, now at this 1-based position (1 = next): told first at once, then
+    /// whenever it changes.
+    Waiting(usize),
+    /// The queue will never grant again (gpuhost shuts down): the caller leaves and says so.
+    Closed,
 }
 
 /// The right to use the GPU. Dropping it hands the GPU to the next waiter.
@@ -36,36 +50,55 @@ impl Waiter {
             .map(|i| i + 1)
     }
 
-    /// Whether the queue will never grant again (gpuhost shuts down): leave and say so.
-    pub fn closed(&self) -> bool {
-        self.queue.is_closed()
-    }
-
-    /// Waits for the next thing that happens to this waiter: `Some(permit)` when the GPU is
-    /// ours, `None` when the queue changed (so the position may have). Cancel-safe.
-    pub async fn next(&mut self) -> Option<GpuPermit> {
-        tokio::select! {
-            biased;
-            granted = &mut self.grant => {
-                // The queue never drops the sender of a live waiter.
-                granted.expect("queue dropped a waiter's grant");
-                self.consumed = true;
-                Some(GpuPermit { queue: Arc::clone(&self.queue), id: self.id })
+    /// Waits for the next thing to tell: the grant, a new position, or the queue's closing
+    /// (which wins over a grant not yet taken: nothing starts once gpuhost shuts down).
+    /// Cancel-safe: a grant that arrives while the caller is elsewhere waits for the next call.
+    pub async fn next(&mut self) -> Turn {
+        loop {
+            if self.queue.is_closed() {
+                return Turn::Closed;
             }
-            _ = self.version.changed() => None,
+            if let Ok(()) = self.grant.try_recv() {
+                return self.take();
+            }
+            if let Some(position) = self.position() {
+                if self.told != Some(position) {
+                    self.told = Some(position);
+                    return Turn::Waiting(position);
+                }
+            }
+            tokio::select! {
+                biased;
+                granted = &mut self.grant => {
+                    // The queue never drops the sender of a live waiter.
+                    granted.expect("queue dropped a waiter's grant");
+                    if !self.queue.is_closed() {
+                        return self.take();
+                    }
+                }
+                _ = self.version.changed() => {}
+            }
         }
     }
 
     /// Waits until the GPU is ours; `None` when the queue closes first.
     pub async fn granted(mut self) -> Option<GpuPermit> {
         loop {
-            if self.closed() {
-                return None;
-            }
-            if let Some(permit) = self.next().await {
-                return Some(permit);
+            match self.next().await {
+                Turn::Granted(permit) => return Some(permit),
+                Turn::Waiting(_) => {}
+                Turn::Closed => return None,
             }
         }
+    }
+
+    /// The permit for a grant received.
+    fn take(&mut self) -> Turn {
+        self.consumed = true;
+        Turn::Granted(GpuPermit {
+            queue: Arc::clone(&self.queue),
+            id: self.id,
+        })
     }
 }
 

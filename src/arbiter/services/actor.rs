@@ -9,7 +9,7 @@ use tokio::process::{ChildStderr, ChildStdout};
 use tokio::sync::{mpsc, watch};
 
 use super::{footprint_key, Announcer, Control, ServiceState, ServiceStatus, TAIL_LINES};
-use crate::arbiter::queue::{GpuPermit, HolderKind, Ticket};
+use crate::arbiter::queue::{GpuPermit, HolderKind, Ticket, Turn};
 use crate::arbiter::Core;
 use crate::config::ServiceConfig;
 use crate::process::{describe_exit, spawn_service, ProcessGroup};
@@ -188,26 +188,23 @@ impl Actor {
             ),
         };
         let mut waiter = self.core.queue.try_enqueue(ticket, usize::MAX)?;
-        let mut last = None;
         loop {
-            if waiter.closed() {
-                self.emit(GrantEvent::Error {
-                    code: "shutting_down".into(),
-                    message: "gpuhost is shutting down; the service was not started".into(),
-                });
-                self.set(ServiceState::Stopped, |_| {});
-                return None;
-            }
-            let position = waiter.position();
-            if position.is_some() && position != last {
-                last = position;
-                self.emit(GrantEvent::Queued {
-                    position: position.unwrap_or(0),
-                    waiting_for: self.core.queue.waiting_for(),
-                });
-            }
             tokio::select! {
-                next = waiter.next() => if let Some(permit) = next { return Some(permit) },
+                turn = waiter.next() => match turn {
+                    Turn::Granted(permit) => return Some(permit),
+                    Turn::Waiting(position) => self.emit(GrantEvent::Queued {
+                        position,
+                        waiting_for: self.core.queue.waiting_for(),
+                    }),
+                    Turn::Closed => {
+                        self.emit(GrantEvent::Error {
+                            code: "shutting_down".into(),
+                            message: "gpuhost is shutting down; the service was not started".into(),
+                        });
+                        self.set(ServiceState::Stopped, |_| {});
+                        return None;
+                    }
+                },
                 control = self.rx.recv() => match control {
                     Some(Control::Stop { reason }) => {
                         self.emit(GrantEvent::Error { code: self.stop_code().into(), message: format!("stopped before it started: {reason}") });
