@@ -328,17 +328,24 @@ impl Drop for Unregister {
 
 /// Finds `program` on PATH (or checks it when it has a slash).
 pub fn find_program(program: &str) -> Option<PathBuf> {
+    let path = std::env::var("PATH").ok();
+    find_program_in(program, Path::new("."), path.as_deref())
+}
+
+/// Where `program` is found when run in `cwd` with `path` as its `PATH` (`None`: unset, the
+/// C library's default), as `exec` finds it: a name with a `/` as it is (relative to `cwd`), a
+/// bare name on the `PATH` (an empty entry is `cwd`).
+pub fn find_program_in(program: &str, cwd: &Path, path: Option<&str>) -> Option<PathBuf> {
     if program.is_empty() {
         return None;
     }
-    let path = Path::new(program);
     if program.contains('/') {
-        return is_executable(path).then(|| path.to_path_buf());
+        let at = cwd.join(program);
+        return is_executable(&at).then_some(at);
     }
-    std::env::var_os("PATH")?
-        .to_str()?
+    path.unwrap_or("/bin:/usr/bin")
         .split(':')
-        .map(|dir| Path::new(dir).join(program))
+        .map(|dir| cwd.join(dir).join(program))
         .find(|candidate| is_executable(candidate))
 }
 

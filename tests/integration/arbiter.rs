@@ -1847,6 +1847,48 @@ async fn a_service_whose_url_already_answers_is_not_started_again() {
 }
 
 #[tokio::test]
+async fn a_service_that_cannot_run_fails_before_anything_is_unloaded() {
+    let gpu = FakeGpu::new(IDLE);
+    let missing = "[[services]]\nname = \"missing\"\ncommand = [\"no-such-program-gpuhost\"]\nhealth_url = \"http://127.0.0.1:9/health\"\n";
+    let nowhere = "[[services]]\nname = \"nowhere\"\ncommand = [\"sh\"]\ncwd = \"/nonexistent/folder\"\nhealth_url = \"http://127.0.0.1:9/health\"\n";
+    let host = TestHost::start(&arbiter_config(&gpu, &format!("{missing}{nowhere}")))
+        .await
+        .ready()
+        .await;
+    let pid = host.worker("w").await["pid"].as_u64().unwrap();
+    for (name, said) in [
+        ("missing", "no executable of that name on gpuhost's PATH"),
+        ("nowhere", "/nonexistent/folder does not exist"),
+    ] {
+        let events = grant_events(
+            host.post(&format!("/services/{name}/start"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert!(
+            matches!(events.last(), Some(GrantEvent::Error { code, message }) if code == "service_unavailable" && message.contains(said)),
+            "{name}: {events:?}"
+        );
+        // Said before the queue: the resident worker was not unloaded for it.
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, GrantEvent::MakingRoom { .. })),
+            "{name}: {events:?}"
+        );
+        let worker = host.worker("w").await;
+        assert_eq!(
+            (worker["state"].as_str(), worker["pid"].as_u64()),
+            (Some("ready"), Some(pid)),
+            "{name}"
+        );
+    }
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_service_that_dies_while_healthy_is_failed_not_stopped() {
     let gpu = FakeGpu::new(IDLE);
     let config = arbiter_config(

@@ -16,6 +16,7 @@ use crate::process::{describe_exit, spawn_service, ProcessGroup};
 use crate::protocol::GrantEvent;
 use crate::worker::lines::{next_line_opt as next_line, LineReader};
 
+mod checks;
 mod stop;
 
 pub(super) struct Actor {
@@ -93,6 +94,11 @@ impl Actor {
         self.set(ServiceState::Queued, |s| s.last_error = None);
         // "Last lines" of this life only: an earlier start's lines are no explanation of it.
         self.tail.clear();
+        // Found before the queue: making room unloads the resident workers, for nothing when
+        // the program cannot run.
+        if let Err(why) = self.runnable() {
+            return self.fail("service_unavailable", why);
+        }
         let Some(permit) = self.wait_for_grant().await else {
             return;
         };
@@ -212,62 +218,6 @@ impl Actor {
                         return None;
                     }
                     None => return None,
-                    Some(_) => {}
-                },
-            }
-        }
-    }
-
-    /// One GET of the health URL: whether it answers 2xx within `timeout`.
-    fn probe(&self, timeout: Duration) -> futures_util::future::BoxFuture<'static, bool> {
-        let request = self.core.http.get(&self.spec.health_url).timeout(timeout);
-        Box::pin(async move { request.send().await.is_ok_and(|r| r.status().is_success()) })
-    }
-
-    /// Whether the health URL answers 2xx before the service is started (one try, 2 s at most).
-    async fn already_served(&self) -> bool {
-        self.probe(Duration::from_secs(2)).await
-    }
-
-    /// Polls the health URL until it answers 2xx; `Err` on exit, timeout or a stop.
-    async fn until_healthy(
-        &mut self,
-        running: &mut Running,
-        started: Instant,
-    ) -> Result<(), (&'static str, String)> {
-        let deadline = tokio::time::Instant::from_std(started)
-            + Duration::from_secs_f64(self.spec.start_timeout_s);
-        let interval = Duration::from_secs_f64(self.spec.poll_interval_s);
-        let mut next_poll = tokio::time::Instant::now();
-        // The probe in flight runs beside the other arms: a health URL that never answers
-        // neither postpones the deadline nor keeps a stop or the service's log waiting.
-        let mut probe: Option<futures_util::future::BoxFuture<'static, bool>> = None;
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(next_poll), if probe.is_none() => {
-                    next_poll += interval;
-                    probe = Some(self.probe(interval.max(Duration::from_secs(2))));
-                }
-                healthy = async { probe.as_mut().expect("guarded by the condition").await }, if probe.is_some() => {
-                    probe = None;
-                    if healthy {
-                        return Ok(());
-                    }
-                }
-                status = running.group.wait() => {
-                    let exit = status.map(|s| describe_exit(&s)).unwrap_or_else(|e| e.to_string());
-                    return Err(("service_failed", format!("exited before it was healthy ({exit}); last lines:\n{}", self.tail_text())));
-                }
-                Some(line) = next_line(&mut running.stdout) => self.log(line, true),
-                Some(line) = next_line(&mut running.stderr) => self.log(line, true),
-                _ = tokio::time::sleep_until(deadline) => {
-                    return Err(("service_timeout", format!(
-                        "not healthy at {} within start_timeout_s = {:.0} s; stopped. Last lines:\n{}",
-                        self.spec.health_url, self.spec.start_timeout_s, self.tail_text())));
-                }
-                control = self.rx.recv() => match control {
-                    Some(Control::Stop { reason }) => return Err((self.stop_code(), format!("stopped while starting: {reason}"))),
-                    None => return Err(("shutting_down", "gpuhost is shutting down".into())),
                     Some(_) => {}
                 },
             }
