@@ -80,18 +80,20 @@ pub(crate) fn render(s: &Value) -> String {
                 g["power_draw"].as_f64().unwrap_or(0.0), "#".repeat(filled), "-".repeat(30 - filled),
                 s["free_mib"], s["reclaimable_mib"],
             ));
+            out.push_str(&format!(
+                "is_idle: {}  (backend {})\n",
+                s["is_idle"],
+                s["backend"]["active"].as_str().unwrap_or("?")
+            ));
         }
+        // Without a sample, `is_idle` is false for want of knowing (the decision line says
+        // UNKNOWN): printed, it read as "something runs on the GPU".
         false => out.push_str(&format!(
-            "GPU: no sample ({}; backend {})\n",
+            "GPU: no sample ({}; backend {}), so not known to be idle\n",
             s["error"].as_str().unwrap_or("none yet"),
             s["backend"]["active"].as_str().unwrap_or("?")
         )),
     }
-    out.push_str(&format!(
-        "is_idle: {}  (backend {})\n",
-        s["is_idle"],
-        s["backend"]["active"].as_str().unwrap_or("?")
-    ));
     let procs = s["processes"].as_array().cloned().unwrap_or_default();
     if procs.is_empty() {
         out.push_str("no processes on the GPU\n");
@@ -164,7 +166,9 @@ mod tests {
             let cells = &bar[6..bar.find(']').unwrap()];
             assert_eq!(cells.chars().count(), 30, "{bar}");
         }
-        assert!(render(&json!("not an object")).contains("no sample"));
+        let unknown = render(&json!({"decision": "unknown", "is_idle": false}));
+        assert!(unknown.contains("no sample"), "{unknown}");
+        assert!(!unknown.contains("is_idle"), "{unknown}");
     }
 
     #[test]
