@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
@@ -21,6 +21,8 @@ pub enum SpeakerError {
     BadName(String),
     #[error("no enrolled voice is named `{0}`")]
     NotFound(String),
+    #[error("no enrolled voice is named `{0}` yet; an enrolment of that name under way now is refused when it ends")]
+    NotYet(String),
     #[error("{max} voices are enrolled already ([speakers] max_voices); delete some first")]
     Full { max: usize },
     #[error("`{name}` was enrolled with the model {had}, and this sample comes from {got}; delete `{name}` and enrol it again")]
@@ -42,9 +44,32 @@ struct Inner {
     voices: BTreeMap<String, Voice>,
     /// Deletions so far, in all (the store's clock of deletions).
     deleted: u64,
-    /// The value of `deleted` at each name's last deletion: an enrolment that began before it
-    /// must not bring the voice back when it ends.
+    /// The value of `deleted` at each name's last deletion while enrolments were under way,
+    /// known names or not (an enrolment's name is read with its upload): an enrolment that
+    /// began before it must not bring the voice back when it ends. Emptied whenever no
+    /// enrolment is under way, which is when nobody can ask any more.
     deletions: BTreeMap<String, u64>,
+    /// Enrolments under way ([`Enrolment`]s alive).
+    enrolling: usize,
+}
+
+/// An enrolment under way, from its request's arrival until it is dropped (after
+/// [`Speakers::add`], which it is passed to, even when the client has left meanwhile).
+#[derive(Debug)]
+pub struct Enrolment {
+    inner: Arc<Mutex<Inner>>,
+    /// The store's clock of deletions when it began.
+    generation: u64,
+}
+
+impl Drop for Enrolment {
+    fn drop(&mut self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.enrolling -= 1;
+        if inner.enrolling == 0 {
+            inner.deletions.clear();
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -52,7 +77,7 @@ pub struct Speakers {
     dir: PathBuf,
     /// std Mutex: map reads and updates only, never across a file write or an `.await`, so
     /// listing voices and matching them in a job never wait on the disk.
-    inner: Mutex<Inner>,
+    inner: Arc<Mutex<Inner>>,
     /// std Mutex: serializes the changes (`add`, `delete`) across their file write, so two
     /// changes of one voice cannot lose each other's sample. Those run on a blocking thread.
     writer: Mutex<()>,
@@ -102,7 +127,7 @@ impl Speakers {
         }
         Speakers {
             dir,
-            inner: Mutex::new(inner),
+            inner: Arc::new(Mutex::new(inner)),
             writer: Mutex::new(()),
         }
     }
@@ -133,8 +158,15 @@ impl Speakers {
 
     /// Taken when an enrolment request comes in (before its body, which names the voice, is
     /// read) and given back to `add`: a deletion of that name in between wins.
-    pub fn generation(&self) -> u64 {
-        self.lock().deleted
+    /// An enrolment begins: a deletion of its name from now on (of any name: the name comes
+    /// with the upload) makes [`Speakers::add`] refuse its sample.
+    pub fn enrolment(&self) -> Enrolment {
+        let mut inner = self.lock();
+        inner.enrolling += 1;
+        Enrolment {
+            inner: Arc::clone(&self.inner),
+            generation: inner.deleted,
+        }
     }
 
     /// Whether a sample for `name` could be kept now (checked before the GPU does the work).
@@ -153,14 +185,18 @@ impl Speakers {
         name: &str,
         model: &str,
         sample: Sample,
-        generation: u64,
+        enrolment: &Enrolment,
         limits: (usize, usize),
     ) -> Result<Value, SpeakerError> {
         let (max_voices, max_samples) = limits;
         let _writing = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let mut voice = {
             let inner = self.lock();
-            if inner.deletions.get(name).is_some_and(|&at| at > generation) {
+            if inner
+                .deletions
+                .get(name)
+                .is_some_and(|&at| at > enrolment.generation)
+            {
                 return Err(SpeakerError::DeletedMeanwhile(name.into()));
             }
             match inner.voices.get(name) {
@@ -204,21 +240,31 @@ impl Speakers {
             // No voice can have it, and its file name would be too long to ask about.
             return Err(SpeakerError::NotFound(name.into()));
         }
-        match std::fs::remove_file(self.file(name)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && known => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(SpeakerError::NotFound(name.into()))
-            }
+        let found = match std::fs::remove_file(self.file(name)) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => known,
             Err(e) => return Err(SpeakerError::Io(io_kind(&e))),
+        };
+        if found {
+            synced(&self.dir);
         }
-        synced(&self.dir);
         let mut inner = self.lock();
         inner.voices.remove(name);
         inner.deleted += 1;
         let at = inner.deleted;
-        inner.deletions.insert(name.into(), at);
-        Ok(())
+        match (found, inner.enrolling) {
+            (true, 0) => Ok(()),
+            (true, _) => {
+                inner.deletions.insert(name.into(), at);
+                Ok(())
+            }
+            (false, 0) => Err(SpeakerError::NotFound(name.into())),
+            // Maybe its first enrolment, under way: it must not store what was withdrawn.
+            (false, _) => {
+                inner.deletions.insert(name.into(), at);
+                Err(SpeakerError::NotYet(name.into()))
+            }
+        }
     }
 
     fn file(&self, name: &str) -> PathBuf {

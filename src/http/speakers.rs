@@ -25,7 +25,7 @@ impl From<SpeakerError> for ApiError {
     fn from(e: SpeakerError) -> ApiError {
         let status = match &e {
             SpeakerError::BadName(_) => StatusCode::BAD_REQUEST,
-            SpeakerError::NotFound(_) => StatusCode::NOT_FOUND,
+            SpeakerError::NotFound(_) | SpeakerError::NotYet(_) => StatusCode::NOT_FOUND,
             SpeakerError::Full { .. }
             | SpeakerError::OtherModel { .. }
             | SpeakerError::DeletedMeanwhile(_) => StatusCode::CONFLICT,
@@ -34,7 +34,7 @@ impl From<SpeakerError> for ApiError {
         };
         let code = match &e {
             SpeakerError::BadName(_) => "bad_request",
-            SpeakerError::NotFound(_) => "not_found",
+            SpeakerError::NotFound(_) | SpeakerError::NotYet(_) => "not_found",
             SpeakerError::Full { .. }
             | SpeakerError::OtherModel { .. }
             | SpeakerError::DeletedMeanwhile(_) => "conflict",
@@ -97,7 +97,7 @@ pub(super) async fn enroll(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let stage = voiceprint_stage(&app)?;
     // Before the body: a DELETE of this name while the upload still comes in must win too.
-    let generation = app.speakers.generation();
+    let enrolment = app.speakers.enrolment();
     let (intake, request) = upload::FormIntake::begin(&app, request)?;
     let form = read_form(request, intake.dir(), intake.limits.max_bytes, &app)
         .await
@@ -156,7 +156,7 @@ pub(super) async fn enroll(
     let voice = tokio::task::spawn_blocking(move || {
         store
             .speakers
-            .add(&kept, &model, sample, generation, limits)
+            .add(&kept, &model, sample, &enrolment, limits)
     })
     .await
     .map_err(|e| ApiError::internal(format!("enrolment stopped: {e}")))??;

@@ -17,9 +17,15 @@ fn sample(x: f32) -> Sample {
 fn voices_survive_a_restart_and_deletion_removes_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let store = Speakers::load(dir.path().join("speakers"));
-    store.add("민수", "m", sample(1.0), 0, (10, 2)).unwrap();
-    store.add("민수", "m", sample(0.0), 0, (10, 2)).unwrap();
-    let summary = store.add("민수", "m", sample(-1.0), 0, (10, 2)).unwrap();
+    store
+        .add("민수", "m", sample(1.0), &store.enrolment(), (10, 2))
+        .unwrap();
+    store
+        .add("민수", "m", sample(0.0), &store.enrolment(), (10, 2))
+        .unwrap();
+    let summary = store
+        .add("민수", "m", sample(-1.0), &store.enrolment(), (10, 2))
+        .unwrap();
     assert_eq!(summary["samples"], 2, "the oldest sample is dropped");
     let again = Speakers::load(dir.path().join("speakers"));
     assert_eq!(again.list()[0]["name"], "민수");
@@ -42,8 +48,12 @@ fn voices_survive_a_restart_and_deletion_removes_the_file() {
 fn a_voice_file_that_cannot_be_read_is_still_deleted_for_good() {
     let dir = tempfile::tempdir().unwrap();
     let store = Speakers::load(dir.path().to_path_buf());
-    store.add("Eve", "m", sample(1.0), 0, (10, 2)).unwrap();
-    store.add("Hal", "m", sample(1.0), 0, (10, 2)).unwrap();
+    store
+        .add("Eve", "m", sample(1.0), &store.enrolment(), (10, 2))
+        .unwrap();
+    store
+        .add("Hal", "m", sample(1.0), &store.enrolment(), (10, 2))
+        .unwrap();
     // Eve's file cut in half; Hal's rewritten with a name as the API never keeps it.
     let eve = store.file("Eve");
     let bytes = std::fs::read(&eve).unwrap();
@@ -72,13 +82,15 @@ fn a_voice_file_that_cannot_be_read_is_still_deleted_for_good() {
 fn limits_and_models_are_kept() {
     let dir = tempfile::tempdir().unwrap();
     let store = Speakers::load(dir.path().to_path_buf());
-    store.add("a", "m", sample(1.0), 0, (1, 5)).unwrap();
+    store
+        .add("a", "m", sample(1.0), &store.enrolment(), (1, 5))
+        .unwrap();
     assert_eq!(
-        store.add("b", "m", sample(1.0), 0, (1, 5)),
+        store.add("b", "m", sample(1.0), &store.enrolment(), (1, 5)),
         Err(SpeakerError::Full { max: 1 })
     );
     assert!(matches!(
-        store.add("a", "n", sample(1.0), 0, (1, 5)),
+        store.add("a", "n", sample(1.0), &store.enrolment(), (1, 5)),
         Err(SpeakerError::OtherModel { .. })
     ));
 }
@@ -98,28 +110,52 @@ fn names_are_checked() {
 fn a_deletion_during_an_enrolment_wins() {
     let dir = tempfile::tempdir().unwrap();
     let store = Speakers::load(dir.path().to_path_buf());
-    store.add("a", "m", sample(1.0), 0, (5, 5)).unwrap();
-    let taken = store.generation(); // an enrolment request comes in …
+    store
+        .add("a", "m", sample(1.0), &store.enrolment(), (5, 5))
+        .unwrap();
+    let taken = store.enrolment(); // an enrolment request comes in …
     store.delete("a").unwrap(); // … `a` is deleted while it runs …
     assert_eq!(
-        store.add("a", "m", sample(1.0), taken, (5, 5)),
+        store.add("a", "m", sample(1.0), &taken, (5, 5)),
         Err(SpeakerError::DeletedMeanwhile("a".into()))
     );
+    drop(taken);
     assert!(store.is_empty());
-    let fresh = store.generation();
-    store.add("a", "m", sample(1.0), fresh, (5, 5)).unwrap();
+    let fresh = store.enrolment();
+    store.add("a", "m", sample(1.0), &fresh, (5, 5)).unwrap();
     // A deletion of another name does not stop it.
-    store.add("b", "m", sample(1.0), fresh, (5, 5)).unwrap();
-    let taken = store.generation();
+    store.add("b", "m", sample(1.0), &fresh, (5, 5)).unwrap();
+    drop(fresh);
+    let taken = store.enrolment();
     store.delete("b").unwrap();
-    store.add("a", "m", sample(2.0), taken, (5, 5)).unwrap();
+    store.add("a", "m", sample(2.0), &taken, (5, 5)).unwrap();
+    drop(taken);
+    // A name's first enrolment: its deletion meanwhile is not found, and still wins.
+    let first = store.enrolment();
+    assert_eq!(store.delete("new"), Err(SpeakerError::NotYet("new".into())));
+    assert_eq!(
+        store.add("new", "m", sample(1.0), &first, (5, 5)),
+        Err(SpeakerError::DeletedMeanwhile("new".into()))
+    );
+    drop(first);
+    // With no enrolment under way, nothing is kept of it.
+    assert_eq!(
+        store.delete("new"),
+        Err(SpeakerError::NotFound("new".into()))
+    );
+    assert!(store.lock().deletions.is_empty());
+    store
+        .add("new", "m", sample(1.0), &store.enrolment(), (5, 5))
+        .unwrap();
 }
 
 #[test]
 fn broken_files_and_leftovers_are_not_voices() {
     let dir = tempfile::tempdir().unwrap();
     let store = Speakers::load(dir.path().to_path_buf());
-    store.add("a", "m", sample(1.0), 0, (5, 5)).unwrap();
+    store
+        .add("a", "m", sample(1.0), &store.enrolment(), (5, 5))
+        .unwrap();
     std::fs::write(dir.path().join(".voice-half"), b"{").unwrap();
     let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
     std::fs::File::options()
