@@ -296,11 +296,38 @@ async fn a_deletion_while_an_enrolment_still_uploads_wins() {
     );
     let host = TestHost::start(&toml).await.ready().await;
     assert_eq!(enroll(&host, form("Ann", 3.0)).await.0, 201);
+    let (deleted, _, status, body) = delete_while_uploading(&host, temp.path(), "Ann").await;
+    assert_eq!(deleted, 200);
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        listed(&host).await.is_empty(),
+        "the deleted voice came back"
+    );
+    // A name's first enrolment: not there to delete yet (404, saying so), and still refused.
+    // It was stored after the 404.
+    let (deleted, said, status, body) = delete_while_uploading(&host, temp.path(), "Bo").await;
+    assert_eq!(deleted, 404, "{said}");
+    assert!(said.contains("under way"), "{said}");
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        listed(&host).await.is_empty(),
+        "the withdrawn voice was stored"
+    );
+    host.stop().await;
+}
+
+/// Enrols `name` with an upload held back halfway while `DELETE /speakers/{name}` is sent: the
+/// deletion's status and body, then the enrolment's.
+async fn delete_while_uploading(
+    host: &TestHost,
+    temp: &std::path::Path,
+    name: &str,
+) -> (u16, String, u16, String) {
     let audio = wav(3.0, 16000, 1);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(4);
     let body = reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     let upload = Form::new()
-        .text("name", "Ann")
+        .text("name", name.to_string())
         .part("file", Part::stream(body).file_name("v.wav"));
     let request = host.post("/speakers").multipart(upload);
     let enrolment = tokio::spawn(async move {
@@ -310,7 +337,7 @@ async fn a_deletion_while_an_enrolment_still_uploads_wins() {
     tx.send(Ok(audio[..1000].to_vec())).await.unwrap();
     // The request is in: its job folder exists.
     wait_for("the upload to begin", Duration::from_secs(10), || {
-        let dir = temp.path().to_path_buf();
+        let dir = temp.to_path_buf();
         async move {
             std::fs::read_dir(&dir)
                 .map(|d| {
@@ -323,19 +350,14 @@ async fn a_deletion_while_an_enrolment_still_uploads_wins() {
     .await;
     let deleted = host
         .client()
-        .delete(format!("{}/speakers/Ann", host.url))
+        .delete(format!("{}/speakers/{name}", host.url))
         .bearer_auth("secret")
         .send()
         .await
         .unwrap();
-    assert_eq!(deleted.status(), 200);
+    let deleted = (deleted.status().as_u16(), deleted.text().await.unwrap());
     tx.send(Ok(audio[1000..].to_vec())).await.unwrap();
     drop(tx);
     let (status, body) = enrolment.await.unwrap();
-    assert_eq!(status, 409, "{body}");
-    assert!(
-        listed(&host).await.is_empty(),
-        "the deleted voice came back"
-    );
-    host.stop().await;
+    (deleted.0, deleted.1, status, body)
 }
