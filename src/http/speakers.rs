@@ -105,7 +105,7 @@ pub(super) async fn enroll(
     let name = speakers::check_name(form.name.as_deref().unwrap_or(""))?;
     let cfg = &app.config.speakers;
     app.speakers.check_room(&name, cfg.max_voices)?;
-    // Up to 16 MiB of JSON to read (about ten times that in memory while parsed) and intersect:
+    // Up to 16 MiB of JSON to read (its spans only are kept: about its size in memory) and intersect:
     // not on a runtime thread, and no more at once than audio decodes.
     let (given, transcript, speaker) = (form.segments, form.transcript, form.speaker);
     let turn = app
