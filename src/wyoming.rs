@@ -30,6 +30,10 @@ use refusal::Refusal;
 /// How long a connection may sit between requests before it is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The most audio bytes one stream may send: what a WAV file's 32-bit sizes hold, less its
+/// header.
+const WAV_DATA_MAX: u64 = u32::MAX as u64 - 1024;
+
 /// Accepts connections until the host stops (`App::stopping`); open connections are dropped
 /// with it.
 pub async fn serve(listener: TcpListener, app: AppState) {
@@ -94,6 +98,9 @@ enum Audio {
         rate: u32,
         channels: u16,
         bytes: u64,
+        /// When audio last came (or began): only audio keeps a stream from its idle timeout,
+        /// not `ping`s or other events.
+        heard: tokio::time::Instant,
     },
 }
 
@@ -141,15 +148,15 @@ impl Connection {
 
     async fn serve(&mut self) -> Result<(), ConnectionError> {
         loop {
-            let timeout = match self.audio {
-                Audio::Idle => IDLE_TIMEOUT,
-                Audio::Receiving { .. } => {
-                    Duration::from_secs_f64(self.app.config.http.body_idle_timeout_s)
+            let deadline = match self.audio {
+                Audio::Idle => tokio::time::Instant::now() + IDLE_TIMEOUT,
+                Audio::Receiving { heard, .. } => {
+                    heard + Duration::from_secs_f64(self.app.config.http.body_idle_timeout_s)
                 }
             };
             let stopping = self.app.stopping.clone();
             let read = tokio::select! {
-                read = tokio::time::timeout(timeout, read_event(&mut self.reader)) => read,
+                read = tokio::time::timeout_at(deadline, read_event(&mut self.reader)) => read,
                 () = stopping.cancelled() => {
                     if matches!(self.audio, Audio::Receiving { .. }) {
                         return Err(self.error("shutting_down", SHUTTING_DOWN).await);
@@ -231,6 +238,11 @@ impl Connection {
                 return Ok(self.chunk(&event));
             }
             "audio-stop" => return self.transcribe().await,
+            // Wyoming's keep-alive: answered, but no audio (see `Audio::Receiving::heard`).
+            "ping" => {
+                let text = event.str("text").map(String::from);
+                self.send("pong", json!({ "text": text })).await?;
+            }
             other => tracing::debug!(event = other, "wyoming: event ignored"),
         }
         Ok(Ok(()))
@@ -294,6 +306,7 @@ impl Connection {
             rate,
             channels: channels as u16,
             bytes: 0,
+            heard: tokio::time::Instant::now(),
         };
         Ok(())
     }
@@ -307,11 +320,15 @@ impl Connection {
             rate,
             channels,
             bytes,
+            heard,
             ..
         } = &mut self.audio
         else {
             return Err("`audio-chunk` before `audio-start`".into());
         };
+        if !payload.is_empty() {
+            *heard = tokio::time::Instant::now();
+        }
         // A chunk says its own format; one that differs from the start's would be read as
         // something else (a job on garbage, answered with an empty transcript).
         for (field, declared, started) in [
@@ -343,6 +360,15 @@ impl Connection {
             return Err(format!(
                 "the audio is over limits.max_audio_seconds ({} s) or limits.max_upload_bytes",
                 limits.max_audio_seconds
+            )
+            .into());
+        }
+        // A WAV file counts its data in 32 bits: past that the writer's count wraps (and a
+        // debug build panics), whatever the limits allow.
+        if *bytes > WAV_DATA_MAX {
+            return Err(format!(
+                "the audio is over the {} GiB a WAV file holds; send it in parts",
+                WAV_DATA_MAX >> 30
             )
             .into());
         }

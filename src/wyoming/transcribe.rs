@@ -51,6 +51,8 @@ impl Connection {
                     return Err(self.error("shutting_down", &e.to_string()).await);
                 }
                 Err(AudioError::NoSpace(e)) => return Ok(Err(Refusal::no_space(&e))),
+                // The server's trouble (as HTTP's 500), not the audio's.
+                Err(AudioError::Io(e)) => return Ok(Err(Refusal::io("normalize the audio", &e))),
                 Err(e) => return Ok(Err(e.to_string().into())),
             },
             () = self.reader.get_mut().hung_up() => return Ok(Ok(())),

@@ -35,11 +35,18 @@ impl Client {
 
     /// The next event as `(type, data)`, with `data_length` bytes merged in.
     async fn recv(&mut self) -> (String, Value) {
+        self.try_recv().await.expect("an event, not the end")
+    }
+
+    /// The next event, or `None` at the end of the stream.
+    async fn try_recv(&mut self) -> Option<(String, Value)> {
         let mut line = String::new();
-        tokio::time::timeout(Duration::from_secs(20), self.stream.read_line(&mut line))
+        let read = tokio::time::timeout(Duration::from_secs(20), self.stream.read_line(&mut line))
             .await
-            .expect("an answer within 20 s")
-            .unwrap();
+            .expect("an answer within 20 s");
+        if !matches!(read, Ok(n) if n > 0) {
+            return None;
+        }
         let header: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("{line:?}"));
         let mut data = header.get("data").cloned().unwrap_or(json!({}));
         if let Some(n) = header["data_length"].as_u64().filter(|&n| n > 0) {
@@ -50,7 +57,7 @@ impl Client {
                 data[k] = v.clone();
             }
         }
-        (header["type"].as_str().unwrap().to_string(), data)
+        Some((header["type"].as_str().unwrap().to_string(), data))
     }
 
     /// Expects an `error` and then the end of the stream; its data.
@@ -367,5 +374,49 @@ async fn a_broken_frame_gets_an_error_and_the_connection_closes() {
     let mut next = Client::connect(&host).await;
     next.send("describe", json!({}), &[]).await;
     assert_eq!(next.recv().await.0, "info");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn pings_are_answered_but_keep_no_stream_of_audio_open() {
+    let host = TestHost::start(&config("[http]\nbody_idle_timeout_s = 1.0\n"))
+        .await
+        .ready()
+        .await;
+    let mut client = Client::connect(&host).await;
+    client
+        .send("ping", json!({"text": "are you there"}), &[])
+        .await;
+    let (kind, pong) = client.recv().await;
+    assert_eq!(
+        (kind.as_str(), &pong["text"]),
+        ("pong", &json!("are you there"))
+    );
+    // Audio begins, then only pings come: they held the stream (and its job folder) open
+    // without end; only audio counts now.
+    let format = json!({"rate": 16000, "width": 2, "channels": 1});
+    client.send("audio-start", format.clone(), &[]).await;
+    client.send("audio-chunk", format, &[0u8; 640]).await;
+    let began = std::time::Instant::now();
+    let mut pace = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        pace.tick().await;
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "pings kept the stream open"
+        );
+        let ping = b"{\"type\":\"ping\"}\n";
+        if client.stream.get_mut().write_all(ping).await.is_err() {
+            break;
+        }
+        match client.try_recv().await {
+            Some((kind, _)) => assert_eq!(kind, "pong"),
+            None => break, // closed
+        }
+    }
+    assert!(
+        began.elapsed() >= Duration::from_millis(900),
+        "closed too early"
+    );
     host.stop().await;
 }
