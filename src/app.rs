@@ -10,7 +10,7 @@ use crate::config::{self, Config};
 use crate::gpu;
 use crate::job;
 use crate::pipeline::Pipeline;
-use crate::speakers::Speakers;
+use crate::speakers::{Leftovers, Speakers};
 use crate::stats::JobStats;
 use crate::supervisor::Supervisor;
 
@@ -104,7 +104,14 @@ impl App {
             .cloned()
             .expect("[gpu] device is always arbitrated");
         let arbiter = Arbiter::start(&config, &queues, &queue, Arc::clone(&supervisor), &gpu);
-        let speakers = Speakers::load(config.state_dir().join("speakers"));
+        // A one-shot command may run beside a server on the same state folder: a temporary
+        // file there may be the server's write in progress.
+        let leftovers = if force_oneshot {
+            Leftovers::Stale
+        } else {
+            Leftovers::All
+        };
+        let speakers = Speakers::load(config.state_dir().join("speakers"), leftovers);
         if !speakers.is_empty() && !config.pipeline.stages.contains(&config.speakers.stage) {
             tracing::warn!(
                 stage = %config.speakers.stage,

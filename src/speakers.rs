@@ -83,11 +83,20 @@ pub struct Speakers {
     writer: Mutex<()>,
 }
 
+/// Which temporary files [`Speakers::load`] removes (a crash's leftovers hold voiceprints too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leftovers {
+    /// Every one: the server, the only writer of its state folder.
+    All,
+    /// Those older than a write takes: a command running beside a server that may be writing.
+    Stale,
+}
+
 impl Speakers {
     /// Reads every voice in `dir` (missing: none yet). A file that is unreadable or not a sound
     /// voice is skipped with a warning, never a reason not to start; temporary files a crash
-    /// left mid-write are removed (they hold voiceprints too).
-    pub fn load(dir: PathBuf) -> Speakers {
+    /// left mid-write are removed as `leftovers` says.
+    pub fn load(dir: PathBuf, leftovers: Leftovers) -> Speakers {
         use std::os::unix::fs::PermissionsExt;
         if dir.is_dir() {
             let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
@@ -97,13 +106,11 @@ impl Speakers {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with(TMP_PREFIX) {
-                // Only a stale one: a server using the same state folder (beside a one-shot
-                // command) may be writing a fresh one right now.
                 let stale = entry
                     .metadata()
                     .and_then(|m| m.modified())
                     .is_ok_and(|t| t.elapsed().is_ok_and(|age| age >= STALE_TMP));
-                if stale {
+                if stale || leftovers == Leftovers::All {
                     let _ = std::fs::remove_file(&path);
                 }
                 continue;
@@ -245,7 +252,10 @@ impl Speakers {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => known,
             Err(e) => return Err(SpeakerError::Io(io_kind(&e))),
         };
-        if found {
+        // What a crash left mid-write may hold this voice's print: none is a write in
+        // progress (this server's writes wait for `writer`, and nothing else writes here).
+        let swept = self.remove_leftovers();
+        if found || swept {
             synced(&self.dir);
         }
         let mut inner = self.lock();
@@ -265,6 +275,17 @@ impl Speakers {
                 Err(SpeakerError::NotYet(name.into()))
             }
         }
+    }
+
+    /// Removes every temporary file in the folder; whether there was one.
+    fn remove_leftovers(&self) -> bool {
+        let mut any = false;
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                any |= std::fs::remove_file(entry.path()).is_ok();
+            }
+        }
+        any
     }
 
     fn file(&self, name: &str) -> PathBuf {

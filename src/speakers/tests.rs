@@ -16,7 +16,7 @@ fn sample(x: f32) -> Sample {
 #[test]
 fn voices_survive_a_restart_and_deletion_removes_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Speakers::load(dir.path().join("speakers"));
+    let store = Speakers::load(dir.path().join("speakers"), Leftovers::All);
     store
         .add("민수", "m", sample(1.0), &store.enrolment(), (10, 2))
         .unwrap();
@@ -27,7 +27,7 @@ fn voices_survive_a_restart_and_deletion_removes_the_file() {
         .add("민수", "m", sample(-1.0), &store.enrolment(), (10, 2))
         .unwrap();
     assert_eq!(summary["samples"], 2, "the oldest sample is dropped");
-    let again = Speakers::load(dir.path().join("speakers"));
+    let again = Speakers::load(dir.path().join("speakers"), Leftovers::All);
     assert_eq!(again.list()[0]["name"], "민수");
     let print = &again.prints(Some("m"))[0]["vector"];
     // The mean of (0, 1) and (-1, 1), made a unit vector.
@@ -47,7 +47,7 @@ fn voices_survive_a_restart_and_deletion_removes_the_file() {
 #[test]
 fn a_voice_file_that_cannot_be_read_is_still_deleted_for_good() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Speakers::load(dir.path().to_path_buf());
+    let store = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
     store
         .add("Eve", "m", sample(1.0), &store.enrolment(), (10, 2))
         .unwrap();
@@ -61,7 +61,7 @@ fn a_voice_file_that_cannot_be_read_is_still_deleted_for_good() {
     let hal = std::fs::read_to_string(store.file("Hal")).unwrap();
     std::fs::write(store.file(" Hal"), hal.replace("\"Hal\"", "\" Hal\"")).unwrap();
     std::fs::remove_file(store.file("Hal")).unwrap();
-    let again = Speakers::load(dir.path().to_path_buf());
+    let again = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
     assert!(again.list().is_empty(), "{:?}", again.list());
     // Not listed, yet DELETE removes the voiceprint left on disk; then it is gone.
     again.delete("Eve").unwrap();
@@ -81,7 +81,7 @@ fn a_voice_file_that_cannot_be_read_is_still_deleted_for_good() {
 #[test]
 fn limits_and_models_are_kept() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Speakers::load(dir.path().to_path_buf());
+    let store = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
     store
         .add("a", "m", sample(1.0), &store.enrolment(), (1, 5))
         .unwrap();
@@ -109,7 +109,7 @@ fn names_are_checked() {
 #[test]
 fn a_deletion_during_an_enrolment_wins() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Speakers::load(dir.path().to_path_buf());
+    let store = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
     store
         .add("a", "m", sample(1.0), &store.enrolment(), (5, 5))
         .unwrap();
@@ -152,7 +152,7 @@ fn a_deletion_during_an_enrolment_wins() {
 #[test]
 fn broken_files_and_leftovers_are_not_voices() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Speakers::load(dir.path().to_path_buf());
+    let store = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
     store
         .add("a", "m", sample(1.0), &store.enrolment(), (5, 5))
         .unwrap();
@@ -164,7 +164,7 @@ fn broken_files_and_leftovers_are_not_voices() {
         .unwrap()
         .set_modified(an_hour_ago)
         .unwrap();
-    // A write in progress (another process on the same state folder) is left alone.
+    // Maybe a server's write in progress: a command beside it leaves it alone.
     std::fs::write(dir.path().join(".voice-fresh"), b"{").unwrap();
     let nan = r#"{"name":"b","model":"m","samples":[{"vector":[null],"seconds":1,"added":1}]}"#;
     std::fs::write(dir.path().join(file_name("b")), nan).unwrap();
@@ -186,7 +186,7 @@ fn broken_files_and_leftovers_are_not_voices() {
     // SAFETY: mkfifo with a valid path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
     std::os::unix::fs::symlink("/dev/zero", dir.path().join(file_name("e"))).unwrap();
-    let again = Speakers::load(dir.path().to_path_buf());
+    let again = Speakers::load(dir.path().to_path_buf(), Leftovers::Stale);
     let names: Vec<Value> = again.list().iter().map(|v| v["name"].clone()).collect();
     assert_eq!(names, [json!("a")]);
     assert!(
@@ -194,6 +194,14 @@ fn broken_files_and_leftovers_are_not_voices() {
         "a crash's leftover is removed"
     );
     assert!(dir.path().join(".voice-fresh").exists());
+    // The server, the folder's only writer, removes every one (a crash and a quick restart
+    // left one holding a voiceprint through its voice's deletion).
+    let _server = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
+    assert!(!dir.path().join(".voice-fresh").exists());
+    // And a deletion sweeps any that appear while it runs.
+    std::fs::write(dir.path().join(".voice-later"), b"{").unwrap();
+    again.delete("a").unwrap();
+    assert!(!dir.path().join(".voice-later").exists());
     assert!(check_name("a\u{200B}b").is_err());
     assert!(check_name("..").is_err() && check_name(".").is_err());
     assert!(check_name("...").is_ok());
