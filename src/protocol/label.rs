@@ -40,6 +40,7 @@ pub fn invisible(c: char) -> bool {
                 | '\u{110CD}'
                 | '\u{13430}'..='\u{1343F}'
                 | '\u{1BCA0}'..='\u{1BCA3}'
+                | '\u{1D159}'
                 | '\u{1D173}'..='\u{1D17A}'
                 | '\u{E0000}'..='\u{E00FF}'
                 | '\u{E01F0}'..='\u{E0FFF}'
@@ -88,10 +89,18 @@ fn emoji_base(c: char) -> bool {
     )
 }
 
-/// Whether `label` shows as it reads: no `invisible` character, and a variation selector only
-/// as the emoji or text look of a character that has both (`❤️`); after a letter it hides
-/// (`Bob\u{FE0F}` looks like `Bob`).
+/// Whether `label` shows as it reads: no `invisible` character, no combining mark with nothing
+/// to sit on (a label that begins with one, `\u{301}` or `\u{20DD}` alone, looks blank), and a
+/// variation selector only as the emoji or text look of a character that has both (`❤️`); after
+/// a letter it hides (`Bob\u{FE0F}` looks like `Bob`).
 pub fn shows_as_text(label: &str) -> bool {
+    if label
+        .chars()
+        .next()
+        .is_some_and(unicode_normalization::char::is_combining_mark)
+    {
+        return false;
+    }
     let mut before = None;
     for c in label.chars() {
         if invisible(c) {
@@ -117,6 +126,8 @@ mod tests {
         // An ideographic variant (葛 as written in a Japanese family name), a Mongolian form.
         assert!(shows_as_text("\u{845b}\u{e0100}城"));
         assert!(shows_as_text("\u{1820}\u{180b}"));
+        // Marks on a letter: Korean jamo as typed, an accent, Hindi.
+        assert!(shows_as_text("e\u{301}lise \u{1100}\u{1161} \u{0939}\u{093f}\u{0928}\u{094d}\u{0926}\u{0940}"));
         for bad in [
             "iso\u{2067}late",
             "a\u{1b}]0;x\u{7}",
@@ -133,6 +144,10 @@ mod tests {
             "\u{fe0f}",
             "Bob\u{e0100}",
             "Bob\u{180b}",
+            "\u{301}",
+            "\u{301}\u{301}",
+            "\u{20dd}",
+            "\u{1d159}",
         ] {
             assert!(!shows_as_text(bad), "{bad:?}");
         }
