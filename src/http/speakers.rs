@@ -141,14 +141,15 @@ pub(super) async fn enroll(
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let (model, sample) = match speakers::sample_of(&stage, &result["stages"][&stage], now) {
-        Ok(made) => made,
-        Err(e) => {
-            // A worker that was not loaded when the request came may turn out to make none.
-            voiceprint_stage(&app)?;
-            return Err(e.into());
-        }
-    };
+    let (model, sample) =
+        match speakers::sample_of(&stage, &result["stages"][&stage], now, duration) {
+            Ok(made) => made,
+            Err(e) => {
+                // A worker that was not loaded when the request came may turn out to make none.
+                voiceprint_stage(&app)?;
+                return Err(e.into());
+            }
+        };
     // The voice's file is written and fsynced on a blocking thread, not the runtime's.
     let limits = (cfg.max_voices, cfg.max_samples);
     let store = app.clone();

@@ -127,7 +127,9 @@ mod tests {
         assert!(shows_as_text("\u{845b}\u{e0100}城"));
         assert!(shows_as_text("\u{1820}\u{180b}"));
         // Marks on a letter: Korean jamo as typed, an accent, Hindi.
-        assert!(shows_as_text("e\u{301}lise \u{1100}\u{1161} \u{0939}\u{093f}\u{0928}\u{094d}\u{0926}\u{0940}"));
+        assert!(shows_as_text(
+            "e\u{301}lise \u{1100}\u{1161} \u{0939}\u{093f}\u{0928}\u{094d}\u{0926}\u{0940}"
+        ));
         for bad in [
             "iso\u{2067}late",
             "a\u{1b}]0;x\u{7}",

@@ -102,8 +102,18 @@ fn names_are_checked() {
     assert!(check_name("SPEAKER_00").is_err());
     assert!(check_name("a\nb").is_err());
     assert!(check_name(&"가".repeat(40)).is_err()); // 120 bytes
-    let bad = sample_of("diarizer", &json!({"vector": [1.0]}), 0).unwrap_err();
+    let bad = sample_of("diarizer", &json!({"vector": [1.0]}), 0, 10.0).unwrap_err();
     assert!(bad.to_string().contains("1 numbers instead of 256"));
+    let vector = vec![0.0625; DIM];
+    for seconds in [1e308, -1.0, 12.0] {
+        let bad = sample_of("d", &json!({"vector": vector, "seconds": seconds}), 0, 10.0);
+        assert!(bad
+            .unwrap_err()
+            .to_string()
+            .contains("not a length of speech"));
+    }
+    let fine = sample_of("d", &json!({"vector": vector, "seconds": 9.5}), 0, 10.0);
+    assert_eq!(fine.unwrap().1.seconds, 9.5);
 }
 
 #[test]

@@ -126,7 +126,12 @@ pub fn check_name(name: &str) -> Result<String, SpeakerError> {
 }
 
 /// The voiceprint in a worker's enrolment result: `(model, sample)`.
-pub fn sample_of(stage: &str, result: &Value, now: u64) -> Result<(String, Sample), SpeakerError> {
+pub fn sample_of(
+    stage: &str,
+    result: &Value,
+    now: u64,
+    audio_seconds: f64,
+) -> Result<(String, Sample), SpeakerError> {
     let bad = |why: &str| SpeakerError::BadVoiceprint {
         stage: stage.into(),
         why: why.into(),
@@ -142,6 +147,12 @@ pub fn sample_of(stage: &str, result: &Value, now: u64) -> Result<(String, Sampl
         .unwrap_or("unknown")
         .to_string();
     let seconds = result.get("seconds").and_then(Value::as_f64).unwrap_or(0.0);
+    // Its speech is part of the audio it was given: a sum of such lengths must stay a number.
+    if !(0.0..=audio_seconds + 1.0).contains(&seconds) {
+        return Err(bad(&format!(
+            "`seconds` {seconds} is not a length of speech in {audio_seconds:.1} s of audio"
+        )));
+    }
     Ok((
         model,
         Sample {
