@@ -328,14 +328,15 @@ impl Drop for Unregister {
 
 /// Finds `program` on PATH (or checks it when it has a slash).
 pub fn find_program(program: &str) -> Option<PathBuf> {
-    let path = std::env::var("PATH").ok();
+    let path = std::env::var_os("PATH");
     find_program_in(program, Path::new("."), path.as_deref())
 }
 
 /// Where `program` is found when run in `cwd` with `path` as its `PATH` (`None`: unset, the
 /// C library's default), as `exec` finds it: a name with a `/` as it is (relative to `cwd`), a
 /// bare name on the `PATH` (an empty entry is `cwd`).
-pub fn find_program_in(program: &str, cwd: &Path, path: Option<&str>) -> Option<PathBuf> {
+pub fn find_program_in(program: &str, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
     if program.is_empty() {
         return None;
     }
@@ -343,9 +344,11 @@ pub fn find_program_in(program: &str, cwd: &Path, path: Option<&str>) -> Option<
         let at = cwd.join(program);
         return is_executable(&at).then_some(at);
     }
-    path.unwrap_or("/bin:/usr/bin")
-        .split(':')
-        .map(|dir| cwd.join(dir).join(program))
+    // Bytes, as `exec` reads it: a PATH need not be UTF-8.
+    path.unwrap_or(OsStr::new("/bin:/usr/bin"))
+        .as_bytes()
+        .split(|&b| b == b':')
+        .map(|dir| cwd.join(OsStr::from_bytes(dir)).join(program))
         .find(|candidate| is_executable(candidate))
 }
 

@@ -21,7 +21,7 @@ pub enum SpeakerError {
     BadName(String),
     #[error("no enrolled voice is named `{0}`")]
     NotFound(String),
-    #[error("no enrolled voice is named `{0}` yet; an enrolment of that name under way now is refused when it ends")]
+    #[error("no enrolled voice is named `{0}`; should an enrolment of that name be under way, it is refused when it ends")]
     NotYet(String),
     #[error("{max} voices are enrolled already ([speakers] max_voices); delete some first")]
     Full { max: usize },
@@ -51,7 +51,13 @@ struct Inner {
     deletions: BTreeMap<String, u64>,
     /// Enrolments under way ([`Enrolment`]s alive).
     enrolling: usize,
+    /// The value of `deleted` when `deletions` was full: every enrolment that began before it
+    /// is refused (no name is forgotten, whatever number of names is deleted meanwhile).
+    everyone: u64,
 }
+
+/// Most names `deletions` keeps; past it, every enrolment under way is refused.
+const DELETIONS_MAX: usize = 10_000;
 
 /// An enrolment under way, from its request's arrival until it is dropped (after
 /// [`Speakers::add`], which it is passed to, even when the client has left meanwhile).
@@ -68,6 +74,7 @@ impl Drop for Enrolment {
         inner.enrolling -= 1;
         if inner.enrolling == 0 {
             inner.deletions.clear();
+            inner.everyone = 0;
         }
     }
 }
@@ -199,11 +206,8 @@ impl Speakers {
         let _writing = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let mut voice = {
             let inner = self.lock();
-            if inner
-                .deletions
-                .get(name)
-                .is_some_and(|&at| at > enrolment.generation)
-            {
+            let deleted_at = inner.deletions.get(name).copied().max(Some(inner.everyone));
+            if deleted_at.is_some_and(|at| at > enrolment.generation) {
                 return Err(SpeakerError::DeletedMeanwhile(name.into()));
             }
             match inner.voices.get(name) {
@@ -262,18 +266,18 @@ impl Speakers {
         inner.voices.remove(name);
         inner.deleted += 1;
         let at = inner.deleted;
+        if inner.enrolling > 0 {
+            // Maybe its (first) enrolment is under way: it must not store what was withdrawn.
+            if inner.deletions.len() < DELETIONS_MAX || inner.deletions.contains_key(name) {
+                inner.deletions.insert(name.into(), at);
+            } else {
+                inner.everyone = at;
+            }
+        }
         match (found, inner.enrolling) {
-            (true, 0) => Ok(()),
-            (true, _) => {
-                inner.deletions.insert(name.into(), at);
-                Ok(())
-            }
+            (true, _) => Ok(()),
             (false, 0) => Err(SpeakerError::NotFound(name.into())),
-            // Maybe its first enrolment, under way: it must not store what was withdrawn.
-            (false, _) => {
-                inner.deletions.insert(name.into(), at);
-                Err(SpeakerError::NotYet(name.into()))
-            }
+            (false, _) => Err(SpeakerError::NotYet(name.into())),
         }
     }
 

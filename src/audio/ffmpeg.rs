@@ -29,7 +29,8 @@ pub(super) async fn decode_with_ffmpeg(
     symphonia_said: &str,
 ) -> Result<AudioInfo, AudioError> {
     let input_bytes = std::fs::metadata(input)?.len();
-    // ffmpeg stops writing at this length: a hostile upload costs no more disk than that.
+    // ffmpeg stops writing at this length: a hostile upload costs no more disk than twice that
+    // (two outputs, below), and `limits.min_free_bytes` is watched meanwhile.
     let expansion_cap =
         (input_bytes as f64 * FFMPEG_MAX_EXPANSION / (2.0 * f64::from(TARGET_RATE))).max(1.0);
     // Two outputs: ffmpeg's downmix (its matrix: a 5.1 track's centre, where speech is, weighs

@@ -214,7 +214,7 @@ fn settings_that_would_break_the_server_later_are_refused_at_load() {
         ),
         ("[limits]\nmax_audio_seconds = nan\n", "max_audio_seconds"),
         ("[limits]\nmax_audio_seconds = -1\n", "max_audio_seconds"),
-        ("[limits]\nmax_audio_seconds = 140000\n", "up to 134218"),
+        ("[limits]\nmax_audio_seconds = 134217\n", "up to 134216"),
         ("[gpu.status]\ninterval_s = 1e-10\n", "interval_s"),
         ("[gpu.status]\ninterval_s = 0.01\n", "at least 0.05"),
         ("[workers.asr]\nstop_grace_s = 1e-10\n", "stop_grace_s"),

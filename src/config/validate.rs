@@ -86,8 +86,9 @@ impl Config {
                 "[pipeline] stages names `{twice}` twice; a stage runs once a job"
             ));
         }
-        // The normalized audio is a WAV file (16 kHz, 16 bits), whose sizes are 32-bit: 37 h.
-        let wav_max = f64::from(u32::MAX - 1024) / 32_000.0;
+        // The normalized audio is a WAV file (16 kHz, 16 bits), whose sizes are 32-bit: 37 h,
+        // less the second ffmpeg decodes past the limit to find it was passed.
+        let wav_max = (f64::from(u32::MAX - 1024) / 32_000.0 - 1.0).floor();
         if !(self.limits.max_audio_seconds > 0.0 && self.limits.max_audio_seconds <= wav_max) {
             return invalid(format!(
                 "[limits] max_audio_seconds must be a positive number of seconds up to {wav_max:.0} (37 h: the normalized audio is a WAV file, whose sizes are 32-bit), got {}",

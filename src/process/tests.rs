@@ -96,3 +96,33 @@ async fn a_missing_working_folder_is_named_not_taken_for_a_missing_program() {
     };
     assert!(!e.to_string().contains("cwd"), "{e}");
 }
+
+#[test]
+fn a_program_is_found_where_exec_would_find_it() {
+    use std::ffi::OsStr;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let tool = bin.join("tool");
+    std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cwd = dir.path();
+    // On the PATH given (a relative entry is the cwd's), not elsewhere.
+    let found = find_program_in("tool", cwd, Some(OsStr::new("/nonexistent:bin")));
+    assert_eq!(found, Some(cwd.join("bin/tool")));
+    assert_eq!(
+        find_program_in("tool", cwd, Some(OsStr::new("/usr/bin"))),
+        None
+    );
+    // A name with a slash is taken relative to the cwd; a folder is no program.
+    assert!(find_program_in("bin/tool", cwd, None).is_some());
+    assert_eq!(find_program_in("bin", cwd, Some(OsStr::new(""))), None);
+    // An empty entry is the cwd; no PATH at all is /bin:/usr/bin, as for exec.
+    assert!(find_program_in("tool", &bin, Some(OsStr::new(":/usr/bin"))).is_some());
+    assert!(find_program_in("sh", cwd, None).is_some());
+    // A PATH that is not UTF-8 is still searched.
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = [b"/nonexist\xff:".as_slice(), bin.as_os_str().as_bytes()].concat();
+    assert!(find_program_in("tool", cwd, Some(OsStr::from_bytes(&bytes))).is_some());
+}

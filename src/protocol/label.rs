@@ -90,20 +90,22 @@ fn emoji_base(c: char) -> bool {
 }
 
 /// Whether `label` shows as it reads: no `invisible` character, no combining mark with nothing
-/// to sit on (a label that begins with one, `\u{301}` or `\u{20DD}` alone, looks blank), and a
+/// to sit on (at the start, after a space or a joiner: `\u{301}` or ` \u{20DD}` looks blank), and a
 /// variation selector only as the emoji or text look of a character that has both (`❤️`); after
 /// a letter it hides (`Bob\u{FE0F}` looks like `Bob`).
 pub fn shows_as_text(label: &str) -> bool {
-    if label
-        .chars()
-        .next()
-        .is_some_and(unicode_normalization::char::is_combining_mark)
-    {
-        return false;
-    }
-    let mut before = None;
+    let mut before: Option<char> = None;
     for c in label.chars() {
         if invisible(c) {
+            return false;
+        }
+        // A mark sits on the character before it: at the start, after a space or a joiner it
+        // sits on nothing that shows.
+        if unicode_normalization::char::is_combining_mark(c)
+            && before.map_or(true, |b| {
+                b.is_whitespace() || matches!(b, '\u{200C}' | '\u{200D}')
+            })
+        {
             return false;
         }
         if variation_selector(c) && !before.is_some_and(|base| selects(base, c)) {
@@ -150,6 +152,9 @@ mod tests {
             "\u{301}\u{301}",
             "\u{20dd}",
             "\u{1d159}",
+            " \u{301}",
+            "\u{200c}\u{20dd}",
+            "a \u{301}b",
         ] {
             assert!(!shows_as_text(bad), "{bad:?}");
         }

@@ -154,6 +154,19 @@ fn a_deletion_during_an_enrolment_wins() {
         Err(SpeakerError::NotFound("new".into()))
     );
     assert!(store.lock().deletions.is_empty());
+    // Deletions of names nobody has, while an enrolment runs, are bounded: past the bound
+    // every enrolment under way is refused instead.
+    let running = store.enrolment();
+    for n in 0..=DELETIONS_MAX {
+        let _ = store.delete(&format!("nobody {n}"));
+    }
+    assert_eq!(store.lock().deletions.len(), DELETIONS_MAX);
+    assert_eq!(
+        store.add("other", "m", sample(1.0), &running, (5, 5)),
+        Err(SpeakerError::DeletedMeanwhile("other".into()))
+    );
+    drop(running);
+    assert!(store.lock().deletions.is_empty());
     store
         .add("new", "m", sample(1.0), &store.enrolment(), (5, 5))
         .unwrap();

@@ -204,4 +204,22 @@ async fn a_waiter_is_told_its_position_then_the_grant_or_the_close() {
     assert!(matches!(late.next().await, Turn::Closed));
     drop(late);
     assert_eq!(q.running(), 0, "the grant went back");
+
+    // The same when the grant reaches a waiter already waiting, and the queue closes before it
+    // runs again.
+    let q = GpuQueue::new(1);
+    let held = q.enqueue().granted().await;
+    let mut late = q.enqueue();
+    assert!(matches!(late.next().await, Turn::Waiting(1)));
+    {
+        let mut waiting = std::pin::pin!(late.next());
+        // Polled once: it waits for the grant or a change.
+        let once = tokio::time::timeout(std::time::Duration::ZERO, &mut waiting).await;
+        assert!(once.is_err(), "nothing to tell yet");
+        drop(held);
+        q.close();
+        assert!(matches!(waiting.await, Turn::Closed));
+    }
+    drop(late);
+    assert_eq!(q.running(), 0, "the grant went back");
 }

@@ -26,8 +26,8 @@ impl Actor {
         let program = &self.spec.command[0];
         // The service's own PATH when its `env` sets one (it is looked up there), else gpuhost's.
         let path = match self.spec.env.get("PATH") {
-            Some(path) => Some(path.clone()),
-            None => std::env::var("PATH").ok(),
+            Some(path) => Some(std::ffi::OsString::from(path)),
+            None => std::env::var_os("PATH"),
         };
         if find_program_in(program, cwd, path.as_deref()).is_none() {
             return Err(if program.contains('/') {
