@@ -77,6 +77,17 @@ async fn grant_events(response: reqwest::Response) -> Vec<GrantEvent> {
     events
 }
 
+/// `POST /services/{name}/start`: its events, to the last.
+async fn start_service(host: &TestHost, name: &str) -> Vec<GrantEvent> {
+    grant_events(
+        host.post(&format!("/services/{name}/start"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
 fn starts(gpu: &FakeGpu) -> usize {
     std::fs::read_to_string(gpu.dir.path().join("starts"))
         .map(|s| s.lines().count())
@@ -168,7 +179,7 @@ async fn twenty_concurrent_starts_start_one_process() {
         "{metrics}"
     );
     // Already healthy: answered at once, still one process.
-    let events = grant_events(host.post("/services/llm/start").send().await.unwrap()).await;
+    let events = start_service(&host, "llm").await;
     assert!(matches!(events.as_slice(), [GrantEvent::Healthy { .. }]));
     assert_eq!(starts(&gpu), 1);
     let stopped: Value = host
@@ -264,13 +275,7 @@ async fn release_calls_and_stubborn_services_are_torn_down() {
         .ready()
         .await;
     for name in ["comfy", "stubborn"] {
-        let events = grant_events(
-            host.post(&format!("/services/{name}/start"))
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
+        let events = start_service(&host, name).await;
         assert!(
             matches!(events.last(), Some(GrantEvent::Healthy { .. })),
             "{name}: {events:?}"
@@ -312,7 +317,7 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
     .await
     .ready()
     .await;
-    let events = grant_events(host.post("/services/leaky/start").send().await.unwrap()).await;
+    let events = start_service(&host, "leaky").await;
     assert!(matches!(events.last(), Some(GrantEvent::Healthy { .. })));
     // `gpuhost stop` says the stop failed, and exits 1 (it exited 0).
     let (code, err, out) = cli(&host, &["stop", "leaky"]).await;
@@ -580,7 +585,7 @@ async fn an_unused_service_stops_by_itself() {
         ),
     );
     let host = TestHost::start(&config).await.ready().await;
-    let events = grant_events(host.post("/services/llm/start").send().await.unwrap()).await;
+    let events = start_service(&host, "llm").await;
     assert!(matches!(events.last(), Some(GrantEvent::Healthy { .. })));
     let s = wait_status(&host, "the idle stop", |s| {
         service_state(s, "llm") == "stopped"
@@ -624,7 +629,7 @@ async fn a_health_url_that_never_answers_fails_the_start_at_its_timeout() {
         .ready()
         .await;
     let asked = Instant::now();
-    let events = grant_events(host.post("/services/mute/start").send().await.unwrap()).await;
+    let events = start_service(&host, "mute").await;
     let took = asked.elapsed();
     let Some(GrantEvent::Error { code, message }) = events.last() else {
         panic!("{events:?}");
@@ -1356,7 +1361,7 @@ async fn measured_footprints_replace_the_guess_and_survive_a_restart() {
         )
     );
     let host = TestHost::start(&config).await.ready().await;
-    let events = grant_events(host.post("/services/llm/start").send().await.unwrap()).await;
+    let events = start_service(&host, "llm").await;
     assert!(
         matches!(events.last(), Some(GrantEvent::Healthy { .. })),
         "{events:?}"
@@ -1834,7 +1839,7 @@ async fn a_service_whose_url_already_answers_is_not_started_again() {
     })
     .await;
     let host = TestHost::start(&config).await.ready().await;
-    let events = grant_events(host.post("/services/llm/start").send().await.unwrap()).await;
+    let events = start_service(&host, "llm").await;
     let _ = copy.kill();
     let _ = copy.wait();
     // Called healthy, it was the copy that answered: a second one was started beside it.
@@ -1860,13 +1865,7 @@ async fn a_service_that_cannot_run_fails_before_anything_is_unloaded() {
         ("missing", "no executable of that name on gpuhost's PATH"),
         ("nowhere", "/nonexistent/folder does not exist"),
     ] {
-        let events = grant_events(
-            host.post(&format!("/services/{name}/start"))
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
+        let events = start_service(&host, name).await;
         assert!(
             matches!(events.last(), Some(GrantEvent::Error { code, message }) if code == "service_unavailable" && message.contains(said)),
             "{name}: {events:?}"
@@ -1901,7 +1900,7 @@ async fn a_service_that_dies_while_healthy_is_failed_not_stopped() {
         ),
     );
     let host = TestHost::start(&config).await.ready().await;
-    let events = grant_events(host.post("/services/crash/start").send().await.unwrap()).await;
+    let events = start_service(&host, "crash").await;
     assert!(
         matches!(events.last(), Some(GrantEvent::Healthy { .. })),
         "{events:?}"
@@ -1984,7 +1983,7 @@ async fn several_gpus_get_a_queue_each() {
         )
     );
     let host = TestHost::start(&config).await.ready().await;
-    let events = grant_events(host.post("/services/llm/start").send().await.unwrap()).await;
+    let events = start_service(&host, "llm").await;
     assert!(
         matches!(events.last(), Some(GrantEvent::Healthy { .. })),
         "{events:?}"
