@@ -37,11 +37,11 @@ pub(super) async fn decode_with_ffmpeg(
     // most), and the first channel alone for when that downmix cancels out (`downmix.rs`).
     let first = output.with_extension("first.wav");
     let cap = format!("{}", (max_seconds + 1.0).min(expansion_cap));
-    let to = |mono: [&str; 2], path: &Path| {
+    let to = |downmix: [&str; 2], path: &Path| {
         [
             "-vn",
-            mono[0],
-            mono[1],
+            downmix[0],
+            downmix[1],
             "-ar",
             "16000",
             "-c:a",
