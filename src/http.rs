@@ -40,6 +40,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/audio/transcriptions", post(openai::transcriptions))
         .route("/v1/audio/translations", post(openai::translations))
         .route("/v1/models", get(openai::models))
+        .route("/v1/models/{model}", get(openai::model))
         .route(
             "/gpu/lease",
             post(gpu::lease).layer(axum::extract::DefaultBodyLimit::max(64 * 1024)),
@@ -87,10 +88,16 @@ pub fn router(state: AppState) -> Router {
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {
+    let path = uri.path();
+    let hint = if openai::openai_path(path) && !path.starts_with("/v1") {
+        "; OpenAI clients: the base URL ends in /v1 (http://HOST:PORT/v1)"
+    } else {
+        "; see the README for the API"
+    };
     ApiError::new(
         axum::http::StatusCode::NOT_FOUND,
         "not_found",
-        format!("no route for {}; see the README for the API", uri.path()),
+        format!("no route for {path}{hint}"),
     )
 }
 

@@ -28,9 +28,10 @@ pub fn token_matches(headers: &axum::http::HeaderMap, expected: &str) -> bool {
     let from_header = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
+        // The scheme is case-insensitive (RFC 9110 §11.1): `BEARER` is `Bearer`.
         .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
+            let (scheme, token) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
         })
         .map(str::trim);
     match from_header {
@@ -54,5 +55,10 @@ mod tests {
         assert!(!token_matches(&h, "t0k"));
         h.insert("authorization", HeaderValue::from_static("Basic t0k"));
         assert!(!token_matches(&h, "t0k"));
+        for scheme in ["bearer", "BEARER", "BeArEr"] {
+            let value = format!("{scheme} t0k");
+            h.insert("authorization", HeaderValue::from_str(&value).unwrap());
+            assert!(token_matches(&h, "t0k"), "{scheme}");
+        }
     }
 }

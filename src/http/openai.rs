@@ -40,11 +40,21 @@ fn openai_body(status: axum::http::StatusCode, code: &str, message: &str) -> Val
     json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
 }
 
+/// Whether an OpenAI client asks for `path`: `/v1` and below, and OpenAI's paths without it (a
+/// base URL missing its `/v1`, a common slip: its 404 says so, in a shape the client shows).
+pub(super) fn openai_path(path: &str) -> bool {
+    path == "/v1"
+        || path.starts_with("/v1/")
+        || path.starts_with("/audio/")
+        || path == "/models"
+        || path.starts_with("/models/")
+}
+
 /// Answers in OpenAI's shape what another layer refused on `/v1/…` (the token check, the
 /// browser defences, a wrong method or path, a drained connection), as the handlers' own
 /// errors are: OpenAI clients read `error.message`. Status and headers stay as they were.
 pub(super) async fn shape_refusals(request: Request, next: axum::middleware::Next) -> Response {
-    let openai = request.uri().path().starts_with("/v1/");
+    let openai = openai_path(request.uri().path());
     let mut response = next.run(request).await;
     if !openai {
         return response;
@@ -153,6 +163,36 @@ pub(super) async fn transcriptions(
     (status = 403, description = "Foreign Host or a cross-site request", body = OpenAiErrorBody),
 ), security(("bearer" = [])))]
 pub(super) async fn models(State(app): State<AppState>) -> Json<Value> {
+    Json(json!({"object": "list", "data": model_list(&app)}))
+}
+
+/// One model of the list, as OpenAI's `GET /v1/models/{model}` answers it.
+#[utoipa::path(get, path = "/v1/models/{model}", params(("model" = String, Path, description = "A model's id")), responses(
+    (status = 200, description = "`{id, object, created, owned_by}`", body = Object),
+    (status = 404, description = "No such model", body = OpenAiErrorBody),
+    (status = 401, description = "Token missing or wrong", body = OpenAiErrorBody),
+), security(("bearer" = [])))]
+pub(super) async fn model(
+    State(app): State<AppState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, OpenAiError> {
+    model_list(&app)
+        .into_iter()
+        .find(|m| m["id"] == id.as_str())
+        .map(Json)
+        .ok_or_else(|| {
+            OpenAiError(ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "model_not_found",
+                format!(
+                    "the model `{}` does not exist here; GET /v1/models lists them",
+                    id.chars().take(80).collect::<String>()
+                ),
+            ))
+        })
+}
+
+fn model_list(app: &AppState) -> Vec<Value> {
     let loaded = app
         .supervisor
         .get("asr")
@@ -163,10 +203,8 @@ pub(super) async fn models(State(app): State<AppState>) -> Json<Value> {
     let ids = std::iter::once("whisper-1".to_string())
         .chain(loaded)
         .filter(|_| has_asr);
-    let data: Vec<Value> = ids
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "gpuhost"}))
-        .collect();
-    Json(json!({"object": "list", "data": data}))
+    ids.map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "gpuhost"}))
+        .collect()
 }
 
 /// OpenAI-compatible translation to English (a multilingual ASR model only).
@@ -279,11 +317,17 @@ fn verbose(
     granularities: &[String],
     translate: bool,
 ) -> Value {
-    let language = transcript.language.as_deref().unwrap_or("");
+    // A translation's is the output's, as OpenAI's (always `english`); a transcription's the
+    // spoken one, named as OpenAI names it: `korean`, not `ko` (a code Whisper does not know
+    // stays a code).
+    let spoken = transcript.language.as_deref().unwrap_or("");
+    let language = match translate {
+        true => "english",
+        false => crate::protocol::language::name(spoken).unwrap_or(spoken),
+    };
     let mut body = json!({
         "task": if translate { "translate" } else { "transcribe" },
-        // As OpenAI names it: `korean`, not `ko` (a code Whisper does not know stays a code).
-        "language": crate::protocol::language::name(language).unwrap_or(language),
+        "language": language,
         "duration": duration,
         "text": transcript.text,
     });

@@ -66,6 +66,7 @@ pub enum GuardErrors {
         super::openai::transcriptions,
         super::openai::translations,
         super::openai::models,
+        super::openai::model,
         super::status::status,
         super::status::metrics,
         super::status::workers,

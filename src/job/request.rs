@@ -133,6 +133,17 @@ pub fn options_for_stages_run(
             }
         }
     }
+    // Speaker counts where only the ASR and the aligner run (a pipeline without a diarizer):
+    // nothing would read them. A custom stage might, so only these two make the refusal.
+    let counts_unread = stages.iter().all(|s| s == "asr" || s == "aligner");
+    if let Some((option, _)) = for_diarizer.iter().find(|(_, set)| *set) {
+        if counts_unread {
+            return Err(OptionsError::NoSuchStage {
+                option,
+                stage: "diarizer".into(),
+            });
+        }
+    }
     Ok(())
 }
 
@@ -167,6 +178,17 @@ mod tests {
         assert!(select_stages(&[], None)
             .unwrap_err()
             .contains("no pipeline to run"));
+        // A speaker count with no stage to read it.
+        let asr_only: Vec<String> = vec!["asr".into()];
+        let counted = JobOptions {
+            num_speakers: Some(2),
+            ..JobOptions::default()
+        };
+        let err = options_for_stages_run(&counted, &asr_only, &asr_only).unwrap_err();
+        assert!(err.to_string().contains("has none"), "{err}");
+        assert!(options_for_stages_run(&counted, &p, &p).is_ok());
+        let custom: Vec<String> = vec!["asr".into(), "mine".into()];
+        assert!(options_for_stages_run(&counted, &custom, &custom).is_ok());
         // A pipeline without an asr stage has nothing to refuse for.
         let custom: Vec<String> = ["aligner"].map(String::from).to_vec();
         assert_eq!(select_stages(&custom, Some("aligner")).unwrap(), custom);

@@ -100,7 +100,28 @@ async fn auth_matrix() {
         .unwrap();
     openai(elsewhere, 403, "cross_site_request").await;
     let unknown = plain.get(url("/v1/models/x")).bearer_auth("s3cret-token");
-    openai(unknown.send().await.unwrap(), 404, "not_found").await;
+    openai(unknown.send().await.unwrap(), 404, "model_not_found").await;
+    let elsewhere = plain
+        .get(url("/v1/no/such/route"))
+        .bearer_auth("s3cret-token");
+    openai(elsewhere.send().await.unwrap(), 404, "not_found").await;
+    // A base URL without its /v1 (a common slip): told so, in a shape OpenAI clients show.
+    let slip = plain
+        .post(url("/audio/transcriptions"))
+        .bearer_auth("s3cret-token")
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(slip.status(), 404);
+    let body: Value = slip.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("base URL ends in /v1"),
+        "{body}"
+    );
     // The model list OpenAI clients and UIs ask for first: empty without an `asr` stage.
     let models = plain.get(url("/v1/models")).bearer_auth("s3cret-token");
     let models: Value = models.send().await.unwrap().json().await.unwrap();
@@ -312,6 +333,24 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["whisper-1", "tiny.en"], "{models}");
+    let one: Value = host
+        .get("/v1/models/tiny.en")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(one["id"], "tiny.en", "{one}");
+    // Speaker counts where no diarizer runs: nothing would read them.
+    let r = host
+        .post_body("/transcribe?num_speakers=2", wav(0.2, 16000, 1))
+        .await;
+    let msg = json_error(r, 400, "bad_request").await;
+    assert!(
+        msg.contains("`num_speakers`") && msg.contains("has none"),
+        "{msg}"
+    );
     let r = host
         .post_body("/transcribe?language=ko", wav(0.2, 16000, 1))
         .await;
@@ -400,6 +439,31 @@ async fn translations_go_to_a_multilingual_asr_and_an_english_only_one_refuses_t
     let r = translate(&host).await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.text().await.unwrap(), "translated guten morgen\n");
+    // verbose_json: a translation's `language` is its output's, as OpenAI's (always english).
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(wav(0.5, 16000, 1)).file_name("a.wav"),
+        )
+        .text("language", "de")
+        .text("response_format", "verbose_json");
+    let verbose: Value = host
+        .post("/v1/audio/translations")
+        .multipart(form)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (&verbose["task"], &verbose["language"]),
+        (
+            &serde_json::json!("translate"),
+            &serde_json::json!("english")
+        ),
+        "{verbose}"
+    );
     // The same through the NDJSON endpoint; a plain transcription stays untranslated.
     let events = host.transcribe("?translate=true", wav(0.5, 16000, 1)).await;
     assert_eq!(result_of(&events)["text"], "translated guten morgen");

@@ -137,6 +137,11 @@ async fn the_openai_form_refuses_what_it_would_otherwise_drop() {
             form_with_file().text("colour", "blue"),
             "unknown form field `colour`",
         ),
+        // Named as unknown whatever its size (it read as over limits.max_field_bytes).
+        (
+            form_with_file().text("keywords", "k".repeat(9000)),
+            "unknown form field `keywords`",
+        ),
         (form_with_file().text("num_speakers", "0"), "at least 1"),
         (form_with_file().text("num_speakers", "two"), "whole number"),
     ] {
@@ -151,7 +156,7 @@ async fn the_openai_form_refuses_what_it_would_otherwise_drop() {
     let form = form_with_file()
         .text("model", "whisper-1")
         .text("temperature", "0")
-        .text("stream", "false")
+        .text("stream", "False") // as Python's `requests` writes a bool
         .text("chunking_strategy[type]", "server_vad")
         .text("num_speakers", "2")
         .text("language", "English")

@@ -43,6 +43,14 @@ pub(super) async fn read_form(
                 Some(upload::collect_field(field, &dir.join("upload"), limit, keep_free).await?);
             continue;
         }
+        // A field nobody reads is named as such, whatever its size (it read as a field too
+        // long for limits.max_field_bytes).
+        if !known(&name) {
+            return Err(ApiError::bad_request(format!(
+                "unknown form field `{}`; this endpoint reads {FIELDS}",
+                shown(&name)
+            )));
+        }
         let value = upload::text_field(field, &name, max_field, "limits.max_field_bytes").await?;
         match name.as_str() {
             "language" => form.language = Some(value),
@@ -74,9 +82,10 @@ pub(super) async fn read_form(
                     )));
                 }
             }
-            "stream" => match value.trim() {
-                "false" | "" => {}
-                "true" => {
+            // As form encoders write a bool: `false`, `False` (Python's `requests`), `0`.
+            "stream" => match value.trim().to_ascii_lowercase().as_str() {
+                "false" | "0" | "" => {}
+                "true" | "1" => {
                     return Err(ApiError::bad_request(
                         "stream=true is not offered here: POST /transcribe streams the job's \
                          progress as NDJSON",
@@ -91,17 +100,33 @@ pub(super) async fn read_form(
             },
             // Accepted and ignored, as clients send them: the server's pipeline decides. The
             // official client sends an object as `chunking_strategy[type]` and so on.
-            "model" | "chunking_strategy" | "include[]" | "include" => {}
-            other if other.starts_with("chunking_strategy[") => {}
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown form field `{}`; this endpoint reads {FIELDS}",
-                    shown(other)
-                )))
-            }
+            _ => {} // `model`, `chunking_strategy…`, `include…`: see `known`
         }
     }
     Ok(form)
+}
+
+/// Whether the form reads a field of this name. `model`, `chunking_strategy` and `include`
+/// are accepted and ignored, as clients send them: the server's pipeline decides (the official
+/// client sends an object as `chunking_strategy[type]` and so on).
+fn known(name: &str) -> bool {
+    matches!(
+        name,
+        "language"
+            | "prompt"
+            | "response_format"
+            | "timestamp_granularities[]"
+            | "timestamp_granularities"
+            | "num_speakers"
+            | "min_speakers"
+            | "max_speakers"
+            | "temperature"
+            | "stream"
+            | "model"
+            | "chunking_strategy"
+            | "include[]"
+            | "include"
+    ) || name.starts_with("chunking_strategy[")
 }
 
 /// A field name as a message may show it: at most 40 characters.
