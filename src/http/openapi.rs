@@ -36,10 +36,13 @@ pub struct OpenAiForm {
     /// Only `false`: `POST /transcribe` streams progress.
     stream: Option<bool>,
     /// gpuhost's: exactly this many speakers (1–1000).
+    #[schema(minimum = 1, maximum = 1000)]
     num_speakers: Option<u32>,
     /// gpuhost's: at least this many speakers.
+    #[schema(minimum = 1, maximum = 1000)]
     min_speakers: Option<u32>,
     /// gpuhost's: at most this many speakers.
+    #[schema(minimum = 1, maximum = 1000)]
     max_speakers: Option<u32>,
 }
 

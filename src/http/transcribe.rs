@@ -24,8 +24,11 @@ pub struct TranscribeQuery {
     /// Comma-separated subset of the pipeline's stages (run in pipeline order).
     pub stages: Option<String>,
     pub language: Option<String>,
+    #[param(minimum = 1, maximum = 1000)]
     pub num_speakers: Option<u32>,
+    #[param(minimum = 1, maximum = 1000)]
     pub min_speakers: Option<u32>,
+    #[param(minimum = 1, maximum = 1000)]
     pub max_speakers: Option<u32>,
     pub prompt: Option<String>,
     /// Translate the speech to English instead of transcribing it (a multilingual ASR model
