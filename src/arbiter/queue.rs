@@ -233,7 +233,7 @@ impl GpuQueue {
         self.bump();
     }
 
-    /// Grants nothing more, ever (gpuhost shuts down): each waiter sees [`Waiter::closed`].
+    /// Grants nothing more, ever (gpuhost shuts down): each waiter is told [`Turn::Closed`].
     pub fn close(&self) {
         {
             let mut state = self.lock();
