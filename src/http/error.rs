@@ -22,6 +22,8 @@ pub struct ApiError {
     pub message: String,
     /// Seconds for a `Retry-After` header.
     pub retry_after: Option<u64>,
+    /// The request parameter at fault, where one is (OpenAI's error body says it as `param`).
+    pub param: Option<String>,
 }
 
 impl ApiError {
@@ -31,7 +33,14 @@ impl ApiError {
             code,
             message: message.into(),
             retry_after: None,
+            param: None,
         }
+    }
+
+    /// The same, naming the request parameter at fault.
+    pub fn at(mut self, param: impl Into<String>) -> ApiError {
+        self.param = Some(param.into());
+        self
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
@@ -160,11 +169,22 @@ pub struct Refused {
 
 impl From<crate::protocol::OptionsError> for ApiError {
     fn from(e: crate::protocol::OptionsError) -> ApiError {
-        match e {
-            crate::protocol::OptionsError::PromptTooLong { .. } => {
-                ApiError::too_large(e.to_string())
-            }
+        use crate::protocol::OptionsError as E;
+        let param = match &e {
+            E::BadLanguage | E::UnsupportedLanguage { .. } => Some("language"),
+            E::PromptTooLong { .. } => Some("prompt"),
+            E::MinAboveMax { .. } => Some("min_speakers"),
+            E::NumOutsideRange { .. } => Some("num_speakers"),
+            E::StageNotRun { option, .. } | E::NoSuchStage { option, .. } => Some(*option),
+            E::ZeroSpeakers | E::TooManySpeakers | E::CannotTranslate { .. } => None,
+        };
+        let error = match e {
+            E::PromptTooLong { .. } => ApiError::too_large(e.to_string()),
             _ => ApiError::bad_request(e.to_string()),
+        };
+        match param {
+            Some(param) => error.at(param),
+            None => error,
         }
     }
 }

@@ -31,13 +31,18 @@ impl From<ApiError> for OpenAiError {
 }
 
 /// OpenAI's error body for a refusal of `status`.
-fn openai_body(status: axum::http::StatusCode, code: &str, message: &str) -> Value {
+fn openai_body(
+    status: axum::http::StatusCode,
+    code: &str,
+    message: &str,
+    param: Option<&str>,
+) -> Value {
     let kind = if status.is_client_error() {
         "invalid_request_error"
     } else {
         "server_error"
     };
-    json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+    json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
 }
 
 /// Whether an OpenAI client asks for `path`: `/v1` and below, and OpenAI's paths without it (a
@@ -62,7 +67,7 @@ pub(super) async fn shape_refusals(request: Request, next: axum::middleware::Nex
     let Some(refused) = response.extensions_mut().remove::<super::error::Refused>() else {
         return response;
     };
-    let body = openai_body(response.status(), refused.code, &refused.message);
+    let body = openai_body(response.status(), refused.code, &refused.message, None);
     let (mut parts, _) = response.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     parts.headers.insert(
@@ -74,7 +79,12 @@ pub(super) async fn shape_refusals(request: Request, next: axum::middleware::Nex
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        let body = openai_body(self.0.status, self.0.code, &self.0.message);
+        let body = openai_body(
+            self.0.status,
+            self.0.code,
+            &self.0.message,
+            self.0.param.as_deref(),
+        );
         let mut response = (self.0.status, Json(body)).into_response();
         if let Some(seconds) = self.0.retry_after {
             response.headers_mut().insert(
@@ -257,11 +267,12 @@ async fn answer(app: AppState, request: Request, translate: bool) -> Result<Resp
         return Err(ApiError::bad_request(format!(
             "response_format `{format}` is not supported (json, text, srt, verbose_json, vtt)"
         ))
+        .at("response_format")
         .into());
     }
     let file = form
         .file
-        .ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing"))?;
+        .ok_or_else(|| ApiError::bad_request("the multipart field `file` is missing").at("file"))?;
     let options = JobOptions {
         language: form.language,
         prompt: form.prompt,

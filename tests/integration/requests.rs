@@ -150,6 +150,13 @@ async fn the_openai_form_refuses_what_it_would_otherwise_drop() {
         let body: Value = r.json().await.unwrap();
         let message = body["error"]["message"].as_str().unwrap();
         assert!(message.contains(says), "{says}: {body}");
+        // OpenAI's `param` names the field at fault where one is.
+        let param = ["temperature", "colour", "keywords", "num_speakers"]
+            .into_iter()
+            .find(|p| says.contains(p) || message.contains(&format!("`{p}`")));
+        if let Some(param) = param {
+            assert_eq!(body["error"]["param"], param, "{body}");
+        }
     }
     assert_eq!(tasks_done(&host).await, 0, "nothing reached a worker");
     // What clients send and gpuhost has no use for is accepted, and so are its speaker counts.

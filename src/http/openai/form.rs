@@ -49,7 +49,8 @@ pub(super) async fn read_form(
             return Err(ApiError::bad_request(format!(
                 "unknown form field `{}`; this endpoint reads {FIELDS}",
                 shown(&name)
-            )));
+            ))
+            .at(shown(&name)));
         }
         let value = upload::text_field(field, &name, max_field, "limits.max_field_bytes").await?;
         match name.as_str() {
@@ -62,7 +63,8 @@ pub(super) async fn read_form(
                     return Err(ApiError::bad_request(format!(
                         "timestamp_granularities must be `word` or `segment`, got {:?}",
                         value.chars().take(40).collect::<String>()
-                    )));
+                    ))
+                    .at("timestamp_granularities[]"));
                 }
                 if !form.granularities.contains(&value) {
                     form.granularities.push(value);
@@ -79,7 +81,8 @@ pub(super) async fn read_form(
                         "temperature must be a number from 0 to 1, got {:?} (the server chooses \
                          its own decoding; the value is checked, then ignored)",
                         value.chars().take(40).collect::<String>()
-                    )));
+                    ))
+                    .at("temperature"));
                 }
             }
             // As form encoders write a bool: `false`, `False` (Python's `requests`), `0`.
@@ -89,13 +92,15 @@ pub(super) async fn read_form(
                     return Err(ApiError::bad_request(
                         "stream=true is not offered here: POST /transcribe streams the job's \
                          progress as NDJSON",
-                    ))
+                    )
+                    .at("stream"))
                 }
                 other => {
                     return Err(ApiError::bad_request(format!(
                         "stream must be `true` or `false`, got {:?}",
                         other.chars().take(40).collect::<String>()
-                    )))
+                    ))
+                    .at("stream"))
                 }
             },
             // Accepted and ignored, as clients send them: the server's pipeline decides. The
@@ -140,5 +145,6 @@ fn count(name: &str, value: &str) -> Result<u32, ApiError> {
             "{name} must be a whole number, got {:?}",
             value.chars().take(40).collect::<String>()
         ))
+        .at(name)
     })
 }
