@@ -149,8 +149,13 @@ impl Remote {
     ) -> anyhow::Result<Remote> {
         use anyhow::Context;
         let text = server.map_or_else(|| format!("http://{}", config.listen), String::from);
-        let mut base =
-            reqwest::Url::parse(&text).with_context(|| format!("{text} is not a URL"))?;
+        let mut base = reqwest::Url::parse(&text).with_context(|| {
+            if text.contains("://") {
+                format!("{text} is not a URL")
+            } else {
+                format!("{text} is not a URL (give http://{text})")
+            }
+        })?;
         if base.scheme() != "http" {
             anyhow::bail!(
                 "{text}: this client speaks plain http:// only (gpuhost serves HTTP; reach a \
@@ -170,9 +175,22 @@ impl Remote {
             .tcp_keepalive(std::time::Duration::from_secs(30))
             .build()
             .context("cannot set up an HTTP client")?;
+        // As the server reads its own: a secrets file's trailing newline is not the token's.
+        let token = token
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty())
+            .or_else(|| config.token.clone());
+        if let Some(bad) = token
+            .as_deref()
+            .and_then(|t| t.chars().find(|c| !c.is_ascii_graphic()))
+        {
+            anyhow::bail!(
+                "the token (--token or GPUHOST_TOKEN) holds {bad:?}; a token is printable ASCII                  without spaces"
+            );
+        }
         Ok(Remote {
             base,
-            token: token.map(String::from).or_else(|| config.token.clone()),
+            token,
             client,
         })
     }
@@ -204,11 +222,17 @@ impl Remote {
             return Ok(response);
         }
         let body = response.text().await.unwrap_or_default();
+        // The server's words, escaped as everything it sends is before it reaches the terminal;
+        // not gpuhost's JSON (an HTML page from something else): its first 200 characters.
         let message = serde_json::from_str::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(String::from))
-            .unwrap_or(body);
-        anyhow::bail!("{url} answered {code}: {message}")
+            .unwrap_or_else(|| body.chars().take(200).collect());
+        let message = shown(message.trim());
+        match message.is_empty() {
+            true => anyhow::bail!("{url} answered {code}"),
+            false => anyhow::bail!("{url} answered {code}: {message}"),
+        }
     }
 }
 
@@ -257,5 +281,19 @@ mod tests {
             "http://h:1/gpu/workers/asr/load"
         );
         assert!(Remote::new(&config, Some("mailto:x@y"), None).is_err());
+        let bare = Remote::new(&config, Some("127.0.0.1:9090"), None)
+            .err()
+            .unwrap();
+        assert!(
+            format!("{bare:#}").contains("give http://127.0.0.1:9090"),
+            "{bare:#}"
+        );
+        // A secrets file's newline is not the token's; a control character is refused plainly.
+        let remote = Remote::new(&config, None, Some("s3cret\n")).unwrap();
+        assert_eq!(remote.token.as_deref(), Some("s3cret"));
+        let bad = Remote::new(&config, None, Some("s3\u{1b}cret"))
+            .err()
+            .unwrap();
+        assert!(bad.to_string().contains("printable ASCII"), "{bad}");
     }
 }

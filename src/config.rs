@@ -174,9 +174,21 @@ impl Config {
 
     /// Parses TOML text; relative paths resolve against `base_dir`.
     pub fn from_toml(text: &str, base_dir: PathBuf) -> Result<Config, ConfigError> {
-        let parse_error = |e: toml::de::Error| ConfigError::Parse {
-            path: PathBuf::from("<text>"),
-            message: e.to_string(),
+        // Where and what, without the line itself (toml's own message quotes it, and the line
+        // may be `token = "…`, which would then reach the log or the journal).
+        let parse_error = |e: toml::de::Error| {
+            let at = e
+                .span()
+                .and_then(|span| text.get(..span.start))
+                .map(|before| {
+                    let line = before.matches('\n').count() + 1;
+                    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                    format!("line {line}, column {column}: ")
+                });
+            ConfigError::Parse {
+                path: PathBuf::from("<text>"),
+                message: format!("{}{}", at.unwrap_or_default(), e.message().trim_end()),
+            }
         };
         let mut config: Config = toml::from_str(text).map_err(parse_error)?;
         // The workers are those the file writes, and the packaged ones (diarizer, asr, aligner)

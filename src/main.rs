@@ -216,9 +216,12 @@ fn init_logging(args: &Args) -> gpuhost::logwriter::Flush {
 
 fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<gpuhost::Config> {
     let mut config = match path {
-        Some(path) => gpuhost::Config::load(path, true).with_context(|| "loading the config")?,
-        None => gpuhost::Config::load(std::path::Path::new("gpuhost.toml"), false)
-            .with_context(|| "loading ./gpuhost.toml")?,
+        Some(path) => gpuhost::Config::load(path, true)
+            .with_context(|| format!("loading the config {}", path.display()))?,
+        // GPUHOST_TOKEN is read here too: with no file, what is wrong is in the environment.
+        None => gpuhost::Config::load(std::path::Path::new("gpuhost.toml"), false).with_context(
+            || "loading the configuration (./gpuhost.toml if it exists, GPUHOST_TOKEN)",
+        )?,
     };
     // Uploads are decoded by this very executable, in a child (`gpuhost decode-audio`). The
     // link names the running binary even if its file was replaced since.

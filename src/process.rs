@@ -335,12 +335,17 @@ pub fn find_program(program: &str) -> Option<PathBuf> {
 /// Where `program` is found when run in `cwd` with `path` as its `PATH` (`None`: unset, the
 /// C library's default), as `exec` finds it: a name with a `/` as it is (relative to `cwd`), a
 /// bare name on the `PATH` (an empty entry is `cwd`).
-pub fn find_program_in(program: &str, cwd: &Path, path: Option<&OsStr>) -> Option<PathBuf> {
+pub fn find_program_in(
+    program: impl AsRef<OsStr>,
+    cwd: &Path,
+    path: Option<&OsStr>,
+) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStrExt;
+    let program = program.as_ref();
     if program.is_empty() {
         return None;
     }
-    if program.contains('/') {
+    if program.as_bytes().contains(&b'/') {
         let at = cwd.join(program);
         return is_executable(&at).then_some(at);
     }

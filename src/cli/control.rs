@@ -28,13 +28,32 @@ pub(crate) enum Action {
 }
 
 impl Action {
-    fn path(self, name: &str) -> String {
-        match self {
-            Action::Unload => format!("workers/{name}/unload"),
-            Action::Load => format!("workers/{name}/load"),
-            Action::Start => format!("services/{name}/start"),
-            Action::Stop => format!("services/{name}/stop"),
+    /// `base` + `{workers|services}/{name}/{verb}`, the name escaped as one path segment (a
+    /// name with `/`, `?` or `..` in it reached another route).
+    fn url(self, base: &reqwest::Url, name: &str) -> anyhow::Result<reqwest::Url> {
+        // As the config allows them (`.` and `..` would be steps in the path, not a name).
+        let plain = (1..=64).contains(&name.len())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !plain {
+            bail!(
+                "no worker or service can be named `{}`: names are 1 to 64 letters, digits, - or _",
+                super::shown(name)
+            );
         }
+        let (kind, verb) = match self {
+            Action::Unload => ("workers", "unload"),
+            Action::Load => ("workers", "load"),
+            Action::Start => ("services", "start"),
+            Action::Stop => ("services", "stop"),
+        };
+        let mut url = base.clone();
+        url.path_segments_mut()
+            .map_err(|()| anyhow::anyhow!("{base} cannot be a base URL"))?
+            .pop_if_empty()
+            .extend([kind, name, verb]);
+        Ok(url)
     }
 }
 
@@ -44,7 +63,7 @@ pub(crate) async fn control(
     args: ControlArgs,
 ) -> anyhow::Result<ExitCode> {
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
-    let url = remote.base.join(&action.path(&args.name))?;
+    let url = action.url(&remote.base, &args.name)?;
     let request = remote.client.post(url);
     if matches!(action, Action::Start) {
         // Its events stream until the service is healthy.
@@ -118,4 +137,25 @@ async fn follow_start(name: &str, response: reqwest::Response) -> anyhow::Result
         }
     }
     bail!("the server ended the stream before {name} was healthy")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Action;
+
+    #[test]
+    fn a_name_is_one_path_segment() {
+        let base = reqwest::Url::parse("http://h:1/gpu/").unwrap();
+        let url = |action: Action, name: &str| action.url(&base, name).unwrap().to_string();
+        assert_eq!(url(Action::Load, "asr"), "http://h:1/gpu/workers/asr/load");
+        assert_eq!(
+            url(Action::Stop, "comfy-ui_2"),
+            "http://h:1/gpu/services/comfy-ui_2/stop"
+        );
+        // Another route was reached through such a name (`load ../services/svc/start?`).
+        for odd in ["../services/svc/start?", "x?y#z", "..", ".", ""] {
+            let refused = Action::Load.url(&base, odd).unwrap_err().to_string();
+            assert!(refused.contains("names are 1 to 64"), "{odd}: {refused}");
+        }
+    }
 }

@@ -34,9 +34,9 @@ pub(crate) struct LeaseArgs {
     /// Higher goes first among waiters.
     #[arg(long, default_value_t = 0)]
     priority: i32,
-    /// The program and its arguments.
+    /// The program and its arguments (any bytes: a file name need not be UTF-8).
     #[arg(last = true, required = true)]
-    command: Vec<String>,
+    command: Vec<std::ffi::OsString>,
 }
 
 /// How long the program gets between SIGTERM and SIGKILL when its lease is lost or gpuhost is
@@ -74,6 +74,9 @@ impl Stopping {
     }
 }
 
+/// Longest wait for the server to answer a release.
+const RELEASE_WITHIN: Duration = Duration::from_secs(10);
+
 /// Longest time between two renewals, whatever the TTL (seconds).
 const RENEW_AT_MOST: f64 = 20.0;
 
@@ -87,10 +90,13 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     // A program that cannot start is said before the lease is taken (taking it unloads the
     // resident workers for nothing).
     let program = &args.command[0];
+    let cwd = std::path::Path::new(".");
+    let path = std::env::var_os("PATH");
     anyhow::ensure!(
-        gpuhost::process::find_program(program).is_some(),
-        "cannot run `{program}`: {}",
-        if program.contains('/') {
+        gpuhost::process::find_program_in(program, cwd, path.as_deref()).is_some(),
+        "cannot run `{}`: {}",
+        program.to_string_lossy(),
+        if program.to_string_lossy().contains('/') {
             "no executable file there"
         } else {
             "no executable of that name on PATH"
@@ -126,8 +132,11 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         Some(()) = terminate.recv() => return Ok(ExitCode::from(128 + libc::SIGTERM as u8)),
         Some(()) = hangup.recv() => return Ok(ExitCode::from(128 + libc::SIGHUP as u8)),
     };
+    // Bounded: a server that takes the request and never answers must not keep this command
+    // (whose program has ended) alive; the lease then expires on the server by itself.
     let release = |why: &str| {
-        let request = authed(client.delete(base.join(&format!("gpu/lease/{lease_id}"))?));
+        let request = authed(client.delete(base.join(&format!("gpu/lease/{lease_id}"))?))
+            .timeout(RELEASE_WITHIN);
         let why = why.to_string();
         anyhow::Ok(async move {
             match request.send().await {

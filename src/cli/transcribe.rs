@@ -244,10 +244,16 @@ async fn remote(
     let client = server.client.clone();
     // A refused request is answered before the upload is read, and the connection closes under
     // the upload: ask a small protected endpoint first, so a wrong token reads as a 401, not as
-    // a broken pipe.
+    // a broken pipe. Within QUICK: a server that takes the connection and never answers is
+    // told at once, not after the upload.
     server
-        .send(client.get(server.base.join("workers")?))
-        .await?;
+        .send(
+            client
+                .get(server.base.join("workers")?)
+                .timeout(super::QUICK),
+        )
+        .await
+        .context("asking the server before the upload")?;
     let response = server
         .send(client.post(url).body(reqwest::Body::from(file)))
         .await?;

@@ -317,3 +317,20 @@ fn a_listen_address_that_is_not_one_is_said_plainly() {
         .listen
         .is_none());
 }
+
+#[test]
+fn a_parse_error_says_where_without_quoting_the_line() {
+    // The line would be `token = "…` here: a secret in the log or the journal.
+    let err = Config::from_toml(
+        "listen = \"127.0.0.1:9090\"\ntoken = \"supersecretvalue\n",
+        PathBuf::from("."),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("line 2"), "{err}");
+    assert!(!err.contains("supersecret"), "{err}");
+    let err = Config::from_toml("[pipeline]\nstagez = []\n", PathBuf::from("."))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("stagez"), "what is wrong is still said: {err}");
+}

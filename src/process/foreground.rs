@@ -93,7 +93,7 @@ impl Drop for Foreground {
 /// (`PR_SET_PDEATHSIG`), and the orphan guard stops its whole tree and what the client had
 /// adopted (SIGTERM, a second, SIGKILL: from its last look a second before, so children the
 /// program's death orphans are not missed), since the lease it runs under ends then too.
-pub fn spawn_foreground(argv: &[String]) -> io::Result<Foreground> {
+pub fn spawn_foreground(argv: &[std::ffi::OsString]) -> io::Result<Foreground> {
     let (program, args) = argv
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "the command is empty"))?;

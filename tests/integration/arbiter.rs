@@ -769,11 +769,18 @@ async fn gpuhost_lease_runs_a_program_under_a_lease_and_passes_its_status() {
         "teardown_timeout_s = 3\nlease_ttl_s = 1\n",
     );
     let host = TestHost::start(&config).await.ready().await;
+    // Its argument is not UTF-8 (a file name need not be): passed on as it is.
     let child = lease_command(
         &host,
         &["--vram", "1000"],
-        &["sh", "-c", "sleep 1.5; exit 7"],
+        &[
+            "sh",
+            "-c",
+            "sleep 1.5; [ \"$1\" = \"$(printf 'n\\377u')\" ] && exit 7",
+            "sh",
+        ],
     )
+    .arg(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"n\xffu"))
     .spawn()
     .unwrap();
     wait_for("the lease to show", Duration::from_secs(10), || {
