@@ -89,19 +89,20 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     }
     // A program that cannot start is said before the lease is taken (taking it unloads the
     // resident workers for nothing).
+    // Exit 127 and 126, as a shell's for a command not found and one that cannot run.
     let program = &args.command[0];
     let cwd = std::path::Path::new(".");
     let path = std::env::var_os("PATH");
-    anyhow::ensure!(
-        gpuhost::process::find_program_in(program, cwd, path.as_deref()).is_some(),
-        "cannot run `{}`: {}",
-        program.to_string_lossy(),
-        if program.to_string_lossy().contains('/') {
+    if gpuhost::process::find_program_in(program, cwd, path.as_deref()).is_none() {
+        let shown = program.to_string_lossy();
+        let why = if shown.contains('/') {
             "no executable file there"
         } else {
             "no executable of that name on PATH"
-        }
-    );
+        };
+        eprintln!("gpuhost lease: cannot run `{shown}`: {why}");
+        return Ok(ExitCode::from(127));
+    }
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
     let base = remote.base.clone();
     let client = remote.client.clone();
@@ -145,7 +146,8 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
                 }
                 Ok(r) => eprintln!("gpuhost lease: release answered {}", r.status()),
                 Err(e) => eprintln!(
-                    "gpuhost lease: release failed ({e}); the server reclaims it after {ttl_s} s"
+                    "gpuhost lease: release failed ({:#}); the server reclaims it after {ttl_s} s",
+                    anyhow::Error::from(e)
                 ),
             }
         })
@@ -188,7 +190,11 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
                         Ok(r) if r.status().is_success() => renewed = tokio::time::Instant::now(),
                         Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => return,
                         Ok(r) => eprintln!("gpuhost lease: renewal refused ({})", r.status()),
-                        Err(e) => eprintln!("gpuhost lease: renewal failed: {e}"),
+                        // With its causes: "connection refused", not only "error sending request".
+                        Err(e) => eprintln!(
+                            "gpuhost lease: renewal failed: {:#}",
+                            anyhow::Error::from(e)
+                        ),
                     }
                 }
                 if renewed.elapsed() >= ttl {
@@ -206,7 +212,8 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         Err(e) => {
             // Given back at once: not held (with the residents unloaded for it) until its TTL.
             release(" (the program could not start)")?.await;
-            return Err(e).with_context(|| format!("cannot run {:?}", args.command));
+            eprintln!("gpuhost lease: cannot run {:?}: {e}", args.command);
+            return Ok(ExitCode::from(126));
         }
     };
     // Ctrl-C reaches the program too (same process group): wait for it to end, then release.

@@ -1240,7 +1240,7 @@ async fn a_program_that_cannot_start_gives_its_lease_back_at_once() {
     .await
     .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    assert_eq!(out.status.code(), Some(127), "as a shell's: {err}");
     assert!(err.contains("cannot run"), "{err}");
     // Not found: said before any lease was asked for (one unloads the resident workers).
     assert!(!err.contains("granted"), "{err}");
@@ -1258,7 +1258,7 @@ async fn a_program_that_cannot_start_gives_its_lease_back_at_once() {
     .await
     .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    assert_eq!(out.status.code(), Some(126), "as a shell's: {err}");
     assert!(
         err.contains("granted") && err.contains("cannot run"),
         "{err}"
