@@ -32,7 +32,7 @@ pub fn select_stages(pipeline: &[String], requested: Option<&str>) -> Result<Vec
         .collect();
     if let Some(unknown) = wanted.iter().find(|w| !pipeline.iter().any(|p| p == *w)) {
         return Err(format!(
-            "unknown stage `{unknown}`; this server's pipeline is: {}",
+            "unknown stage `{unknown}`; the configured pipeline is: {}",
             pipeline.join(", ")
         ));
     }

@@ -48,7 +48,7 @@ pub enum OptionsError {
     },
     #[error("`{option}` is for the `{stage}` stage, which this request does not run: add `{stage}` to `stages`, or leave `{option}` out")]
     StageNotRun { option: &'static str, stage: String },
-    #[error("`{option}` is for a `{stage}` stage, and this server's pipeline has none: leave `{option}` out")]
+    #[error("`{option}` is for a `{stage}` stage, and the configured pipeline has none: leave `{option}` out")]
     NoSuchStage { option: &'static str, stage: String },
     #[error(
         "translation to English needs a multilingual model, and the `{stage}` worker's {model} \
