@@ -185,7 +185,7 @@ impl Remote {
             .and_then(|t| t.chars().find(|c| !c.is_ascii_graphic()))
         {
             anyhow::bail!(
-                "the token (--token or GPUHOST_TOKEN) holds {bad:?}; a token is printable ASCII                  without spaces"
+                "the token (--token or GPUHOST_TOKEN) holds {bad:?}; a token is printable ASCII without spaces"
             );
         }
         Ok(Remote {
