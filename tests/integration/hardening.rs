@@ -276,15 +276,8 @@ async fn form_fields_are_bounded() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), 413);
-    let body: Value = response.json().await.unwrap();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("max_field_bytes"),
-        "{body}"
-    );
+    let (message, body) = openai_error(response, 413).await;
+    assert!(message.contains("max_field_bytes"), "{body}");
     // A field before `file` on /transcribe counts against the upload limit.
     let form = reqwest::multipart::Form::new()
         .text("junk", "y".repeat(2_000_000))

@@ -113,15 +113,8 @@ async fn auth_matrix() {
         .send()
         .await
         .unwrap();
-    assert_eq!(slip.status(), 404);
-    let body: Value = slip.json().await.unwrap();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("base URL ends in /v1"),
-        "{body}"
-    );
+    let (message, body) = openai_error(slip, 404).await;
+    assert!(message.contains("base URL ends in /v1"), "{body}");
     // The model list OpenAI clients and UIs ask for first: empty without an `asr` stage.
     let models = plain.get(url("/v1/models")).bearer_auth("s3cret-token");
     let models: Value = models.send().await.unwrap().json().await.unwrap();
@@ -372,12 +365,8 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 400);
-    let body: Value = r.json().await.unwrap();
-    assert!(
-        body["error"]["message"].as_str().unwrap().contains("`ko`"),
-        "OpenAI's error shape: {body}"
-    );
+    let (message, body) = openai_error(r, 400).await;
+    assert!(message.contains("`ko`"), "OpenAI's error shape: {body}");
     assert_eq!(
         host.worker("asr").await["tasks_done"],
         0,
@@ -397,15 +386,8 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
     };
     let post = |form| host.post("/v1/audio/transcriptions").multipart(form).send();
     let r = post(form(vec!["x".repeat(8000)])).await.unwrap();
-    assert_eq!(r.status(), 400);
-    let body: Value = r.json().await.unwrap();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("`word` or `segment`"),
-        "{body}"
-    );
+    let (message, body) = openai_error(r, 400).await;
+    assert!(message.contains("`word` or `segment`"), "{body}");
     let r = post(form(vec!["word".into(); 300]).text("response_format", "verbose_json"))
         .await
         .unwrap();
@@ -474,9 +456,7 @@ async fn translations_go_to_a_multilingual_asr_and_an_english_only_one_refuses_t
     let english = r#"{"protocol":1,"model":"tiny.en","languages":["en"]}"#;
     let host = TestHost::start(&asr(english)).await.ready().await;
     let r = translate(&host).await.unwrap();
-    assert_eq!(r.status(), 400);
-    let body: Value = r.json().await.unwrap();
-    let message = body["error"]["message"].as_str().unwrap();
+    let (message, body) = openai_error(r, 400).await;
     assert!(
         message.contains("tiny.en") && message.contains("engine = \"base\""),
         "names the model and what to configure: {body}"

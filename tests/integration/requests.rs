@@ -145,10 +145,7 @@ async fn the_openai_form_refuses_what_it_would_otherwise_drop() {
         (form_with_file().text("num_speakers", "0"), "at least 1"),
         (form_with_file().text("num_speakers", "two"), "whole number"),
     ] {
-        let r = post(form).await.unwrap();
-        assert_eq!(r.status(), 400);
-        let body: Value = r.json().await.unwrap();
-        let message = body["error"]["message"].as_str().unwrap();
+        let (message, body) = openai_error(post(form).await.unwrap(), 400).await;
         assert!(message.contains(says), "{says}: {body}");
         // OpenAI's `param` names the field at fault where one is.
         let param = ["temperature", "colour", "keywords", "num_speakers"]

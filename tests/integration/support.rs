@@ -468,3 +468,14 @@ pub async fn abandon_job(host: &TestHost, sleep_ms: u64) {
     gone.until(started).await;
     drop(gone);
 }
+
+/// An error in OpenAI's shape (`/v1/…`) with `status`: its `error.message`, and the body.
+pub async fn openai_error(response: reqwest::Response, status: u16) -> (String, serde_json::Value) {
+    assert_eq!(response.status().as_u16(), status);
+    let body: serde_json::Value = response.json().await.expect("an OpenAI error is JSON");
+    let message = body["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error.message: {body}"))
+        .to_string();
+    (message, body)
+}
