@@ -156,6 +156,10 @@ impl Remote {
                 format!("{text} is not a URL (give http://{text})")
             }
         })?;
+        if base.scheme() != "http" && !text.contains("://") {
+            // `localhost:9090` reads as a URL of the scheme `localhost`.
+            anyhow::bail!("{text} is not a URL (give http://{text})");
+        }
         if base.scheme() != "http" {
             anyhow::bail!(
                 "{text}: this client speaks plain http:// only (gpuhost serves HTTP; reach a \
@@ -281,13 +285,13 @@ mod tests {
             "http://h:1/gpu/workers/asr/load"
         );
         assert!(Remote::new(&config, Some("mailto:x@y"), None).is_err());
-        let bare = Remote::new(&config, Some("127.0.0.1:9090"), None)
-            .err()
-            .unwrap();
-        assert!(
-            format!("{bare:#}").contains("give http://127.0.0.1:9090"),
-            "{bare:#}"
-        );
+        for bare in ["127.0.0.1:9090", "localhost:9090"] {
+            let err = Remote::new(&config, Some(bare), None).err().unwrap();
+            assert!(
+                format!("{err:#}").contains(&format!("give http://{bare}")),
+                "{err:#}"
+            );
+        }
         // A secrets file's newline is not the token's; a control character is refused plainly.
         let remote = Remote::new(&config, None, Some("s3cret\n")).unwrap();
         assert_eq!(remote.token.as_deref(), Some("s3cret"));

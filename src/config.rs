@@ -94,22 +94,24 @@ fn effective_token(
     from_env: Option<String>,
 ) -> Result<Option<String>, ConfigError> {
     let from_env = from_env.filter(|t| !t.trim().is_empty());
-    let Some(token) = from_env.or(from_config) else {
-        return Ok(None);
+    // Said in the message: a bad GPUHOST_TOKEN was blamed on the config file.
+    let (token, source) = match (from_env, from_config) {
+        (Some(token), _) => (token, "GPUHOST_TOKEN"),
+        (None, Some(token)) => (token, "`token`"),
+        (None, None) => return Ok(None),
     };
     let token = token.trim();
     if token.is_empty() {
-        return Err(ConfigError::Invalid(
-            "`token` is empty or only whitespace: set a real token or remove the key".into(),
-        ));
+        return Err(ConfigError::Invalid(format!(
+            "{source} is empty or only whitespace: set a real token or remove the key"
+        )));
     }
     // It travels in an HTTP header: anything else could never be sent back to match.
     if !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(ConfigError::Invalid(
-            "`token` must be printable ASCII without spaces (it is sent as `Authorization: \
+        return Err(ConfigError::Invalid(format!(
+            "{source} must be printable ASCII without spaces (it is sent as `Authorization: \
              Bearer <token>`); e.g. `openssl rand -hex 32` makes one"
-                .into(),
-        ));
+        )));
     }
     Ok(Some(token.to_string()))
 }
@@ -182,12 +184,22 @@ impl Config {
                 .and_then(|span| text.get(..span.start))
                 .map(|before| {
                     let line = before.matches('\n').count() + 1;
-                    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                    let start = before.rfind('\n').map_or(0, |i| i + 1);
+                    let column = before[start..].chars().count() + 1;
                     format!("line {line}, column {column}: ")
                 });
+            // "invalid type: integer `123456`, expected a string": the value is left out too.
+            let mut message = e.message().trim_end().to_string();
+            if message.starts_with("invalid type") || message.starts_with("invalid value") {
+                if let Some(open) = message.find('`') {
+                    if let Some(len) = message[open + 1..].find('`') {
+                        message.replace_range(open..open + len + 2, "(value not shown)");
+                    }
+                }
+            }
             ConfigError::Parse {
                 path: PathBuf::from("<text>"),
-                message: format!("{}{}", at.unwrap_or_default(), e.message().trim_end()),
+                message: format!("{}{message}", at.unwrap_or_default()),
             }
         };
         let mut config: Config = toml::from_str(text).map_err(parse_error)?;

@@ -40,7 +40,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/audio/transcriptions", post(openai::transcriptions))
         .route("/v1/audio/translations", post(openai::translations))
         .route("/v1/models", get(openai::models))
-        .route("/v1/models/{model}", get(openai::model))
+        // Ids such as `Systran/faster-whisper-tiny`, as clients put them in the path: unescaped.
+        .route("/v1/models/{*model}", get(openai::model))
         .route(
             "/gpu/lease",
             post(gpu::lease).layer(axum::extract::DefaultBodyLimit::max(64 * 1024)),

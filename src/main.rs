@@ -216,8 +216,7 @@ fn init_logging(args: &Args) -> gpuhost::logwriter::Flush {
 
 fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<gpuhost::Config> {
     let mut config = match path {
-        Some(path) => gpuhost::Config::load(path, true)
-            .with_context(|| format!("loading the config {}", path.display()))?,
+        Some(path) => gpuhost::Config::load(path, true).with_context(|| "loading the config")?,
         // GPUHOST_TOKEN is read here too: with no file, what is wrong is in the environment.
         None => gpuhost::Config::load(std::path::Path::new("gpuhost.toml"), false).with_context(
             || "loading the configuration (./gpuhost.toml if it exists, GPUHOST_TOKEN)",

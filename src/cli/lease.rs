@@ -95,13 +95,15 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let path = std::env::var_os("PATH");
     if gpuhost::process::find_program_in(program, cwd, path.as_deref()).is_none() {
         let shown = program.to_string_lossy();
-        let why = if shown.contains('/') {
-            "no executable file there"
+        let (why, code) = if !shown.contains('/') {
+            ("no executable of that name on PATH", 127)
+        } else if std::path::Path::new(program).exists() {
+            ("it is not an executable file", 126)
         } else {
-            "no executable of that name on PATH"
+            ("no such file", 127)
         };
         eprintln!("gpuhost lease: cannot run `{shown}`: {why}");
-        return Ok(ExitCode::from(127));
+        return Ok(ExitCode::from(code));
     }
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
     let base = remote.base.clone();

@@ -161,6 +161,11 @@ fn token_edge_cases() {
     assert_eq!(t(Some(" abc \n"), None).unwrap().as_deref(), Some("abc"));
     assert_eq!(t(None, None).unwrap(), None);
     assert!(t(Some("   "), None).is_err());
+    // The message names where the bad token came from.
+    let from_env = t(Some("fine"), Some("a b")).unwrap_err().to_string();
+    assert!(from_env.contains("GPUHOST_TOKEN"), "{from_env}");
+    let from_file = t(Some("a b"), None).unwrap_err().to_string();
+    assert!(from_file.contains("`token`"), "{from_file}");
 }
 
 #[test]
@@ -329,6 +334,20 @@ fn a_parse_error_says_where_without_quoting_the_line() {
     .to_string();
     assert!(err.contains("line 2"), "{err}");
     assert!(!err.contains("supersecret"), "{err}");
+    // A value of the wrong type is not shown either; columns count characters.
+    let err = Config::from_toml(
+        "token = 123456
+",
+        PathBuf::from("."),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(!err.contains("123456"), "{err}");
+    assert!(err.contains("invalid type"), "{err}");
+    let err = Config::from_toml("listen = \"é€é€\" x\n", PathBuf::from("."))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("line 1, column 17"), "{err}");
     let err = Config::from_toml("[pipeline]\nstagez = []\n", PathBuf::from("."))
         .unwrap_err()
         .to_string();

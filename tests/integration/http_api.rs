@@ -306,7 +306,7 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
         "[pipeline]\nstages = [\"asr\"]\n{}",
         fake_worker(
             "asr",
-            "env = { FAKE_READY_META = '{\"protocol\":1,\"model\":\"tiny.en\",\"languages\":[\"en\"]}' }\n"
+            "env = { FAKE_READY_META = '{\"protocol\":1,\"model\":\"Systran/tiny.en\",\"languages\":[\"en\"]}' }\n"
         )
     );
     let host = TestHost::start(&config).await.ready().await;
@@ -325,16 +325,16 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
         .iter()
         .map(|m| m["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids, ["whisper-1", "tiny.en"], "{models}");
+    assert_eq!(ids, ["whisper-1", "Systran/tiny.en"], "{models}");
     let one: Value = host
-        .get("/v1/models/tiny.en")
+        .get("/v1/models/Systran/tiny.en") // unescaped, as clients send an id
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    assert_eq!(one["id"], "tiny.en", "{one}");
+    assert_eq!(one["id"], "Systran/tiny.en", "{one}");
     // Speaker counts where no diarizer runs: nothing would read them.
     let r = host
         .post_body("/transcribe?num_speakers=2", wav(0.2, 16000, 1))
