@@ -256,6 +256,39 @@ mod tests {
         assert!(next_chunk(&mut two).await.unwrap().is_none());
     }
 
+    #[tokio::test]
+    async fn a_refusal_s_text_is_escaped_and_cut() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let page = format!(
+            "\u{1b}]0;pwned\u{7}\u{1b}[2J<html>{}</html>",
+            "x".repeat(500)
+        );
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 4096];
+            let _ = socket.read(&mut request).await;
+            let head = format!(
+                "HTTP/1.1 500 Internal Server Error\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                page.len()
+            );
+            socket.write_all(head.as_bytes()).await.unwrap();
+            socket.write_all(page.as_bytes()).await.unwrap();
+        });
+        let config = gpuhost::Config::default();
+        let server = format!("http://127.0.0.1:{port}");
+        let remote = Remote::new(&config, Some(&server), None).unwrap();
+        let request = remote.client.get(remote.base.join("status").unwrap());
+        let said = remote.send(request).await.unwrap_err().to_string();
+        assert!(
+            !said.contains('\u{1b}') && !said.contains('\u{7}'),
+            "{said:?}"
+        );
+        assert!(said.contains("\\u{1b}]0;pwned"), "{said}");
+        assert!(said.len() < 400, "cut to 200 characters: {}", said.len());
+    }
+
     #[test]
     fn what_a_server_sends_cannot_drive_the_terminal() {
         let cmdline = "python3 \u{1b}]0;owned\u{7}\u{1b}[2J serve.py\nnext line \u{202e}txt";

@@ -612,3 +612,45 @@ async fn a_failed_jobs_message_reaches_the_terminal_escaped() {
     assert!(!err.contains('\u{1b}'), "raw escape sequences: {err:?}");
     host.stop().await;
 }
+
+#[test]
+fn a_lease_whose_release_is_never_answered_ends_all_the_same() {
+    // The program ended, the release hung without end (and the command with it).
+    let mut server = Command::new(python())
+        .arg(fixture("mute_server.py"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut port = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.as_mut().unwrap()),
+        &mut port,
+    )
+    .unwrap();
+    let mut lease = gpuhost()
+        .args(["lease", "--server"])
+        .arg(format!("http://127.0.0.1:{}", port.trim()))
+        .args(["--", "true"])
+        .env_remove("GPUHOST_TOKEN")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = lease.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            let _ = lease.kill();
+            let _ = server.kill();
+            panic!("gpuhost lease still waits for its release after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    let mut said = String::new();
+    std::io::Read::read_to_string(lease.stderr.as_mut().unwrap(), &mut said).unwrap();
+    assert_eq!(status.code(), Some(0), "the program's status: {said}");
+    assert!(said.contains("release failed"), "{said}");
+}
