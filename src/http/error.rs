@@ -175,8 +175,11 @@ impl From<crate::protocol::OptionsError> for ApiError {
             E::PromptTooLong { .. } => Some("prompt"),
             E::MinAboveMax { .. } => Some("min_speakers"),
             E::NumOutsideRange { .. } => Some("num_speakers"),
-            E::StageNotRun { option, .. } | E::NoSuchStage { option, .. } => Some(*option),
-            E::ZeroSpeakers | E::TooManySpeakers | E::CannotTranslate { .. } => None,
+            E::StageNotRun { option, .. }
+            | E::NoSuchStage { option, .. }
+            | E::ZeroSpeakers { option }
+            | E::TooManySpeakers { option } => Some(*option),
+            E::CannotTranslate { .. } => None,
         };
         let error = match e {
             E::PromptTooLong { .. } => ApiError::too_large(e.to_string()),

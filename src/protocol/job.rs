@@ -27,10 +27,10 @@ pub struct JobOptions {
 /// Why request options were refused (400, or 413 for an over-long prompt).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum OptionsError {
-    #[error("speaker counts must be at least 1")]
-    ZeroSpeakers,
-    #[error("speaker counts must be at most {MAX_SPEAKERS}")]
-    TooManySpeakers,
+    #[error("`{option}`: speaker counts must be at least 1")]
+    ZeroSpeakers { option: &'static str },
+    #[error("`{option}`: speaker counts must be at most {MAX_SPEAKERS}")]
+    TooManySpeakers { option: &'static str },
     #[error("min_speakers ({min}) is above max_speakers ({max})")]
     MinAboveMax { min: u32, max: u32 },
     #[error("num_speakers ({num}) is outside min_speakers..max_speakers ({min}..{max})")]
@@ -124,12 +124,19 @@ impl JobOptions {
                 max: max_prompt_bytes,
             });
         }
-        let counts = [self.num_speakers, self.min_speakers, self.max_speakers];
-        if counts.contains(&Some(0)) {
-            return Err(OptionsError::ZeroSpeakers);
-        }
-        if counts.iter().flatten().any(|&n| n > MAX_SPEAKERS) {
-            return Err(OptionsError::TooManySpeakers);
+        let counts = [
+            ("num_speakers", self.num_speakers),
+            ("min_speakers", self.min_speakers),
+            ("max_speakers", self.max_speakers),
+        ];
+        for (option, count) in counts {
+            match count {
+                Some(0) => return Err(OptionsError::ZeroSpeakers { option }),
+                Some(n) if n > MAX_SPEAKERS => {
+                    return Err(OptionsError::TooManySpeakers { option })
+                }
+                _ => {}
+            }
         }
         if let (Some(min), Some(max)) = (self.min_speakers, self.max_speakers) {
             if min > max {
@@ -202,7 +209,9 @@ mod tests {
         };
         assert_eq!(
             check(speakers(Some(0), None, None)),
-            OptionsError::ZeroSpeakers
+            OptionsError::ZeroSpeakers {
+                option: "num_speakers"
+            }
         );
         assert_eq!(
             check(speakers(None, Some(3), Some(2))),
@@ -212,12 +221,12 @@ mod tests {
             check(speakers(Some(5), None, Some(3))),
             OptionsError::NumOutsideRange { num: 5, .. }
         ));
-        for too_many in [
-            speakers(Some(1 << 31), None, None),
-            speakers(None, Some(MAX_SPEAKERS + 1), None),
-            speakers(None, None, Some(u32::MAX)),
+        for (too_many, option) in [
+            (speakers(Some(1 << 31), None, None), "num_speakers"),
+            (speakers(None, Some(MAX_SPEAKERS + 1), None), "min_speakers"),
+            (speakers(None, None, Some(u32::MAX)), "max_speakers"),
         ] {
-            assert_eq!(check(too_many), OptionsError::TooManySpeakers);
+            assert_eq!(check(too_many), OptionsError::TooManySpeakers { option });
         }
         for (given, code) in [
             ("EN", "en"),
