@@ -8,16 +8,30 @@ use serde_json::Value;
 use crate::transcript::{Segment, Transcript};
 
 /// Output formats of `?format=` and `gpuhost transcribe --format`.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, clap::ValueEnum, utoipa::ToSchema,
-)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, utoipa::ToSchema)]
+#[schema(rename_all = "lowercase")]
 pub enum Format {
     Json,
     Txt,
     Srt,
     Vtt,
     Rttm,
+}
+
+/// Read in any case (`?format=SRT`), as people type it; the names are lowercase.
+impl<'de> serde::Deserialize<'de> for Format {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Format, D::Error> {
+        const NAMES: &[&str] = &["json", "txt", "srt", "vtt", "rttm"];
+        let text = String::deserialize(d)?;
+        match text.to_ascii_lowercase().as_str() {
+            "json" => Ok(Format::Json),
+            "txt" => Ok(Format::Txt),
+            "srt" => Ok(Format::Srt),
+            "vtt" => Ok(Format::Vtt),
+            "rttm" => Ok(Format::Rttm),
+            _ => Err(serde::de::Error::unknown_variant(&text, NAMES)),
+        }
+    }
 }
 
 impl Format {

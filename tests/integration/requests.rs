@@ -80,6 +80,9 @@ async fn languages_are_taken_as_people_write_them() {
         // The worker got the bare code (the fake echoes it as the result's language).
         assert_eq!(result_of(&events)["language"], "en", "{given}");
     }
+    // A format nobody offers is named, with the ones there are.
+    let message = refused(&host, "?format=docx").await;
+    assert!(message.contains("docx") && message.contains("srt"), "{message}");
     // Korean is refused by the English-only model, whatever its spelling.
     for given in ["ko", "KO", "ko-KR", "Korean"] {
         let message = refused(&host, &format!("?stages=asr&language={given}")).await;
@@ -93,7 +96,7 @@ async fn a_diarizer_alone_gives_rttm() {
     let host = TestHost::start(&speech_pipeline()).await.ready().await;
     let r = host
         .post_body(
-            "/transcribe?stages=diarizer&format=rttm",
+            "/transcribe?stages=diarizer&format=RTTM", // in any case, as people type it
             wav(2.0, 16000, 1),
         )
         .await;
