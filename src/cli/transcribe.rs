@@ -25,7 +25,7 @@ pub(crate) struct TranscribeArgs {
     token: Option<String>,
     /// What to print: the whole result (`json`), text, subtitles (`srt`, `vtt`) or the
     /// speakers' turns (`rttm`).
-    #[arg(long, value_enum, default_value = "json")]
+    #[arg(long, value_enum, ignore_case = true, default_value = "json")]
     format: Format,
     /// Comma-separated subset of the pipeline's stages.
     #[arg(long)]
