@@ -47,6 +47,8 @@ pub enum SampleError {
     SmiMemory(String),
     #[error("unexpected nvidia-smi process line: {0:?}")]
     SmiProcessLine(String),
+    #[error("nvidia-smi lists process {pid} on GPU {uuid:?}, which is not among the GPUs it lists: which GPU that process holds is not known")]
+    SmiProcessGpu { pid: u32, uuid: String },
     #[error("nvidia-smi listed no GPU")]
     NoGpu,
     #[error("{0} GPU processes listed, more than the {max} a GPU can run: the listing is not believed", max = super::backend::MAX_PROCESSES)]

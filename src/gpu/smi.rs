@@ -148,18 +148,38 @@ pub fn parse_apps(csv: &str, gpus: &[GpuInfo]) -> Result<Vec<RawProcess>, Sample
     csv.lines()
         .filter(|l| !l.trim().is_empty() && !l.contains("No running processes found"))
         .map(|line| {
-            let f = fields(line);
-            let Some(pid) = f.first().and_then(|p| number(p)) else {
+            // pid, process_name, used_memory, gpu_uuid: the name may hold commas (a path such
+            // as /opt/a,b/python), so the memory and the GPU are read from the end.
+            let (first, rest) = line.split_once(',').unwrap_or((line, ""));
+            let Some(pid) = number::<u32>(first.trim()) else {
                 return Err(SampleError::SmiProcessLine(excerpt(line)));
             };
-            let gpu_index = f
-                .get(3)
-                .and_then(|uuid| gpus.iter().find(|g| g.uuid == *uuid))
-                .map_or(0, |g| g.index);
+            let (name, memory, uuid) = match rest.rsplit_once(',') {
+                Some((named, uuid)) => match named.rsplit_once(',') {
+                    Some((name, memory)) => (name, Some(memory), Some(uuid.trim())),
+                    None => (named, None, Some(uuid.trim())),
+                },
+                None => (rest, None, None),
+            };
+            // A process on a GPU the listing does not have (its UUID odd or missing) is on the
+            // only GPU there is; among several, which one is not known: no GPU may then read
+            // idle for want of it (it was counted on GPU 0, and the GPU it held read idle).
+            let gpu_index = match uuid.and_then(|u| gpus.iter().find(|g| g.uuid == u)) {
+                Some(gpu) => gpu.index,
+                None if gpus.len() == 1 => gpus[0].index,
+                None => {
+                    return Err(SampleError::SmiProcessGpu {
+                        pid,
+                        uuid: excerpt(uuid.unwrap_or("")),
+                    })
+                }
+            };
             Ok(RawProcess {
                 pid,
-                name: f.get(1).filter(|n| !n.is_empty()).map(|n| n.to_string()),
-                used_memory_mib: f.get(2).and_then(|m| number(m)),
+                name: Some(name.trim())
+                    .filter(|n| !n.is_empty())
+                    .map(String::from),
+                used_memory_mib: memory.and_then(|m| number(m.trim())),
                 gpu_index,
             })
         })
@@ -190,6 +210,27 @@ mod tests {
         .unwrap();
         assert_eq!(apps[0].gpu_index, 1);
         assert_eq!(apps[1].used_memory_mib, None);
+        // A name with commas in it: the memory and the GPU are still its own.
+        let apps = parse_apps("4242, /opt/a,b/python, 140, GPU-bbb\n", &gpus).unwrap();
+        assert_eq!(
+            (
+                apps[0].name.as_deref(),
+                apps[0].used_memory_mib,
+                apps[0].gpu_index
+            ),
+            (Some("/opt/a,b/python"), Some(140), 1)
+        );
+        // A GPU the listing does not have, among several: not counted on GPU 0 (which then
+        // read busy, and the GPU it held idle); the sample fails.
+        for odd in ["MIG-1111", "[N/A]", ""] {
+            let line = format!("4242, python, 140, {odd}\n");
+            let err = parse_apps(&line, &gpus).unwrap_err().to_string();
+            assert!(err.contains("not known"), "{odd}: {err}");
+        }
+        // With one GPU, it is that one.
+        let one = &gpus[1..];
+        let apps = parse_apps("4242, python, 140, [N/A]\n", one).unwrap();
+        assert_eq!(apps[0].gpu_index, 1);
         assert!(parse_gpus("garbage\n").is_err());
         assert!(parse_gpus("").is_err());
     }

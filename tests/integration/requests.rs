@@ -82,7 +82,10 @@ async fn languages_are_taken_as_people_write_them() {
     }
     // A format nobody offers is named, with the ones there are.
     let message = refused(&host, "?format=docx").await;
-    assert!(message.contains("docx") && message.contains("srt"), "{message}");
+    assert!(
+        message.contains("docx") && message.contains("srt"),
+        "{message}"
+    );
     // Korean is refused by the English-only model, whatever its spelling.
     for given in ["ko", "KO", "ko-KR", "Korean"] {
         let message = refused(&host, &format!("?stages=asr&language={given}")).await;
