@@ -311,14 +311,7 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
     );
     let host = TestHost::start(&config).await.ready().await;
     // OpenAI's default name and the loaded model are the models listed.
-    let models: Value = host
-        .get("/v1/models")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = host.get_json("/v1/models").await;
     let ids: Vec<&str> = models["data"]
         .as_array()
         .unwrap()
@@ -326,14 +319,8 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["whisper-1", "Systran/tiny.en"], "{models}");
-    let one: Value = host
-        .get("/v1/models/Systran/tiny.en") // unescaped, as clients send an id
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    // Unescaped, as clients send an id.
+    let one = host.get_json("/v1/models/Systran/tiny.en").await;
     assert_eq!(one["id"], "Systran/tiny.en", "{one}");
     // Speaker counts where no diarizer runs: nothing would read them.
     let r = host
