@@ -54,7 +54,12 @@ def test_a_given_language_is_transcribed_in_that_language(base, spoken):
     result = base.transcribe(spoken["es"], language="es")
     text = " ".join(s["text"] for s in result["segments"]).lower()
     assert result["language"] == "es"
-    assert "buenos" in text and "parque" in text, text
+    # Most of the line's words, not two chosen ones: base's decoding of the synthesized voice
+    # varies between runs ("buenos días … parque" once, "bueno, si así, hoy hace muy buen
+    # tiempo, vamos a …" another time); English output has none of them.
+    said = ["días", "hoy", "hace", "muy", "buen", "tiempo", "vamos", "parque"]
+    heard = [w for w in said if w in text]
+    assert len(heard) >= 5, text
     words = [w for s in result["segments"] for w in s["words"]]
     assert len(words) >= 8 and all(w["start"] <= w["end"] for w in words)
 
