@@ -327,7 +327,7 @@ impl Drop for Unregister {
 }
 
 /// Finds `program` on PATH (or checks it when it has a slash).
-pub fn find_program(program: &str) -> Option<PathBuf> {
+pub fn find_program(program: impl AsRef<OsStr>) -> Option<PathBuf> {
     let path = std::env::var_os("PATH");
     find_program_in(program, Path::new("."), path.as_deref())
 }

@@ -131,10 +131,16 @@ pub(super) fn data_bytes(path: &Path) -> io::Result<u64> {
 /// The energy of a 16-bit mono WAV file's samples (sum of squares, full scale 1.0) and how many
 /// there are.
 pub(super) fn energy(path: &Path) -> io::Result<(f64, u64)> {
-    use io::Read;
-    let samples = data_bytes(path)? / 2;
+    use io::{Read, Seek};
+    let len = std::fs::metadata(path)?.len();
     let mut file = io::BufReader::new(File::open(path)?);
-    find_chunk(&mut file, b"data").map_err(|_| io::Error::other("no data chunk"))?;
+    let size = find_chunk(&mut file, b"data")
+        .ok()
+        .flatten()
+        .ok_or_else(|| io::Error::other("no data chunk"))?;
+    // The data chunk as far as the file goes (as `data_bytes` counts it), whole samples.
+    let body = file.stream_position()?;
+    let samples = u64::from(size).min(len.saturating_sub(body)) / 2;
     let (mut sum, mut left, mut buf) = (0f64, samples * 2, vec![0u8; 64 * 1024]);
     while left > 0 {
         let want = buf.len().min(left as usize);

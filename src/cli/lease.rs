@@ -91,9 +91,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     // resident workers for nothing).
     // Exit 127 and 126, as a shell's for a command not found and one that cannot run.
     let program = &args.command[0];
-    let cwd = std::path::Path::new(".");
-    let path = std::env::var_os("PATH");
-    if gpuhost::process::find_program_in(program, cwd, path.as_deref()).is_none() {
+    if gpuhost::process::find_program(program).is_none() {
         let shown = program.to_string_lossy();
         let (why, code) = if !shown.contains('/') {
             ("no executable of that name on PATH", 127)

@@ -38,7 +38,7 @@ pub fn locate(configured: &str) -> Result<PathBuf, ProbeError> {
         }
     }
     find_program("nvidia-smi")
-        .or_else(|| USUAL_PLACES.iter().find_map(|p| find_program(p)))
+        .or_else(|| USUAL_PLACES.iter().find_map(find_program))
         .ok_or_else(|| {
             not_found(format!(
                 "nvidia-smi is not on PATH nor in {}",
