@@ -48,6 +48,20 @@ pub struct RawProcess {
 pub struct RawSample {
     pub gpus: Vec<GpuInfo>,
     pub processes: Vec<RawProcess>,
+    /// GPUs listed without memory figures (a display card, a unified-memory board): known, so
+    /// their processes are placed on them, but with nothing to judge them by. Only the
+    /// configured device's own missing figures make the sample fail.
+    pub unmeasured: Vec<Unmeasured>,
+}
+
+/// A GPU the backend lists but cannot give the memory of.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Unmeasured {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    /// Why its memory is not known.
+    pub why: String,
 }
 
 /// A process on the GPU with everything `/status` says about it.

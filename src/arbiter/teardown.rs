@@ -191,6 +191,7 @@ mod tests {
                 temperature: 0,
                 power_draw: 0.0,
             }],
+            unmeasured: Vec::new(),
             processes: pids
                 .iter()
                 .map(|&pid| GpuProcess {

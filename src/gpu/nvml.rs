@@ -9,7 +9,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
 use super::error::{ProbeError, SampleError};
-use super::{GpuInfo, RawProcess, RawSample};
+use super::{GpuInfo, RawProcess, RawSample, Unmeasured};
 
 fn nvml_error(what: &str, e: NvmlError) -> SampleError {
     SampleError::Nvml {
@@ -87,23 +87,33 @@ impl NvmlBackend {
                 .nvml
                 .device_by_index(index)
                 .map_err(|e| nvml_error(&format!("device {index}"), e))?;
-            let memory = device
-                .memory_info()
-                .map_err(|e| nvml_error(&format!("memory of GPU {index}"), e))?;
-            sample.gpus.push(GpuInfo {
-                index,
-                uuid: device.uuid().unwrap_or_default(),
-                name: device.name().unwrap_or_default(),
-                utilization: device.utilization_rates().map(|u| u.gpu).unwrap_or(0),
-                memory_used_mib: memory.used / MIB,
-                memory_total_mib: memory.total / MIB,
-                memory_free_mib: memory.free / MIB,
-                temperature: device.temperature(TemperatureSensor::Gpu).unwrap_or(0),
-                power_draw: device
-                    .power_usage()
-                    .map(|mw| f64::from(mw) / 1000.0)
-                    .unwrap_or(0.0),
-            });
+            let (uuid, name) = (
+                device.uuid().unwrap_or_default(),
+                device.name().unwrap_or_default(),
+            );
+            match device.memory_info() {
+                Ok(memory) => sample.gpus.push(GpuInfo {
+                    index,
+                    uuid,
+                    name,
+                    utilization: device.utilization_rates().map(|u| u.gpu).unwrap_or(0),
+                    memory_used_mib: memory.used / MIB,
+                    memory_total_mib: memory.total / MIB,
+                    memory_free_mib: memory.free / MIB,
+                    temperature: device.temperature(TemperatureSensor::Gpu).unwrap_or(0),
+                    power_draw: device
+                        .power_usage()
+                        .map(|mw| f64::from(mw) / 1000.0)
+                        .unwrap_or(0.0),
+                }),
+                // Known, so its processes are placed on it; judged by nothing.
+                Err(e) => sample.unmeasured.push(Unmeasured {
+                    index,
+                    uuid,
+                    name,
+                    why: nvml_error(&format!("memory of GPU {index}"), e).to_string(),
+                }),
+            }
             let mut seen = std::collections::HashSet::new();
             let compute = device.running_compute_processes().unwrap_or_default();
             let graphics = device.running_graphics_processes().unwrap_or_default();

@@ -114,12 +114,19 @@ impl ProcFs {
                     match self.ppid(current) {
                         Some(parent) if parent > 0 && parent != current => {
                             current = parent;
-                            if let Some(cmd) = self.cmdline(parent).filter(|c| !c.is_empty()) {
-                                return Command {
+                            match self.cmdline(parent) {
+                                Some(cmd) if !cmd.is_empty() => return Command {
                                     command: cmd,
                                     from_pid: Some(parent),
                                     note: Some(format!("pid {pid} has an empty command line; this is its ancestor {parent}'s")),
-                                };
+                                },
+                                Some(_) => {}
+                                // Exited between the two reads, or in another namespace.
+                                None => return Command {
+                                    command: String::new(),
+                                    from_pid: None,
+                                    note: Some(format!("pid {pid} has an empty command line and its ancestor {parent} is gone or not visible")),
+                                },
                             }
                         }
                         _ => break,
@@ -366,6 +373,21 @@ mod tests {
             p.find(&["vllm", "init", "nothing"], 0),
             [vec![500], vec![1], vec![]]
         );
+        // An ancestor that exited: said so, not "empty command lines".
+        fake(dir.path(), 601, 600, &[]);
+        let c = p.command(601);
+        assert_eq!((c.command.as_str(), c.from_pid), ("", None));
+        assert!(
+            c.note.as_deref().unwrap().contains("ancestor 600 is gone"),
+            "{c:?}"
+        );
+        fake(dir.path(), 701, 1, &[]);
+        std::fs::write(dir.path().join("1/cmdline"), "").unwrap();
+        assert!(p
+            .command(701)
+            .note
+            .unwrap()
+            .contains("have empty command lines"));
     }
 
     #[test]

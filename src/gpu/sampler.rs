@@ -14,14 +14,16 @@ use super::error::SampleError;
 use super::procfs::ProcFs;
 use super::{
     Backend, BackendReport, Decision, DecisionInput, GpuInfo, GpuProcess, Judge, RawSample,
-    ServicePids,
+    ServicePids, Unmeasured,
 };
 use crate::config::{Config, WatchConfig};
 use crate::supervisor::Supervisor;
 
 mod describe;
+mod hop;
 mod view;
-use describe::{describe, reconcile, Owners};
+use describe::{describe, reconcile, undescribed, Owners};
+use hop::Hop;
 pub use view::{GpuHealth, StatusView};
 
 /// One published sample with its verdict.
@@ -30,6 +32,8 @@ pub struct Snapshot {
     pub taken: Option<Instant>,
     pub taken_wall: Option<SystemTime>,
     pub gpus: Vec<GpuInfo>,
+    /// GPUs listed without memory figures.
+    pub unmeasured: Vec<Unmeasured>,
     pub processes: Vec<GpuProcess>,
     pub watched: Vec<WatchState>,
     pub error: Option<String>,
@@ -43,6 +47,7 @@ impl Snapshot {
             taken: None,
             taken_wall: None,
             gpus: Vec::new(),
+            unmeasured: Vec::new(),
             processes: Vec::new(),
             watched: Vec::new(),
             error: None,
@@ -67,6 +72,8 @@ pub struct GpuMonitor {
 struct Sampler {
     backend: Backend,
     procfs: ProcFs,
+    /// Runs the `/proc` reads of each sample, bounded.
+    hop: Hop,
     watch: Vec<WatchConfig>,
     judge: Judge,
     supervisor: Arc<Supervisor>,
@@ -108,9 +115,14 @@ impl GpuMonitor {
         let device = config.gpu.device as u32;
         let services = Arc::new(ServicePids::default());
         let task = (!matches!(backend, Backend::None)).then(|| {
+            let proc_root = config.resolve(&st.proc_root);
             let sampler = Sampler {
                 backend,
-                procfs: ProcFs::new(config.resolve(&st.proc_root)),
+                hop: Hop::new(
+                    proc_root.display().to_string(),
+                    Duration::from_secs_f64(st.timeout_s),
+                ),
+                procfs: ProcFs::new(proc_root),
                 watch: config.gpu.watch.clone(),
                 judge: Judge::new(
                     st.idle_utilization_pct,
@@ -192,10 +204,15 @@ impl Sampler {
 
     async fn build(&mut self, raw: Result<RawSample, SampleError>) -> Snapshot {
         let now = Instant::now();
-        let (raw, error) = match raw {
+        let (raw, mut error) = match raw {
             Ok(raw) => (raw, None),
             Err(e) => (RawSample::default(), Some(e.to_string())),
         };
+        // Another GPU without memory figures is only listed; the configured one cannot be
+        // judged without them.
+        if let Some(device) = raw.unmeasured.iter().find(|u| u.index == self.device) {
+            error.get_or_insert(device.why.clone());
+        }
         let worker_pids: HashMap<u32, String> = self
             .supervisor
             .statuses()
@@ -203,24 +220,42 @@ impl Sampler {
             .filter_map(|s| Some((s.pid?, s.name)))
             .collect();
         let service_pids = self.services.current();
+        let owners = Owners {
+            workers: &worker_pids,
+            services: &service_pids,
+        };
         // `/proc` reads can block (a process stuck in the kernel): off the runtime threads, in
-        // one hop per sample.
+        // one bounded hop per sample.
         let (procfs, watch, listed) = (
             self.procfs.clone(),
             self.watch.clone(),
             raw.processes.clone(),
         );
-        let (processes, found) = tokio::task::spawn_blocking(move || {
-            let patterns: Vec<&str> = watch.iter().map(|w| w.pattern.as_str()).collect();
-            let found = procfs.find(&patterns, std::process::id());
-            let owners = Owners {
-                workers: &worker_pids,
-                services: &service_pids,
-            };
-            (describe(&procfs, &watch, &owners, &listed), found)
-        })
-        .await
-        .unwrap_or_default();
+        let (workers, services) = (worker_pids.clone(), service_pids.clone());
+        let read = self
+            .hop
+            .run(move || {
+                let patterns: Vec<&str> = watch.iter().map(|w| w.pattern.as_str()).collect();
+                let found = procfs.find(&patterns, std::process::id());
+                let owners = Owners {
+                    workers: &workers,
+                    services: &services,
+                };
+                (describe(&procfs, &watch, &owners, &listed), found)
+            })
+            .await;
+        let (processes, found) = match read {
+            Ok(read) => read,
+            // Which process is a loading service cannot be told without command lines: the
+            // sample reads unknown, its processes are listed as the backend gives them.
+            Err(e) => {
+                error.get_or_insert(e.to_string());
+                (
+                    undescribed(&owners, &raw.processes),
+                    vec![Vec::new(); self.watch.len()],
+                )
+            }
+        };
         let watched = self.watched(&processes, found).await;
         let mut gpus = raw.gpus;
         reconcile(&mut gpus, &processes);
@@ -242,6 +277,7 @@ impl Sampler {
             taken: Some(now),
             taken_wall: Some(SystemTime::now()),
             gpus,
+            unmeasured: raw.unmeasured,
             processes,
             watched,
             error,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::error::{ProbeError, SampleError};
-use super::{GpuInfo, RawProcess, RawSample};
+use super::{GpuInfo, RawProcess, RawSample, Unmeasured};
 use crate::process::{find_program, run_captured};
 
 /// `memory.free` comes last and is the driver's own figure: on an H200 it was 616 MiB under
@@ -56,9 +56,9 @@ pub struct Smi {
 impl Smi {
     pub async fn sample(&self) -> Result<RawSample, SampleError> {
         let (gpus, apps) = tokio::join!(self.query(GPU_QUERY), self.query(APPS_QUERY));
-        let gpus = parse_gpus(&gpus?)?;
-        let processes = parse_apps(&apps?, &gpus)?;
-        Ok(RawSample { gpus, processes })
+        let mut sample = parse_gpus(&gpus?)?;
+        sample.processes = parse_apps(&apps?, &sample)?;
+        Ok(sample)
     }
 
     async fn query(&self, query: &str) -> Result<String, SampleError> {
@@ -109,20 +109,28 @@ fn number<T: std::str::FromStr>(field: &str) -> Option<T> {
     field.parse().ok()
 }
 
-pub fn parse_gpus(csv: &str) -> Result<Vec<GpuInfo>, SampleError> {
-    let mut gpus = Vec::new();
+/// The GPUs of a sample (its processes still empty).
+pub fn parse_gpus(csv: &str) -> Result<RawSample, SampleError> {
+    let mut sample = RawSample::default();
     for line in csv.lines().filter(|l| !l.trim().is_empty()) {
         let f = fields(line);
         if f.len() < 8 {
             return Err(SampleError::SmiLine(excerpt(line)));
         }
+        let index = number(f[0]).unwrap_or((sample.gpus.len() + sample.unmeasured.len()) as u32);
         // Utilization, temperature and power may be absent (MIG, some boards) and are shown as
-        // 0; memory decides idle or busy, so without it the sample says nothing.
+        // 0; memory decides idle or busy, so a GPU without it is only known by name.
         let (Some(used), Some(total)) = (number::<u64>(f[4]), number::<u64>(f[5])) else {
-            return Err(SampleError::SmiMemory(excerpt(line)));
+            sample.unmeasured.push(Unmeasured {
+                index,
+                uuid: f[1].to_string(),
+                name: f[2].to_string(),
+                why: SampleError::SmiMemory(excerpt(line)).to_string(),
+            });
+            continue;
         };
-        gpus.push(GpuInfo {
-            index: number(f[0]).unwrap_or(gpus.len() as u32),
+        sample.gpus.push(GpuInfo {
+            index,
             uuid: f[1].to_string(),
             name: f[2].to_string(),
             utilization: number(f[3]).unwrap_or(0),
@@ -136,15 +144,18 @@ pub fn parse_gpus(csv: &str) -> Result<Vec<GpuInfo>, SampleError> {
             power_draw: number(f[7]).unwrap_or(0.0),
         });
     }
-    if gpus.is_empty() {
+    if sample.gpus.is_empty() && sample.unmeasured.is_empty() {
         return Err(SampleError::NoGpu);
     }
-    Ok(gpus)
+    Ok(sample)
 }
 
 /// The compute processes; a line that is neither one nor nvidia-smi's "No running processes
 /// found" makes the sample fail (a process list half read must not look like an idle GPU).
-pub fn parse_apps(csv: &str, gpus: &[GpuInfo]) -> Result<Vec<RawProcess>, SampleError> {
+pub fn parse_apps(csv: &str, listed: &RawSample) -> Result<Vec<RawProcess>, SampleError> {
+    let gpus: Vec<(u32, &str)> = (listed.gpus.iter().map(|g| (g.index, g.uuid.as_str())))
+        .chain(listed.unmeasured.iter().map(|g| (g.index, g.uuid.as_str())))
+        .collect();
     csv.lines()
         .filter(|l| !l.trim().is_empty() && !l.contains("No running processes found"))
         .map(|line| {
@@ -164,9 +175,9 @@ pub fn parse_apps(csv: &str, gpus: &[GpuInfo]) -> Result<Vec<RawProcess>, Sample
             // A process on a GPU the listing does not have (its UUID odd or missing) is on the
             // only GPU there is; among several, which one is not known: no GPU may then read
             // idle for want of it (it was counted on GPU 0, and the GPU it held read idle).
-            let gpu_index = match uuid.and_then(|u| gpus.iter().find(|g| g.uuid == u)) {
-                Some(gpu) => gpu.index,
-                None if gpus.len() == 1 => gpus[0].index,
+            let gpu_index = match uuid.and_then(|u| gpus.iter().find(|g| g.1 == u)) {
+                Some(&(index, _)) => index,
+                None if gpus.len() == 1 => gpus[0].0,
                 None => {
                     return Err(SampleError::SmiProcessGpu {
                         pid,
@@ -192,10 +203,11 @@ mod tests {
 
     #[test]
     fn parses_gpus_and_apps_with_missing_values() {
-        let gpus = parse_gpus(
+        let sample = parse_gpus(
             "0, GPU-aaa, NVIDIA GeForce RTX 5090, 37, 20480, 32607, 61, 312.40\n1, GPU-bbb, NVIDIA H200, [N/A], 0, 143771, 30, [Not Supported], 143155\n",
         )
         .unwrap();
+        let gpus = &sample.gpus;
         assert_eq!(gpus.len(), 2);
         // Without `memory.free` (older drivers, other tools): total − used.
         assert_eq!(gpus[0].memory_free_mib, 32607 - 20480);
@@ -205,13 +217,13 @@ mod tests {
         assert_eq!(gpus[1].power_draw, 0.0);
         let apps = parse_apps(
             "4242, python, 14000, GPU-bbb\n77, vllm, [N/A], GPU-aaa\n",
-            &gpus,
+            &sample,
         )
         .unwrap();
         assert_eq!(apps[0].gpu_index, 1);
         assert_eq!(apps[1].used_memory_mib, None);
         // A name with commas in it: the memory and the GPU are still its own.
-        let apps = parse_apps("4242, /opt/a,b/python, 140, GPU-bbb\n", &gpus).unwrap();
+        let apps = parse_apps("4242, /opt/a,b/python, 140, GPU-bbb\n", &sample).unwrap();
         assert_eq!(
             (
                 apps[0].name.as_deref(),
@@ -224,24 +236,54 @@ mod tests {
         // read busy, and the GPU it held idle); the sample fails.
         for odd in ["MIG-1111", "[N/A]", ""] {
             let line = format!("4242, python, 140, {odd}\n");
-            let err = parse_apps(&line, &gpus).unwrap_err().to_string();
+            let err = parse_apps(&line, &sample).unwrap_err().to_string();
             assert!(err.contains("not known"), "{odd}: {err}");
         }
         // With one GPU, it is that one.
-        let one = &gpus[1..];
-        let apps = parse_apps("4242, python, 140, [N/A]\n", one).unwrap();
+        let one = RawSample {
+            gpus: gpus[1..].to_vec(),
+            ..RawSample::default()
+        };
+        let apps = parse_apps("4242, python, 140, [N/A]\n", &one).unwrap();
         assert_eq!(apps[0].gpu_index, 1);
         assert!(parse_gpus("garbage\n").is_err());
         assert!(parse_gpus("").is_err());
     }
 
     #[test]
-    fn a_sample_that_cannot_tell_idle_from_busy_fails() {
-        // GB10 (unified memory) reports no memory figures: not an idle GPU with 0 MiB.
-        let err = parse_gpus("0, GPU-aaaa, NVIDIA GB10, [N/A], [N/A], [N/A], 45, [N/A], [N/A]\n")
-            .unwrap_err();
-        assert!(matches!(err, SampleError::SmiMemory(_)), "{err}");
-        // A process list that is not one is not an empty process list.
+    fn a_gpu_without_memory_figures_is_known_but_unmeasured() {
+        // GB10 (unified memory) reports no memory figures: not an idle GPU with 0 MiB (the
+        // sampler fails the sample when it is the configured device), but a GPU its processes
+        // are on.
+        let sample = parse_gpus(
+            "0, GPU-aaaa, NVIDIA H200, 0, 10, 143771, 30, 70.0\n1, GPU-bbbb, NVIDIA GB10, [N/A], [N/A], [N/A], 45, [N/A], [N/A]\n",
+        )
+        .unwrap();
+        assert_eq!(sample.gpus.len(), 1);
+        assert_eq!(
+            (
+                sample.unmeasured[0].index,
+                sample.unmeasured[0].uuid.as_str()
+            ),
+            (1, "GPU-bbbb")
+        );
+        assert!(
+            sample.unmeasured[0].why.contains("no memory figures"),
+            "{:?}",
+            sample.unmeasured
+        );
+        let apps = parse_apps("4242, python, 140, GPU-bbbb\n", &sample).unwrap();
+        assert_eq!(apps[0].gpu_index, 1);
+        let only = parse_gpus("0, GPU-aaaa, NVIDIA GB10, [N/A], [N/A], [N/A], 45, [N/A], [N/A]\n")
+            .unwrap();
+        assert!(only.gpus.is_empty() && only.unmeasured.len() == 1);
+        // One GPU in all: a process with an odd UUID is on it, measured or not.
+        let apps = parse_apps("4242, python, 140, [N/A]\n", &only).unwrap();
+        assert_eq!(apps[0].gpu_index, 0);
+    }
+
+    #[test]
+    fn a_process_list_that_is_not_one_fails() {
         let gpus = parse_gpus("0, GPU-aaa, NVIDIA H200, 0, 10, 143771, 30, 70.0\n").unwrap();
         assert!(parse_apps("xxxxxxxx\n", &gpus).is_err());
         assert!(parse_apps("No running processes found\n", &gpus)

@@ -336,6 +336,86 @@ async fn failing_and_hanging_nvidia_smi_read_unknown() {
     host.stop().await;
 }
 
+/// A FIFO standing in for a `cmdline` that blocks its readers: dropped, it gives a reader
+/// under way a line and puts a plain file in its place.
+struct Unstick(PathBuf);
+
+impl Drop for Unstick {
+    fn drop(&mut self) {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        // Non-blocking: with no reader waiting it fails, and nothing waits on it.
+        let writer = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&self.0);
+        let fresh = self.0.with_extension("new");
+        let _ = std::fs::write(&fresh, "/opt/asr/.venv/bin/python\0-m\0gpuhost_asr\0");
+        let _ = std::fs::rename(&fresh, &self.0);
+        if let Ok(mut writer) = writer {
+            let _ = writer.write_all(b"x\0");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_hanging_proc_read_reads_unknown_and_sampling_recovers() {
+    // Reading /proc/PID/cmdline blocks while that process's memory map is locked (a process
+    // stuck in the driver). Here the fake /proc's cmdline is a FIFO nobody writes: opening it
+    // blocks the same way.
+    let gpu = FakeGpu::new(&format!("{IDLE}proc: 700, python3, 14000\n"));
+    gpu.process(700, 1, &["/opt/asr/.venv/bin/python", "-m", "gpuhost_asr"]);
+    let host = TestHost::start(&no_workers(&gpu.config(""))).await;
+    wait_status(&host, "the command line", |s| {
+        s["processes"][0]["command"] == "/opt/asr/.venv/bin/python -m gpuhost_asr"
+    })
+    .await;
+    let cmdline = gpu.proc_root().join("700/cmdline");
+    std::fs::remove_file(&cmdline).unwrap();
+    let c = std::ffi::CString::new(cmdline.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    // Frees the stuck read however the test ends (a runtime waits for its blocking threads).
+    let stuck = Unstick(cmdline.clone());
+
+    // The first sample to meet it waits its timeout ("did not finish within 1s"); later ones
+    // do not wait on the stuck read, nor start a second one: they say how long.
+    wait_status(&host, "the hung read", |s| {
+        s["error"].as_str().is_some_and(|e| {
+            e.contains("/proc/ did not finish within") || e.contains("/proc/ has not returned")
+        })
+    })
+    .await;
+    let s = wait_status(&host, "the stuck read's age", |s| {
+        s["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("has not returned for"))
+    })
+    .await;
+    assert_eq!(s["decision"], "unknown");
+    assert_eq!(s["is_idle"], false);
+    assert_eq!(s["processes"][0]["pid"], 700);
+    assert_eq!(s["processes"][0]["used_memory_mib"], 14000);
+    assert_eq!(s["processes"][0]["command"], "");
+    let started = Instant::now();
+    status(&host).await;
+    reqwest::get(format!("{}/health", host.url)).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // The process comes loose: the blocked read gets its line, the next samples read /proc.
+    drop(stuck);
+    let s = wait_decision(&host, "busy").await;
+    assert!(s["error"].is_null(), "{s:#}");
+    assert_eq!(
+        s["processes"][0]["command"],
+        "/opt/asr/.venv/bin/python -m gpuhost_asr"
+    );
+    host.stop().await;
+}
+
 #[tokio::test]
 async fn several_gpus_and_the_configured_device() {
     let state = "gpu: NVIDIA H200, 3, 1000, 143771, 35, 90.5\ngpu: NVIDIA GeForce RTX 5090, 97, 30000, 32607, 77, 480.0\nproc: 55, python3, 29000, 1\n";
@@ -368,6 +448,52 @@ async fn several_gpus_and_the_configured_device() {
     let s = wait_status(&host, "a sample", |s| !s["gpu"].is_null()).await;
     assert_eq!(s["gpu"]["name"], "NVIDIA GeForce RTX 5090");
     assert_eq!(s["gpu"]["index"], 1);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_gpu_without_memory_figures_fails_only_its_own_sample() {
+    // A unified-memory board (GB10) beside the configured GPU: nvidia-smi gives it no memory
+    // figures. The configured GPU is judged as usual (the whole sample failed before), the
+    // other is listed as unmeasured with its processes on it.
+    let state = "gpu: NVIDIA H200, 0, 10, 143771, 35, 90.5\ngpu: NVIDIA GB10, [N/A], [N/A], [N/A], 45, [N/A]\nproc: 55, python3, 29000, 1\n";
+    let gpu = FakeGpu::new(state);
+    let host = TestHost::start(&no_workers(&gpu.config(""))).await;
+    let s = wait_status(&host, "a sample with the process", |s| {
+        !s["gpu"].is_null() && s["processes"].as_array().is_some_and(|p| !p.is_empty())
+    })
+    .await;
+    assert!(s["error"].is_null(), "{s:#}");
+    assert_ne!(s["decision"], "unknown", "{s:#}");
+    assert_eq!(s["gpu"]["name"], "NVIDIA H200");
+    assert_eq!(s["gpus"].as_array().unwrap().len(), 1);
+    let unmeasured = &s["gpus_unmeasured"][0];
+    assert_eq!(unmeasured["index"], 1, "{s:#}");
+    assert_eq!(unmeasured["name"], "NVIDIA GB10");
+    assert!(
+        unmeasured["why"]
+            .as_str()
+            .unwrap()
+            .contains("no memory figures"),
+        "{s:#}"
+    );
+    assert_eq!(s["processes"][0]["gpu_index"], 1);
+    host.stop().await;
+
+    // Configured on the unmeasured GPU: unknown, and why.
+    let host = TestHost::start(&format!(
+        "[gpu]\ndevice = 1\n{}",
+        no_workers(&gpu.config(""))
+    ))
+    .await;
+    let s = wait_status(&host, "the missing figures", |s| {
+        s["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no memory figures"))
+    })
+    .await;
+    assert_eq!(s["decision"], "unknown");
+    assert_eq!(s["is_idle"], false);
     host.stop().await;
 }
 

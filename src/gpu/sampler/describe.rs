@@ -52,6 +52,24 @@ pub(super) fn describe(
         .collect()
 }
 
+/// The listed GPU processes as the backend gives them, when `/proc` could not be read: no
+/// command line, an owner only where the pid itself is a worker's or a service's.
+pub(super) fn undescribed(owners: &Owners, listed: &[RawProcess]) -> Vec<GpuProcess> {
+    listed
+        .iter()
+        .map(|p| GpuProcess {
+            pid: p.pid,
+            name: p.name.clone().unwrap_or_default(),
+            used_memory_mib: p.used_memory_mib.unwrap_or(0),
+            command_note: Some("not read: /proc did not answer (see error)".into()),
+            gpu_index: p.gpu_index,
+            worker: owners.workers.get(&p.pid).cloned(),
+            service: owners.services.get(&p.pid).cloned(),
+            ..GpuProcess::default()
+        })
+        .collect()
+}
+
 /// One sample is two readings (the process list, the device's memory), taken apart: a process
 /// listed with memory the device total does not count yet must not make room look free. Used
 /// memory is at least what the listed processes hold.

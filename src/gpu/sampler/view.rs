@@ -7,7 +7,7 @@ use std::time::UNIX_EPOCH;
 use serde::Serialize;
 
 use super::super::decision::WatchState;
-use super::super::{BackendReport, Decision, GpuInfo, GpuProcess};
+use super::super::{BackendReport, Decision, GpuInfo, GpuProcess, Unmeasured};
 use super::{GpuMonitor, Snapshot};
 use crate::worker::{WorkerState, WorkerStatus};
 
@@ -24,6 +24,10 @@ pub struct StatusView {
     /// What gpuhost's own idle resident workers hold and would release if stopped.
     pub reclaimable_mib: u64,
     pub gpus: Vec<GpuInfo>,
+    /// GPUs listed without memory figures (a display card, a unified-memory board): their
+    /// processes are listed, the GPUs themselves cannot be judged.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gpus_unmeasured: Vec<Unmeasured>,
     pub watched: Vec<WatchState>,
     pub backend: BackendReport,
     pub sampled_at: Option<f64>,
@@ -120,6 +124,7 @@ impl GpuMonitor {
             reason,
             reclaimable_mib,
             gpus: snap.gpus.clone(),
+            gpus_unmeasured: snap.unmeasured.clone(),
             watched: snap.watched.clone(),
             backend: self.report.clone(),
             sampled_at: snap
