@@ -118,6 +118,20 @@ fn no_workers(config: &str) -> String {
     format!("[pipeline]\nstages = []\n[workers]\n{config}")
 }
 
+/// No workers, `gpu` sampled, `device` the configured GPU.
+fn on_device(device: u32, gpu: &FakeGpu) -> String {
+    format!("[gpu]\ndevice = {device}\n{}", no_workers(&gpu.config("")))
+}
+
+/// The first sample of the configured GPU with a process listed (on a loaded machine the first
+/// sample may come before the process list does).
+async fn sample_with_a_process(host: &TestHost) -> Value {
+    wait_status(host, "a sample with a process", |s| {
+        !s["gpu"].is_null() && s["processes"].as_array().is_some_and(|p| !p.is_empty())
+    })
+    .await
+}
+
 #[tokio::test]
 async fn idle_gpu_keeps_the_original_fields() {
     let gpu = FakeGpu::new(IDLE);
@@ -421,11 +435,7 @@ async fn several_gpus_and_the_configured_device() {
     let state = "gpu: NVIDIA H200, 3, 1000, 143771, 35, 90.5\ngpu: NVIDIA GeForce RTX 5090, 97, 30000, 32607, 77, 480.0\nproc: 55, python3, 29000, 1\n";
     let gpu = FakeGpu::new(state);
     let host = TestHost::start(&no_workers(&gpu.config(""))).await;
-    // The first sample may come before the process list does on a loaded machine.
-    let s = wait_status(&host, "a sample with the process", |s| {
-        !s["gpu"].is_null() && s["processes"].as_array().is_some_and(|p| !p.is_empty())
-    })
-    .await;
+    let s = sample_with_a_process(&host).await;
     assert_eq!(s["decision"], "busy");
     assert_eq!(s["gpus"].as_array().unwrap().len(), 2);
     assert_eq!(
@@ -440,11 +450,7 @@ async fn several_gpus_and_the_configured_device() {
     );
     host.stop().await;
 
-    let host = TestHost::start(&format!(
-        "[gpu]\ndevice = 1\n{}",
-        no_workers(&gpu.config(""))
-    ))
-    .await;
+    let host = TestHost::start(&on_device(1, &gpu)).await;
     let s = wait_status(&host, "a sample", |s| !s["gpu"].is_null()).await;
     assert_eq!(s["gpu"]["name"], "NVIDIA GeForce RTX 5090");
     assert_eq!(s["gpu"]["index"], 1);
@@ -459,10 +465,7 @@ async fn a_gpu_without_memory_figures_fails_only_its_own_sample() {
     let state = "gpu: NVIDIA H200, 0, 10, 143771, 35, 90.5\ngpu: NVIDIA GB10, [N/A], [N/A], [N/A], 45, [N/A]\nproc: 55, python3, 29000, 1\n";
     let gpu = FakeGpu::new(state);
     let host = TestHost::start(&no_workers(&gpu.config(""))).await;
-    let s = wait_status(&host, "a sample with the process", |s| {
-        !s["gpu"].is_null() && s["processes"].as_array().is_some_and(|p| !p.is_empty())
-    })
-    .await;
+    let s = sample_with_a_process(&host).await;
     assert!(s["error"].is_null(), "{s:#}");
     assert_ne!(s["decision"], "unknown", "{s:#}");
     assert_eq!(s["gpu"]["name"], "NVIDIA H200");
@@ -481,11 +484,7 @@ async fn a_gpu_without_memory_figures_fails_only_its_own_sample() {
     host.stop().await;
 
     // Configured on the unmeasured GPU: unknown, and why.
-    let host = TestHost::start(&format!(
-        "[gpu]\ndevice = 1\n{}",
-        no_workers(&gpu.config(""))
-    ))
-    .await;
+    let host = TestHost::start(&on_device(1, &gpu)).await;
     let s = wait_status(&host, "the missing figures", |s| {
         s["error"]
             .as_str()
