@@ -1931,6 +1931,29 @@ async fn a_service_that_dies_while_healthy_is_failed_not_stopped() {
         why.contains("exited by itself") && why.contains("exit code 3"),
         "{crash}"
     );
+    // Its last words, written just before it exited, are the error's (they were often still
+    // in the pipe when the exit was seen, and lost).
+    assert!(why.contains("CUDA out of memory"), "{crash}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_service_that_dies_loading_tells_why_every_time() {
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(&gpu, &service(&gpu, "oom", "--load-s 0.2 --die-loading", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    // A race: it lost the lines in about half the tries.
+    for _ in 0..8 {
+        let events = start_service(&host, "oom").await;
+        let Some(GrantEvent::Error { code, message }) = events.last() else {
+            panic!("{events:?}");
+        };
+        assert_eq!(code, "service_failed");
+        assert!(
+            message.contains("exit code 1") && message.contains("CUDA out of memory"),
+            "{message}"
+        );
+    }
     host.stop().await;
 }
 

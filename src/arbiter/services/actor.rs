@@ -234,6 +234,7 @@ impl Actor {
             tokio::select! {
                 status = running.group.wait() => {
                     let exit = status.map(|s| describe_exit(&s)).unwrap_or_else(|e| e.to_string());
+                    self.drain(running, false).await;
                     let why = format!("the service exited by itself while healthy ({exit}); last lines:\n{}", self.tail_text());
                     self.status.send_modify(|s| s.last_error = Some(why.clone()));
                     return (why, true);
@@ -246,6 +247,26 @@ impl Actor {
                     Some(Control::Touch) | Some(Control::Start { .. }) => self.status.send_modify(|s| s.last_use = Some(Instant::now())),
                     None => return ("gpuhost is shutting down".into(), false),
                 },
+            }
+        }
+    }
+
+    /// Logs the lines still in the pipes after the process ended: its dying words (an OOM's
+    /// traceback) are often still there when the exit is seen. At most half a second: a
+    /// process it left behind may hold a pipe open.
+    async fn drain(&mut self, running: &mut Running, to_clients: bool) {
+        let until = tokio::time::Instant::now() + Duration::from_millis(500);
+        while running.stdout.is_some() || running.stderr.is_some() {
+            let line = tokio::time::timeout_at(until, async {
+                tokio::select! {
+                    Some(line) = next_line(&mut running.stdout) => Some(line),
+                    Some(line) = next_line(&mut running.stderr) => Some(line),
+                    else => None,
+                }
+            });
+            match line.await {
+                Ok(Some(line)) => self.log(line, to_clients),
+                _ => break,
             }
         }
     }

@@ -83,6 +83,7 @@ impl Actor {
                 }
                 status = running.group.wait() => {
                     let exit = status.map(|s| describe_exit(&s)).unwrap_or_else(|e| e.to_string());
+                    self.drain(running, true).await;
                     return Err(("service_failed", format!("exited before it was healthy ({exit}); last lines:\n{}", self.tail_text())));
                 }
                 Some(line) = next_line(&mut running.stdout) => self.log(line, true),
