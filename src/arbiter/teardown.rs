@@ -155,9 +155,19 @@ pub fn check(snap: &Snapshot, device: u32, gone: &Gone, tolerance_mib: u64) -> R
     Ok(())
 }
 
-fn short<'a>(command: &'a str, name: &'a str) -> &'a str {
+/// A process for a reason line: its command line (its name when that is empty or hidden), on
+/// one line, at most 120 characters.
+fn short(command: &str, name: &str) -> String {
     let c = if command.is_empty() { name } else { command };
-    c.get(..c.len().min(120)).unwrap_or(c)
+    let mut out: String = c
+        .chars()
+        .take(120)
+        .map(|ch| if ch.is_control() { ' ' } else { ch })
+        .collect();
+    if c.chars().nth(120).is_some() {
+        out.push('…');
+    }
+    out
 }
 
 /// The process group of `pid` (field 5 of `/proc/PID/stat`), while it lives.
@@ -174,6 +184,17 @@ pub fn process_group(pid: u32) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_holder_is_shown_on_one_line_cut_between_characters() {
+        // Byte 120 inside an `é`: the whole line came back (20 000 characters in a reason).
+        let long = format!("{}{}", "a".repeat(119), "é".repeat(20_000));
+        let shown = short(&long, "python3");
+        assert_eq!(shown.chars().count(), 121);
+        assert!(shown.ends_with("é…"), "{shown}");
+        assert_eq!(short("run\nme\tnow", "x"), "run me now");
+        assert_eq!(short("", "python3"), "python3");
+    }
     use crate::gpu::{Decision, GpuInfo, GpuProcess};
 
     fn snap(used: u64, pids: &[u32]) -> Snapshot {

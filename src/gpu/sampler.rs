@@ -62,7 +62,6 @@ pub struct GpuMonitor {
     pub report: BackendReport,
     stale_after: Duration,
     device: u32,
-    hide_commands: bool,
     /// The running services' process groups, written by their actors.
     pub services: Arc<ServicePids>,
     /// Taken once on shutdown; std Mutex, never held across `.await`.
@@ -80,6 +79,9 @@ struct Sampler {
     services: Arc<ServicePids>,
     http: reqwest::Client,
     device: u32,
+    /// `[gpu.status] hide_commands`: command lines are matched against the watch patterns,
+    /// then dropped from the snapshot, so no reader (`/status`, a teardown's reason) has them.
+    hide_commands: bool,
 }
 
 impl GpuMonitor {
@@ -136,6 +138,7 @@ impl GpuMonitor {
                     .build()
                     .unwrap_or_default(),
                 device,
+                hide_commands: st.hide_commands,
             };
             tokio::spawn(sampler.run(tx, Duration::from_secs_f64(st.interval_s)))
         });
@@ -144,7 +147,6 @@ impl GpuMonitor {
             report,
             stale_after: Duration::from_secs_f64(st.stale_after_s),
             device,
-            hide_commands: st.hide_commands,
             services,
             task: std::sync::Mutex::new(task),
         }
@@ -256,6 +258,13 @@ impl Sampler {
                 )
             }
         };
+        let mut processes = processes;
+        if self.hide_commands {
+            for p in &mut processes {
+                p.command.clear();
+                p.command_note = None;
+            }
+        }
         let watched = self.watched(&processes, found).await;
         let mut gpus = raw.gpus;
         reconcile(&mut gpus, &processes);

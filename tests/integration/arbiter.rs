@@ -417,6 +417,52 @@ async fn a_program_that_outlives_its_lease_blocks_the_gpu_until_its_memory_is_ba
 }
 
 #[tokio::test]
+async fn hidden_command_lines_stay_out_of_a_blocked_gpus_reason() {
+    let gpu = FakeGpu::new(IDLE);
+    let config =
+        arbiter_config(&gpu, "").replace("[gpu.status]\n", "[gpu.status]\nhide_commands = true\n");
+    let host = TestHost::start(&config).await.ready().await;
+    let granted: Value = lease_as(&host, "alice").await.json().await.unwrap();
+    let id = granted["lease_id"].as_u64().expect("a lease id");
+    gpu.process(4242, 1, &["python3", "train.py", "--api-key=hunter2"]);
+    gpu.set_state(&format!(
+        "gpu: NVIDIA GeForce RTX 5090, 0, 9512, 32607, 41, 28.5\nproc: 4242, python3, 9000\n"
+    ));
+    wait_status(&host, "the program's memory in the sample", |s| {
+        s["gpu"]["memory_used_mib"] == 9512
+    })
+    .await;
+    let released = host
+        .client()
+        .delete(format!("{}/gpu/lease/{id}", host.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 200);
+    let s = wait_status(&host, "the block", |s| {
+        s["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("did not come back"))
+    })
+    .await;
+    let reason = s["reason"].as_str().unwrap();
+    // The holder by pid and name: its command line was in the reason, hidden everywhere else.
+    assert!(reason.contains("pid 4242 9000 MiB: python3"), "{reason}");
+    let leases = host
+        .get("/gpu/leases")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for text in [reason, &leases, &s.to_string()] {
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn an_unrenewed_lease_is_reclaimed_after_its_ttl() {
     let gpu = FakeGpu::new(IDLE);
     let host = arbiter_host(&gpu).await;
@@ -1940,7 +1986,10 @@ async fn a_service_that_dies_while_healthy_is_failed_not_stopped() {
 #[tokio::test]
 async fn a_service_that_dies_loading_tells_why_every_time() {
     let gpu = FakeGpu::new(IDLE);
-    let config = arbiter_config(&gpu, &service(&gpu, "oom", "--load-s 0.2 --die-loading", ""));
+    let config = arbiter_config(
+        &gpu,
+        &service(&gpu, "oom", "--load-s 0.2 --die-loading", ""),
+    );
     let host = TestHost::start(&config).await.ready().await;
     // A race: it lost the lines in about half the tries.
     for _ in 0..8 {

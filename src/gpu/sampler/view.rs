@@ -94,13 +94,8 @@ impl GpuMonitor {
             snap.gpus.iter().find(|g| g.index == self.device).cloned()
         };
         let fresh = gpu.is_some() && !stale && snap.taken.is_some();
-        let mut processes = snap.processes.clone();
-        if self.hide_commands {
-            for p in &mut processes {
-                p.command.clear();
-                p.command_note = None;
-            }
-        }
+        // (Without command lines when `hide_commands` is set: the sampler left them out.)
+        let processes = snap.processes.clone();
         let idle_workers: Vec<&str> = workers
             .iter()
             .filter(|w| w.state == WorkerState::Ready)
