@@ -425,9 +425,9 @@ async fn hidden_command_lines_stay_out_of_a_blocked_gpus_reason() {
     let granted: Value = lease_as(&host, "alice").await.json().await.unwrap();
     let id = granted["lease_id"].as_u64().expect("a lease id");
     gpu.process(4242, 1, &["python3", "train.py", "--api-key=hunter2"]);
-    gpu.set_state(&format!(
-        "gpu: NVIDIA GeForce RTX 5090, 0, 9512, 32607, 41, 28.5\nproc: 4242, python3, 9000\n"
-    ));
+    gpu.set_state(
+        "gpu: NVIDIA GeForce RTX 5090, 0, 9512, 32607, 41, 28.5\nproc: 4242, python3, 9000\n",
+    );
     wait_status(&host, "the program's memory in the sample", |s| {
         s["gpu"]["memory_used_mib"] == 9512
     })
