@@ -127,8 +127,8 @@ impl Server {
             shutdown.await;
             tracing::info!("shutting down: stopping workers");
             stopping.cancel();
-            arbiter.stop().await;
-            supervisor.stop_all().await;
+            // Side by side: the stop takes the longest `stop_grace_s`, not their sum.
+            tokio::join!(arbiter.stop(), supervisor.stop_all());
         });
         let served = serve::serve(
             listener,

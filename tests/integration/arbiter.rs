@@ -1984,6 +1984,32 @@ async fn a_service_that_dies_while_healthy_is_failed_not_stopped() {
 }
 
 #[tokio::test]
+async fn a_shutdown_does_not_wait_for_memory_a_service_leaves_behind() {
+    // The driver keeps the service's memory after it exits. At shutdown nothing is granted
+    // after it: gpuhost waited the whole teardown_timeout_s (60 s by default) and overran
+    // systemd's stop timeout.
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(
+        &gpu,
+        &service(&gpu, "leaky", "--load-s 0.1 --mib 6000 --leak 6000", ""),
+    )
+    .replace("teardown_timeout_s = 3", "teardown_timeout_s = 60");
+    let host = TestHost::start(&config).await.ready().await;
+    let events = start_service(&host, "leaky").await;
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
+        "{events:?}"
+    );
+    let started = Instant::now();
+    host.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
 async fn a_service_that_dies_loading_tells_why_every_time() {
     let gpu = FakeGpu::new(IDLE);
     let config = arbiter_config(
