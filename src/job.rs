@@ -184,10 +184,10 @@ async fn run_job(
                 Turn::Granted(permit) => break permit,
                 // Not waited for: a client that does not read must not keep its turn from
                 // coming.
-                Turn::Waiting(position) => {
+                Turn::Waiting { position, waiting_for } => {
                     let _ = tx.try_send(ClientEvent::Queued {
                         position,
-                        waiting_for: app.queue.waiting_for(),
+                        waiting_for,
                     });
                 }
                 Turn::Closed => return shutting_down(&tx).await,

@@ -158,11 +158,8 @@ impl Leases {
             tokio::select! {
                 turn = waiter.next() => match turn {
                     Turn::Granted(permit) => break permit,
-                    Turn::Waiting(_) if !request.wait => {
-                        let holders = core
-                            .queue
-                            .waiting_for()
-                            .unwrap_or_else(|| "others waiting".into());
+                    Turn::Waiting { waiting_for, .. } if !request.wait => {
+                        let holders = waiting_for.unwrap_or_else(|| "others waiting".into());
                         let why = format!(
                             "the GPU is taken ({holders}); send \"wait\": true to queue for it"
                         );
@@ -170,8 +167,7 @@ impl Leases {
                     }
                     // Not waited for: a client that does not read must not keep its turn
                     // from coming.
-                    Turn::Waiting(position) => {
-                        let waiting_for = core.queue.waiting_for();
+                    Turn::Waiting { position, waiting_for } => {
                         let _ = events.try_send(GrantEvent::Queued {
                             position,
                             waiting_for,

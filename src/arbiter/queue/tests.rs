@@ -179,12 +179,12 @@ async fn a_waiter_is_told_its_position_then_the_grant_or_the_close() {
     let ahead = q.enqueue();
     let mut mine = q.enqueue();
     assert!(
-        matches!(mine.next().await, Turn::Waiting(2)),
+        matches!(mine.next().await, Turn::Waiting { position: 2, .. }),
         "told at once"
     );
     drop(ahead);
     assert!(
-        matches!(mine.next().await, Turn::Waiting(1)),
+        matches!(mine.next().await, Turn::Waiting { position: 1, .. }),
         "told when it moves"
     );
     drop(held);
@@ -198,7 +198,10 @@ async fn a_waiter_is_told_its_position_then_the_grant_or_the_close() {
     // A grant not yet taken when the queue closes is given back, not used.
     let held = q.enqueue().granted().await;
     let mut late = q.enqueue();
-    assert!(matches!(late.next().await, Turn::Waiting(1)));
+    assert!(matches!(
+        late.next().await,
+        Turn::Waiting { position: 1, .. }
+    ));
     drop(held); // granted to `late` now
     q.close();
     assert!(matches!(late.next().await, Turn::Closed));
@@ -210,7 +213,10 @@ async fn a_waiter_is_told_its_position_then_the_grant_or_the_close() {
     let q = GpuQueue::new(1);
     let held = q.enqueue().granted().await;
     let mut late = q.enqueue();
-    assert!(matches!(late.next().await, Turn::Waiting(1)));
+    assert!(matches!(
+        late.next().await,
+        Turn::Waiting { position: 1, .. }
+    ));
     {
         let mut waiting = std::pin::pin!(late.next());
         // Polled once: it waits for the grant or a change.
@@ -222,4 +228,41 @@ async fn a_waiter_is_told_its_position_then_the_grant_or_the_close() {
     }
     drop(late);
     assert_eq!(q.running(), 0, "the grant went back");
+}
+
+#[tokio::test]
+async fn a_waiter_is_told_when_what_it_waits_for_changes() {
+    let q = GpuQueue::new(1);
+    let held = q
+        .try_enqueue(lease("lease 1 (alice)", 0), usize::MAX)
+        .unwrap()
+        .granted()
+        .await
+        .unwrap();
+    let mut mine = q.enqueue();
+    let Turn::Waiting {
+        position: 1,
+        waiting_for,
+    } = mine.next().await
+    else {
+        panic!("not waiting");
+    };
+    assert_eq!(waiting_for.as_deref(), Some("lease 1 (alice)"));
+    // The lease ends and its memory does not come back: the same place in the queue, but
+    // another reason to wait (it said "lease 1" while no lease was left).
+    q.block("the memory of lease 1 did not come back".into());
+    drop(held);
+    let Turn::Waiting {
+        position: 1,
+        waiting_for,
+    } = mine.next().await
+    else {
+        panic!("not waiting");
+    };
+    assert_eq!(
+        waiting_for.as_deref(),
+        Some("the memory of lease 1 did not come back")
+    );
+    q.unblock();
+    assert!(matches!(mine.next().await, Turn::Granted(_)));
 }

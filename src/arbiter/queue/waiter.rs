@@ -16,8 +16,8 @@ pub struct Waiter {
     pub(super) version: watch::Receiver<u64>,
     /// `true` once this waiter turned into a permit (nothing to undo on drop).
     pub(super) consumed: bool,
-    /// The position last told by [`Waiter::next`].
-    pub(super) told: Option<usize>,
+    /// The position and holders last told by [`Waiter::next`].
+    pub(super) told: Option<(usize, Option<String>)>,
 }
 
 /// What happens to a place in the queue, as [`Waiter::next`] tells it.
@@ -25,9 +25,14 @@ pub struct Waiter {
 pub enum Turn {
     /// The GPU is ours.
     Granted(GpuPermit),
-    /// Still waiting, now at this 1-based position (1 = next): told first at once, then
-    /// whenever it changes.
-    Waiting(usize),
+    /// Still waiting: told first at once, then whenever the position or what it waits for
+    /// changes (a lease that ends and leaves the GPU blocked is no longer what it waits for).
+    Waiting {
+        /// 1-based (1 = next).
+        position: usize,
+        /// The holders, or why the queue is blocked (`GpuQueue::waiting_for`).
+        waiting_for: Option<String>,
+    },
     /// The queue will never grant again (gpuhost shuts down): the caller leaves and says so.
     Closed,
 }
@@ -62,9 +67,14 @@ impl Waiter {
                 return self.take();
             }
             if let Some(position) = self.position() {
-                if self.told != Some(position) {
-                    self.told = Some(position);
-                    return Turn::Waiting(position);
+                let now = (position, self.queue.waiting_for());
+                if self.told.as_ref() != Some(&now) {
+                    self.told = Some(now.clone());
+                    let (position, waiting_for) = now;
+                    return Turn::Waiting {
+                        position,
+                        waiting_for,
+                    };
                 }
             }
             tokio::select! {
@@ -86,7 +96,7 @@ impl Waiter {
         loop {
             match self.next().await {
                 Turn::Granted(permit) => return Some(permit),
-                Turn::Waiting(_) => {}
+                Turn::Waiting { .. } => {}
                 Turn::Closed => return None,
             }
         }

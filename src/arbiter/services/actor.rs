@@ -168,11 +168,14 @@ impl Actor {
             Ok(()) => {
                 let seconds = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
                 tracing::info!(service = %self.spec.name, pid, seconds, "service healthy");
+                // Healthy in the status before the event: a caller who joins between the two
+                // reads it healthy and is answered at once. The other way round, one who joined
+                // after the event read `starting` and waited for an event that never came.
+                self.set(ServiceState::Healthy, |s| s.last_use = Some(Instant::now()));
                 self.emit(GrantEvent::Healthy {
                     pid: Some(pid),
                     seconds,
                 });
-                self.set(ServiceState::Healthy, |s| s.last_use = Some(Instant::now()));
                 let (reason, exited) = self.while_healthy(&mut running).await;
                 // Ending by itself while healthy is a failure (a crash, an OOM), not a stop.
                 let failure = exited.then_some("service_failed");
@@ -198,9 +201,9 @@ impl Actor {
             tokio::select! {
                 turn = waiter.next() => match turn {
                     Turn::Granted(permit) => return Some(permit),
-                    Turn::Waiting(position) => self.emit(GrantEvent::Queued {
+                    Turn::Waiting { position, waiting_for } => self.emit(GrantEvent::Queued {
                         position,
-                        waiting_for: self.core.queue.waiting_for(),
+                        waiting_for,
                     }),
                     Turn::Closed => {
                         self.emit(GrantEvent::Error {
