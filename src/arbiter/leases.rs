@@ -52,7 +52,10 @@ impl Lease {
     /// next holder was promised).
     fn end(self) {
         let gone = Gone {
-            what: format!("the lease of {} ({})", self.view.holder, self.view.purpose),
+            what: match self.view.purpose.as_str() {
+                "" => format!("the lease of {}", self.view.holder),
+                purpose => format!("the lease of {} ({purpose})", self.view.holder),
+            },
             pids: Vec::new(),
             pgid: None,
             baseline_used_mib: self.baseline_used_mib,

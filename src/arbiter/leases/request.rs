@@ -37,11 +37,43 @@ pub struct LeaseRequest {
 }
 
 /// `device` in a lease request: an index or the word `any`.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
 pub enum DeviceChoice {
     Index(u32),
     Any(String),
+}
+
+/// Read by hand: serde's untagged enum answered a `-1` or a `1.5` with "data did not match any
+/// variant of untagged enum DeviceChoice", which says nothing a person can act on.
+impl<'de> Deserialize<'de> for DeviceChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Choice;
+        const WANTED: &str = "a GPU index (0, 1, …) or \"any\"";
+        impl serde::de::Visitor<'_> for Choice {
+            type Value = DeviceChoice;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(WANTED)
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<DeviceChoice, E> {
+                u32::try_from(v)
+                    .map(DeviceChoice::Index)
+                    .map_err(|_| E::custom(format!("device {v} is not a GPU index")))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<DeviceChoice, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::custom(format!(
+                        "device {v} is not a GPU index: give {WANTED}"
+                    ))),
+                }
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<DeviceChoice, E> {
+                Ok(DeviceChoice::Any(v.to_string()))
+            }
+        }
+        deserializer.deserialize_any(Choice)
+    }
 }
 
 impl Leases {
@@ -117,6 +149,32 @@ impl Leases {
                 "device must be a GPU index or \"any\", not {other:?}; devices: {}",
                 known()
             )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_that_is_no_index_is_refused_in_words() {
+        let read = |json: &str| {
+            serde_json::from_str::<LeaseRequest>(&format!(r#"{{"holder": "h", "device": {json}}}"#))
+                .map(|r| r.device)
+                .map_err(|e| e.to_string())
+        };
+        assert!(matches!(read("1"), Ok(Some(DeviceChoice::Index(1)))));
+        assert!(matches!(read(r#""any""#), Ok(Some(DeviceChoice::Any(w))) if w == "any"));
+        for (odd, says) in [
+            ("-1", "device -1 is not a GPU index"),
+            ("1.5", "expected a GPU index (0, 1, …) or \"any\""),
+            ("true", "expected a GPU index"),
+            ("4294967296", "device 4294967296 is not a GPU index"),
+        ] {
+            let err = read(odd).unwrap_err();
+            assert!(err.contains(says), "{odd}: {err}");
+            assert!(!err.contains("untagged"), "{odd}: {err}");
         }
     }
 }
