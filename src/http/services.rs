@@ -100,7 +100,13 @@ pub(super) async fn start(
         // Joined during a failed start's teardown: its `error` is not this caller's answer.
         let mut skip_final = joined.skip_final;
         loop {
-            let event = match events.recv().await {
+            // A client that leaves stops listening at once, not at the next event: a start
+            // nobody listens to any more leaves the queue.
+            let received = tokio::select! {
+                received = events.recv() => received,
+                _ = tx.closed() => return,
+            };
+            let event = match received {
                 Ok(event) => event,
                 Err(RecvError::Lagged(_)) => continue,
                 Err(RecvError::Closed) => GrantEvent::Error {

@@ -1984,6 +1984,37 @@ async fn a_service_that_dies_while_healthy_is_failed_not_stopped() {
 }
 
 #[tokio::test]
+async fn a_start_whose_callers_all_left_leaves_the_queue() {
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(&gpu, &service(&gpu, "vllm", "--load-s 0.1 --mib 2000", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    let lease: Value = lease_as(&host, "alice").await.json().await.unwrap();
+    let id = lease["lease_id"].as_u64().expect("a lease id");
+    // A caller who gives up while the start waits for the GPU (a Ctrl-C, a client timeout).
+    let mut start = host.post("/services/vllm/start").send().await.unwrap();
+    let queued = start.chunk().await.unwrap().expect("an event");
+    let queued = String::from_utf8_lossy(&queued);
+    assert!(queued.contains("\"queued\""), "{queued}");
+    drop(start);
+    wait_status(&host, "the start to leave the queue", |s| {
+        service_state(s, "vllm") == "stopped" && s["queue"]["waiting"] == 0
+    })
+    .await;
+    let released = host
+        .client()
+        .delete(format!("{}/gpu/lease/{id}", host.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 200);
+    // The GPU is free for the next one: the service did not start for nobody.
+    let granted = lease_as(&host, "bob").await;
+    assert_eq!(granted.status(), 200);
+    assert_eq!(starts(&gpu), 0);
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_shutdown_does_not_wait_for_memory_a_service_leaves_behind() {
     // The driver keeps the service's memory after it exits. At shutdown nothing is granted
     // after it: gpuhost waited the whole teardown_timeout_s (60 s by default) and overran

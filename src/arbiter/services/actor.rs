@@ -197,8 +197,17 @@ impl Actor {
             ),
         };
         let mut waiter = self.core.queue.try_enqueue(ticket, usize::MAX)?;
+        // Like a job or a lease, a start whose callers have all gone (a Ctrl-C, a client's
+        // timeout) leaves the queue: it would otherwise start the service for nobody, later.
+        let mut look = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
+                _ = look.tick() => if self.events.listeners() == 0 {
+                    tracing::info!(service = %self.spec.name, "every caller of the start left while it waited for the GPU: not started");
+                    self.emit(GrantEvent::Error { code: "stopped".into(), message: "every caller left before the GPU was granted; not started".into() });
+                    self.set(ServiceState::Stopped, |_| {});
+                    return None;
+                },
                 turn = waiter.next() => match turn {
                     Turn::Granted(permit) => return Some(permit),
                     Turn::Waiting { position, waiting_for } => self.emit(GrantEvent::Queued {

@@ -70,6 +70,11 @@ impl Announcer {
         let _ = self.sender.send(event);
     }
 
+    /// How many callers still listen (a caller's stream ends when its client leaves).
+    pub(crate) fn listeners(&self) -> usize {
+        self.sender.receiver_count()
+    }
+
     /// A failed start's teardown begins; its `error` follows when the process is gone.
     pub(crate) fn ending(&self) {
         let mut now = self.lock();
