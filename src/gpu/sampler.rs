@@ -22,6 +22,7 @@ use crate::supervisor::Supervisor;
 mod describe;
 mod hop;
 mod view;
+mod watched;
 use describe::{describe, reconcile, undescribed, Owners};
 use hop::Hop;
 pub use view::{GpuHealth, StatusView};
@@ -246,7 +247,7 @@ impl Sampler {
                 (describe(&procfs, &watch, &owners, &listed), found)
             })
             .await;
-        let (processes, found) = match read {
+        let (mut processes, found) = match read {
             Ok(read) => read,
             // Which process is a loading service cannot be told without command lines: the
             // sample reads unknown, its processes are listed as the backend gives them.
@@ -258,7 +259,6 @@ impl Sampler {
                 )
             }
         };
-        let mut processes = processes;
         if self.hide_commands {
             for p in &mut processes {
                 p.command.clear();
@@ -294,40 +294,7 @@ impl Sampler {
             reason,
         }
     }
-
-    /// Each watched service: its pids (`found` among all processes, since a service may not
-    /// have touched the GPU yet, plus those listed on it) and its health URL's answer.
-    async fn watched(&self, processes: &[GpuProcess], found: Vec<Vec<u32>>) -> Vec<WatchState> {
-        let mut out = Vec::new();
-        for (w, mut pids) in self.watch.iter().zip(found) {
-            for p in processes
-                .iter()
-                .filter(|p| p.watch.as_deref() == Some(&w.name))
-            {
-                if !pids.contains(&p.pid) {
-                    pids.push(p.pid);
-                }
-            }
-            let healthy = match (&w.health_url, pids.is_empty()) {
-                (Some(url), false) => Some(
-                    self.http
-                        .get(url)
-                        .send()
-                        .await
-                        .map(|r| r.status().is_success())
-                        .unwrap_or(false),
-                ),
-                _ => None,
-            };
-            out.push(WatchState {
-                name: w.name.clone(),
-                pids,
-                healthy,
-                health_url: w.health_url.clone(),
-            });
-        }
-        out
-    }
 }
+
 #[cfg(test)]
 mod tests;
