@@ -280,7 +280,7 @@ async fn unless_stalled<T>(
 
 /// How long one decode may take: a minute, and a second more for every 256 KiB of upload (a
 /// decoder that takes longer is stuck, or fed a file made to be slow), an hour at most.
-fn decode_timeout(input_bytes: u64) -> std::time::Duration {
+pub fn decode_timeout(input_bytes: u64) -> std::time::Duration {
     let seconds = 60 + input_bytes / (256 * 1024);
     std::time::Duration::from_secs(seconds.min(3600))
 }

@@ -7,6 +7,7 @@ pub(crate) mod run;
 pub(crate) mod speakers;
 pub(crate) mod status;
 pub(crate) mod transcribe;
+pub(crate) mod upload;
 
 /// Writes a command's result to stdout. A reader that went away (`| head -1`) ends the command
 /// quietly; any other failure (a full disk) is an error that says so, not a panic.
