@@ -77,6 +77,24 @@ async fn grant_events(response: reqwest::Response) -> Vec<GrantEvent> {
     events
 }
 
+/// Asserts that a grant stream ended with the service healthy.
+#[track_caller]
+fn assert_healthy(events: &[GrantEvent]) {
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
+        "{events:?}"
+    );
+}
+
+/// Asserts that a grant stream ended with the GPU granted.
+#[track_caller]
+fn assert_granted(events: &[GrantEvent]) {
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Granted { .. })),
+        "{events:?}"
+    );
+}
+
 /// `POST /services/{name}/start`: its events, to the last.
 async fn start_service(host: &TestHost, name: &str) -> Vec<GrantEvent> {
     grant_events(
@@ -140,10 +158,7 @@ async fn twenty_concurrent_starts_start_one_process() {
     });
     let outcomes = futures_util::future::join_all(calls).await;
     for events in &outcomes {
-        assert!(
-            matches!(events.last(), Some(GrantEvent::Healthy { .. })),
-            "{events:?}"
-        );
+        assert_healthy(events);
     }
     assert_eq!(starts(&gpu), 1, "exactly one process for 20 callers");
     let metrics = host.metrics().await;
@@ -318,7 +333,7 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
     .ready()
     .await;
     let events = start_service(&host, "leaky").await;
-    assert!(matches!(events.last(), Some(GrantEvent::Healthy { .. })));
+    assert_healthy(&events);
     // `gpuhost stop` says the stop failed, and exits 1 (it exited 0).
     let (code, err, out) = cli(&host, &["stop", "leaky"]).await;
     assert_eq!(code, Some(1), "{err}");
@@ -498,10 +513,7 @@ async fn an_unrenewed_lease_is_reclaimed_after_its_ttl() {
         matches!(events.first(), Some(GrantEvent::Queued { position: 1, waiting_for: Some(w) }) if w.contains("crashed-notebook")),
         "{events:?}"
     );
-    assert!(
-        matches!(events.last(), Some(GrantEvent::Granted { .. })),
-        "{events:?}"
-    );
+    assert_granted(&events);
     assert!(
         started.elapsed() >= Duration::from_millis(300),
         "{:?}",
@@ -564,10 +576,7 @@ async fn jobs_service_starts_and_leases_take_turns_in_fifo_order() {
         let (order, request) = (order.clone(), host.post("/services/llm/start"));
         tokio::spawn(async move {
             let events = grant_events(request.send().await.unwrap()).await;
-            assert!(
-                matches!(events.last(), Some(GrantEvent::Healthy { .. })),
-                "{events:?}"
-            );
+            assert_healthy(&events);
             order.lock().unwrap().push("service");
         })
     };
@@ -584,10 +593,7 @@ async fn jobs_service_starts_and_leases_take_turns_in_fifo_order() {
         );
         tokio::spawn(async move {
             let events = grant_events(request.send().await.unwrap()).await;
-            assert!(
-                matches!(events.last(), Some(GrantEvent::Granted { .. })),
-                "{events:?}"
-            );
+            assert_granted(&events);
             order.lock().unwrap().push("lease");
         })
     };
@@ -632,7 +638,7 @@ async fn an_unused_service_stops_by_itself() {
     );
     let host = TestHost::start(&config).await.ready().await;
     let events = start_service(&host, "llm").await;
-    assert!(matches!(events.last(), Some(GrantEvent::Healthy { .. })));
+    assert_healthy(&events);
     let s = wait_status(&host, "the idle stop", |s| {
         service_state(s, "llm") == "stopped"
     })
@@ -754,10 +760,7 @@ async fn a_start_waiting_behind_a_lease_says_so_again_while_it_waits() {
         .lines()
         .map(|l| serde_json::from_str(l).expect(l))
         .collect();
-    assert!(
-        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
-        "{events:?}"
-    );
+    assert_healthy(&events);
     // While the service loads (1 s, quietly), its start is said again too.
     let starting = events
         .iter()
@@ -1415,10 +1418,7 @@ async fn measured_footprints_replace_the_guess_and_survive_a_restart() {
     );
     let host = TestHost::start(&config).await.ready().await;
     let events = start_service(&host, "llm").await;
-    assert!(
-        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
-        "{events:?}"
-    );
+    assert_healthy(&events);
     let measured = |v: &Value| v["services"].as_array().unwrap()[0]["measured_vram_mib"].as_u64();
     wait_for(
         "the service's peak to be measured",
@@ -1633,10 +1633,7 @@ async fn a_watched_ollama_is_asked_to_unload_its_models_to_make_room() {
             if action == "release" && target == "watched ollama")),
         "{events:?}"
     );
-    assert!(
-        matches!(events.last(), Some(GrantEvent::Granted { .. })),
-        "{events:?}"
-    );
+    assert_granted(&events);
     let unloaded = std::fs::read_to_string(gpu.dir.path().join("ollama-unloaded")).unwrap();
     assert_eq!(unloaded.trim(), "nomic-embed-text");
     let s = status(&host).await;
@@ -1815,10 +1812,7 @@ async fn share_vram_packs_holders_that_fit_and_keeps_fifo() {
         .unwrap();
     for waiter in [waiting_c, waiting_d] {
         let events = grant_events(waiter.await.unwrap().unwrap()).await;
-        assert!(
-            matches!(events.last(), Some(GrantEvent::Granted { .. })),
-            "{events:?}"
-        );
+        assert_granted(&events);
     }
     let holders = leases(&host).await;
     assert_eq!(
@@ -1954,10 +1948,7 @@ async fn a_service_that_dies_while_healthy_is_failed_not_stopped() {
     );
     let host = TestHost::start(&config).await.ready().await;
     let events = start_service(&host, "crash").await;
-    assert!(
-        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
-        "{events:?}"
-    );
+    assert_healthy(&events);
     // It read `stopped`, as if someone had stopped it.
     wait_status(&host, "crash failed", |s| {
         service_state(s, "crash") == "failed"
@@ -2027,10 +2018,7 @@ async fn a_shutdown_does_not_wait_for_memory_a_service_leaves_behind() {
     .replace("teardown_timeout_s = 3", "teardown_timeout_s = 60");
     let host = TestHost::start(&config).await.ready().await;
     let events = start_service(&host, "leaky").await;
-    assert!(
-        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
-        "{events:?}"
-    );
+    assert_healthy(&events);
     let started = Instant::now();
     host.stop().await;
     assert!(
@@ -2120,10 +2108,7 @@ async fn several_gpus_get_a_queue_each() {
     );
     let host = TestHost::start(&config).await.ready().await;
     let events = start_service(&host, "llm").await;
-    assert!(
-        matches!(events.last(), Some(GrantEvent::Healthy { .. })),
-        "{events:?}"
-    );
+    assert_healthy(&events);
     // gpuhost pointed the service at GPU 1 (CUDA_VISIBLE_DEVICES): its memory shows there.
     let s = wait_status(&host, "the service's memory on GPU 1", |s| {
         s["gpus"][1]["memory_used_mib"].as_u64() > Some(12_000)
