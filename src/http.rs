@@ -7,6 +7,7 @@ pub mod error;
 mod gpu;
 mod health;
 mod ndjson;
+mod no_query;
 mod openai;
 pub mod openapi;
 mod origin;
@@ -42,22 +43,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(openai::models))
         // Ids such as `Systran/faster-whisper-tiny`, as clients put them in the path: unescaped.
         .route("/v1/models/{*model}", get(openai::model))
-        .route(
-            "/gpu/lease",
-            post(gpu::lease).layer(axum::extract::DefaultBodyLimit::max(64 * 1024)),
-        )
-        .route("/gpu/lease/{id}/renew", post(gpu::renew))
-        .route("/gpu/lease/{id}", axum::routing::delete(gpu::release))
         .route("/gpu/leases", get(gpu::leases))
         .route("/gpu/history", get(gpu::history))
         .route("/services", get(services::list))
-        .route("/services/{name}/start", post(services::start))
-        .route("/services/{name}/stop", post(services::stop))
-        .route("/services/{name}/touch", post(services::touch))
         .route("/speakers", get(speakers::list).post(speakers::enroll))
-        .route("/speakers/{name}", axum::routing::delete(speakers::delete))
-        .route("/workers/{name}/unload", post(services::unload))
-        .route("/workers/{name}/load", post(services::load))
+        .merge(control())
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_token,
@@ -86,6 +76,24 @@ pub fn router(state: AppState) -> Router {
         // Outermost: `/v1/…` refusals in OpenAI's shape, whichever layer made them.
         .layer(middleware::from_fn(openai::shape_refusals))
         .with_state(state)
+}
+
+/// The endpoints that change state: options in the path or the JSON body, none in a query.
+fn control() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/gpu/lease",
+            post(gpu::lease).layer(axum::extract::DefaultBodyLimit::max(64 * 1024)),
+        )
+        .route("/gpu/lease/{id}/renew", post(gpu::renew))
+        .route("/gpu/lease/{id}", axum::routing::delete(gpu::release))
+        .route("/services/{name}/start", post(services::start))
+        .route("/services/{name}/stop", post(services::stop))
+        .route("/services/{name}/touch", post(services::touch))
+        .route("/speakers/{name}", axum::routing::delete(speakers::delete))
+        .route("/workers/{name}/unload", post(services::unload))
+        .route("/workers/{name}/load", post(services::load))
+        .route_layer(middleware::from_fn(no_query::refuse))
 }
 
 async fn not_found(uri: axum::http::Uri) -> ApiError {

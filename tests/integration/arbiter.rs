@@ -2405,3 +2405,30 @@ async fn a_job_whose_worker_is_pinned_to_another_gpu_waits_for_that_gpus_lease()
     result_of(&events);
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_query_on_a_control_endpoint_is_refused_by_name() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = arbiter_host(&gpu).await;
+    // `wait` is a body field: as a query it was ignored, and the lease not waited for.
+    let refused = host
+        .post("/gpu/lease?wait=true")
+        .json(&json!({"holder": "alice"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.unwrap();
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("given: wait") && message.contains("JSON body"),
+        "{body}"
+    );
+    let leases = host.get_json("/gpu/leases").await;
+    assert_eq!(leases["leases"], json!([]), "{leases}");
+    let refused = host.post("/workers/w/unload?force=1").send().await.unwrap();
+    assert_eq!(refused.status(), 400);
+    // Without one, as before.
+    assert_eq!(lease_as(&host, "alice").await.status(), 200);
+    host.stop().await;
+}
