@@ -156,6 +156,9 @@ impl Session {
         });
         let line = TaskLine::new(task.clone(), output.to_path_buf(), cancel_path).to_line();
         let _ = std::fs::remove_file(output);
+        // "Last lines" of this task only: earlier tasks' lines (their inputs, their folders)
+        // are other clients' business, and no explanation of this one's crash.
+        self.tail.clear();
         // The task's time counts from here: a worker that stops reading its stdin (the line can
         // be megabytes: earlier stages' results) must not hold the GPU past it.
         let mut deadline = Instant::now() + limits.timeout;

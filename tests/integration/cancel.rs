@@ -130,6 +130,46 @@ async fn a_worker_without_cancel_finishes_the_job_nobody_waits_for() {
 }
 
 #[tokio::test]
+async fn a_task_whose_client_left_before_it_was_sent_is_never_run() {
+    // Two jobs share the GPU; the second one's task waits behind the first's in the worker.
+    // Its client leaves meanwhile: a worker that cannot cancel ran it in full, for nobody.
+    let config = format!(
+        "[gpu]\nmax_concurrent_jobs = 2\n[pipeline]\nstages = [\"w\"]\n{}",
+        fake_worker("w", "env = { FAKE_CANCEL = \"handle\" }")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let mut first = EventReader::new(
+        host.post_body("/transcribe?language=fake:sleep=1500", wav(0.2, 16000, 1))
+            .await,
+    );
+    first.until(started).await;
+    let mut second = EventReader::new(
+        host.post_body("/transcribe?language=fake:sleep=1500", wav(0.2, 16000, 1))
+            .await,
+    );
+    second.next().await.expect("an event");
+    drop(second);
+    let last = first.until(|e| e.is_final()).await;
+    assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
+    wait_for(
+        "the second task to be answered",
+        Duration::from_secs(10),
+        || {
+            let host = &host;
+            async move { host.worker("w").await["tasks_cancelled"] == 1 }
+        },
+    )
+    .await;
+    let w = host.worker("w").await;
+    assert_eq!(w["tasks_done"], 1, "{w}");
+    assert_eq!(w["state"], "ready", "{w}");
+    // The next job runs as usual.
+    let events = host.transcribe("", wav(0.2, 16000, 1)).await;
+    assert_eq!(result_of(&events)["stages"]["w"]["seq"], 2);
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_cancelled_stage_skips_the_rest_of_the_pipeline() {
     let config = format!(
         "[pipeline]\nstages = [\"a\", \"b\"]\n{}{}",

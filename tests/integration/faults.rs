@@ -72,6 +72,13 @@ async fn worker_that_dies_while_loading_is_seen_at_once_when_its_child_holds_std
 async fn crash_mid_job_fails_that_job_and_the_next_works() {
     let host = TestHost::start(&one_stage("")).await.ready().await;
     let first_pid = host.worker("w").await["pid"].as_u64().unwrap();
+    // Another client's job first, whose lines name its audio.
+    let earlier = result_of(
+        &host
+            .transcribe("?language=fake:logs=2", wav(0.5, 16000, 1))
+            .await,
+    );
+    assert_eq!(earlier["stages"]["w"]["seq"], 1);
     let events = host
         .transcribe("?language=fake:crash", wav(0.5, 16000, 1))
         .await;
@@ -85,6 +92,11 @@ async fn crash_mid_job_fails_that_job_and_the_next_works() {
         message.contains("segmentation fault (simulated)"),
         "last stderr lines: {message}"
     );
+    // This task's lines only: the earlier job's were shown to this client.
+    assert!(
+        message.contains("job 2 started") && !message.contains("job 1"),
+        "{message}"
+    );
     assert!(!pid_alive(first_pid as u32));
 
     let result = result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
@@ -92,7 +104,7 @@ async fn crash_mid_job_fails_that_job_and_the_next_works() {
     let w = host.worker("w").await;
     assert_eq!(w["restarts"], 1);
     assert_eq!(w["tasks_failed"], 1);
-    assert_eq!(w["tasks_done"], 1);
+    assert_eq!(w["tasks_done"], 2);
     assert_ne!(w["pid"].as_u64().unwrap(), first_pid);
     host.stop().await;
 }

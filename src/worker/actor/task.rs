@@ -17,6 +17,12 @@ impl Actor {
         let oneshot_fallback = self.spec.mode == Mode::Resident
             && self.spec.unloaded_fallback == Fallback::Oneshot
             && self.status.borrow().state == WorkerState::Unloaded;
+        // Its client left while it waited (behind another task, or for a load): nobody wants
+        // it, so it is not loaded for, nor sent (a worker that cannot cancel ran it in full).
+        if let Some(cancelled) = self.called_off(&request) {
+            let _ = reply.send(Err(cancelled));
+            return Ok(());
+        }
         if matches!(self.life, Life::Down { .. }) {
             // Someone is waiting: load now rather than at the backoff deadline.
             if let Err(stop) = self.load().await {
@@ -36,6 +42,10 @@ impl Actor {
                 let _ = reply.send(Err(error));
                 return Ok(());
             }
+        }
+        if let Some(cancelled) = self.called_off(&request) {
+            let _ = reply.send(Err(cancelled));
+            return Ok(());
         }
         self.status.send_modify(|s| {
             s.state = WorkerState::Busy;
@@ -129,5 +139,20 @@ impl Actor {
         }
         let _ = reply.send(outcome);
         Ok(())
+    }
+}
+
+impl Actor {
+    /// A task whose job was called off before it was sent: counted as cancelled, never run.
+    fn called_off(&mut self, request: &TaskRequest) -> Option<TaskError> {
+        if !request.cancel.is_cancelled() {
+            return None;
+        }
+        tracing::info!(worker = %self.spec.name, "task called off before it was sent; not run");
+        self.status.send_modify(|s| s.tasks_cancelled += 1);
+        Some(TaskError::Cancelled {
+            worker: self.spec.name.clone(),
+            killed: false,
+        })
     }
 }
