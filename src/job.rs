@@ -228,28 +228,47 @@ async fn run_job(
         stages: &job.stages,
         extra: &extra,
     };
-    let outcome = app.pipeline.run(input, &tx).await;
-    drop(pinned);
-    drop(permit);
-    app.stats.record(&outcome, started.elapsed());
-    let last = match outcome {
-        Ok(result) => ClientEvent::Result {
-            result: finish_result(result, &job),
-        },
-        Err(e) => {
-            // The client's own going away is no failure of the host's.
-            match e.code() {
-                ErrorCode::Cancelled => tracing::info!(error = %e, "job cancelled"),
-                _ => tracing::warn!(error = %e, "job failed"),
-            }
-            ClientEvent::Error {
-                code: e.code(),
-                message: redact(&e.to_string(), job.dir.path()),
+    let (failed, mut failed_early) = tokio::sync::oneshot::channel();
+    let (outcome, told) = {
+        let run = app.pipeline.run(input, &tx, failed);
+        tokio::pin!(run);
+        tokio::select! {
+            outcome = &mut run => (outcome, false),
+            // A stage failed while others still run: the client hears it now; the GPU stays
+            // held until they have ended (called off, or their task's time).
+            Ok(failure) = &mut failed_early => {
+                let _ = tx.send(error_event(&failure, &job)).await;
+                let _ = (&mut run).await;
+                (Err(failure), true)
             }
         }
     };
-    let _ = tx.send(last).await;
+    drop(pinned);
+    drop(permit);
+    app.stats.record(&outcome, started.elapsed());
+    if !told {
+        let last = match outcome {
+            Ok(result) => ClientEvent::Result {
+                result: finish_result(result, &job),
+            },
+            Err(e) => error_event(&e, &job),
+        };
+        let _ = tx.send(last).await;
+    }
     drop(job); // removes the job folder
+}
+
+/// The final event of a job that failed, logged (the client's own going away is no failure of
+/// the host's).
+fn error_event(e: &crate::pipeline::PipelineError, job: &PreparedJob) -> ClientEvent {
+    match e.code() {
+        ErrorCode::Cancelled => tracing::info!(error = %e, "job cancelled"),
+        _ => tracing::warn!(error = %e, "job failed"),
+    }
+    ClientEvent::Error {
+        code: e.code(),
+        message: redact(&e.to_string(), job.dir.path()),
+    }
 }
 
 /// The final result of a job: the merged transcript when the pipeline has an ASR stage (the

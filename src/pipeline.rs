@@ -10,20 +10,21 @@ use std::time::Instant;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Map, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Mode;
 pub use crate::protocol::JobOptions;
 use crate::protocol::Task;
-use crate::protocol::{ClientEvent, StageStatus, WorkerEvent};
+use crate::protocol::{ClientEvent, StageStatus};
 use crate::supervisor::Supervisor;
-use crate::worker::TaskRequest;
 
 mod error;
 mod order;
+mod stage;
 pub use error::PipelineError;
 use order::first_to_refuse;
+use stage::tell;
 
 /// What a job gives the pipeline.
 pub struct JobInput<'a> {
@@ -103,10 +104,15 @@ impl Pipeline {
     /// done by then. A stage that fails calls off the others running and ends the job. Of the
     /// stages ready at once, the ASR goes first when the request names a language or asks for a
     /// translation (its worker may refuse them; `pipeline/order.rs`).
+    ///
+    /// A failure while other stages still run is also sent on `failed` at once, their
+    /// `called_off` told first: the client hears it then (a worker that cannot cancel may take
+    /// its task's whole time), while the job keeps the GPU until they have ended.
     pub async fn run(
         &self,
         job: JobInput<'_>,
         events: &mpsc::Sender<ClientEvent>,
+        failed: oneshot::Sender<PipelineError>,
     ) -> Result<Value, PipelineError> {
         let JobInput {
             dir,
@@ -128,6 +134,9 @@ impl Pipeline {
         // The failure that started it all, not the stages it called off.
         let mut failure: Option<PipelineError> = None;
         let mut called_off = Vec::new();
+        // Told `called_off` already, with the early failure.
+        let mut told: Vec<String> = Vec::new();
+        let mut failed = Some(failed);
         loop {
             if events.is_closed() {
                 cancel.cancel();
@@ -173,6 +182,16 @@ impl Pipeline {
                 }
                 Err(e) if e.cancelled() => called_off.push(stage.clone()),
                 Err(e) => {
+                    let others = (0..stages.len()).filter(|&j| progress[j] == StageState::Running);
+                    let others: Vec<&String> = others.map(|j| &stages[j]).collect();
+                    if let (None, false, Some(early)) = (&failure, others.is_empty(), failed.take())
+                    {
+                        for stage in others {
+                            call_off(events, stage, &e);
+                            told.push(stage.clone());
+                        }
+                        let _ = early.send(e.clone());
+                    }
                     failure.get_or_insert(e);
                 }
             }
@@ -180,14 +199,9 @@ impl Pipeline {
         if events.is_closed() {
             return Err(PipelineError::Cancelled);
         }
-        if let Some(PipelineError::Stage { stage: by, .. }) = &failure {
-            for stage in &called_off {
-                let e = PipelineError::CalledOff {
-                    stage: stage.clone(),
-                    by: by.clone(),
-                };
-                tracing::info!(code = %e.code(), "{e}");
-                tell(events, stage, StageStatus::CalledOff, None);
+        if let Some(failure) = &failure {
+            for stage in called_off.iter().filter(|s| !told.contains(s)) {
+                call_off(events, stage, failure);
             }
         }
         if failure.is_none() && !called_off.is_empty() {
@@ -203,106 +217,17 @@ impl Pipeline {
             "pipeline_seconds": round3(started.elapsed().as_secs_f64()),
         }))
     }
+}
 
-    /// One stage: its events go to the client; the client leaving or `cancel` calls it off.
-    async fn stage(
-        &self,
-        dir: &Path,
-        stage: &str,
-        mut task: Task,
-        extra: Option<&Map<String, Value>>,
-        events: &mpsc::Sender<ClientEvent>,
-        cancel: &CancellationToken,
-    ) -> Result<(Value, f64), PipelineError> {
-        let worker = self
-            .supervisor
-            .get(stage)
-            .ok_or_else(|| PipelineError::UnknownStage(stage.to_string()))?;
-        task.stage = stage.to_string();
-        tell(events, stage, StageStatus::Started, None);
-        let started = Instant::now();
-        let (tx, mut rx) = mpsc::channel(1024);
-        let mut fields = task.into_fields();
-        fields.extend(
-            extra
-                .into_iter()
-                .flatten()
-                .map(|(k, v)| (k.clone(), v.clone())),
-        );
-        let request = TaskRequest {
-            task: fields,
-            output_path: dir.join(format!("{stage}.result.json")),
-            events: tx,
-            cancel: cancel.clone(),
-        };
-        let run = worker.run(request);
-        tokio::pin!(run);
-        let outcome = loop {
-            tokio::select! {
-                biased;
-                Some(event) = rx.recv() => forward(stage, event, events, dir),
-                outcome = &mut run => break outcome,
-                // The client went away: free the GPU as soon as the worker allows.
-                _ = events.closed(), if !cancel.is_cancelled() => cancel.cancel(),
-            }
-        };
-        while let Ok(event) = rx.try_recv() {
-            forward(stage, event, events, dir);
-        }
-        let seconds = started.elapsed().as_secs_f64();
-        let result = outcome.map_err(|source| PipelineError::Stage {
+/// Tells the client that `stage` is called off because of `failure` (another stage's).
+fn call_off(events: &mpsc::Sender<ClientEvent>, stage: &str, failure: &PipelineError) {
+    if let PipelineError::Stage { stage: by, .. } = failure {
+        let e = PipelineError::CalledOff {
             stage: stage.to_string(),
-            source,
-        })?;
-        tell(events, stage, StageStatus::Done, Some(seconds));
-        Ok((result, seconds))
-    }
-}
-
-/// Room in the client's channel kept for `stage` events: progress and log events are dropped
-/// before it is touched, so a burst of them (a chatty worker outruns even a prompt reader) cannot
-/// crowd out the `started` / `done` that clients and the CLI go by.
-const STAGE_EVENT_ROOM: usize = 32;
-
-/// A stage event to the client: into the room `forward` leaves, never waited for.
-fn tell(
-    events: &mpsc::Sender<ClientEvent>,
-    stage: &str,
-    status: StageStatus,
-    seconds: Option<f64>,
-) {
-    let stage = stage.to_string();
-    let _ = events.try_send(ClientEvent::Stage {
-        stage,
-        status,
-        seconds,
-    });
-}
-
-/// Passes a worker's event on to the client, or drops it when the client is that far behind (256
-/// events less `STAGE_EVENT_ROOM`): the job holds the GPU, and a client that stops reading must
-/// not hold it too. Only the final event (sent after the GPU is let go) is waited for. A log
-/// line names the job folder `<job>`, as the final error does.
-fn forward(stage: &str, event: WorkerEvent, events: &mpsc::Sender<ClientEvent>, dir: &Path) {
-    let event = match event {
-        WorkerEvent::Progress {
-            fraction,
-            message,
-            partial,
-        } => ClientEvent::Progress {
-            stage: stage.into(),
-            fraction,
-            message,
-            partial,
-        },
-        WorkerEvent::Log { level, message } => ClientEvent::Log {
-            stage: stage.into(),
-            line: crate::job::redact(&message, dir),
-            level,
-        },
-    };
-    if events.capacity() > STAGE_EVENT_ROOM {
-        let _ = events.try_send(event);
+            by: by.clone(),
+        };
+        tracing::info!(code = %e.code(), "{e}");
+        tell(events, stage, StageStatus::CalledOff, None);
     }
 }
 

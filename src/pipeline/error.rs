@@ -4,7 +4,7 @@
 use crate::protocol::ErrorCode;
 use crate::worker::TaskError;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum PipelineError {
     #[error("stage `{stage}`: {source}")]
     Stage { stage: String, source: TaskError },
