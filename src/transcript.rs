@@ -4,6 +4,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+mod shape;
+pub use shape::fault;
+
 /// A segment ends at a speaker change, a pause this long, or when it would grow past these.
 const MAX_PAUSE_S: f64 = 0.8;
 const MAX_SEGMENT_S: f64 = 6.0;

@@ -70,6 +70,15 @@ impl Pipeline {
                 worker: stage.to_string(),
                 killed: false,
             }),
+            // A result the transcript cannot be built from is the worker's bad output, named
+            // here, not an empty transcript later.
+            Ok(result) => match crate::transcript::fault(stage, &result) {
+                Some(reason) => Err(TaskError::BadOutput {
+                    worker: stage.to_string(),
+                    reason,
+                }),
+                None => Ok(result),
+            },
             outcome => outcome,
         };
         let result = outcome.map_err(|source| PipelineError::Stage {

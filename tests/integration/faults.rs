@@ -322,6 +322,22 @@ async fn done_without_result_file_is_bad_output() {
 }
 
 #[tokio::test]
+async fn an_asr_result_without_a_transcript_is_bad_output_not_an_empty_one() {
+    // A worker in the asr stage that answers no `segments`: the job was a 200 with an empty
+    // transcript (and `?format=srt` an empty file).
+    let config = format!("[pipeline]\nstages = [\"asr\"]\n{}", fake_worker("asr", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    let (code, message) = error_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    assert_eq!(code, "bad_output");
+    assert!(message.contains("no `segments`"), "{message}");
+    let r = host
+        .post_body("/transcribe?format=srt", wav(0.5, 16000, 1))
+        .await;
+    assert_eq!(r.status(), 502);
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn slow_loading_worker_is_waited_for_and_health_stays_fast() {
     let host = TestHost::start(&one_stage("env = { FAKE_LOAD_MS = \"1500\" }")).await;
     let request = host.transcribe("", wav(0.5, 16000, 1));

@@ -306,7 +306,7 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
         "[pipeline]\nstages = [\"asr\"]\n{}",
         fake_worker(
             "asr",
-            "env = { FAKE_READY_META = '{\"protocol\":1,\"model\":\"Systran/tiny.en\",\"languages\":[\"en\"]}' }\n"
+            "env = { FAKE_TEXT = \"hello\", FAKE_READY_META = '{\"protocol\":1,\"model\":\"Systran/tiny.en\",\"languages\":[\"en\"]}' }\n"
         )
     );
     let host = TestHost::start(&config).await.ready().await;
