@@ -77,11 +77,15 @@ impl ApiError {
     pub fn unparsed(what: &str, text: String) -> ApiError {
         let text = text
             .replace("Failed to deserialize query string: ", "")
-            .replace("Invalid URL: ", "")
-            .replace(
-                "invalid digit found in string",
-                "not a whole number of 0 or more",
-            )
+            .replace("Invalid URL: ", "");
+        // Speaker counts run from 1 (`-1` read as "not a whole number of 0 or more", and 0 is
+        // refused too); anything else numeric is a plain whole number.
+        let digits = match text.contains("_speakers") {
+            true => "not a whole number from 1 to 1000",
+            false => "not a whole number",
+        };
+        let text = text
+            .replace("invalid digit found in string", digits)
             .replace(
                 "number too large to fit in target type",
                 "a number too large",

@@ -35,7 +35,7 @@ pub enum OptionsError {
     MinAboveMax { min: u32, max: u32 },
     #[error("num_speakers ({num}) is outside min_speakers..max_speakers ({min}..{max})")]
     NumOutsideRange { num: u32, min: u32, max: u32 },
-    #[error("`language` must be a language code such as `en`, `ko` or `en-US` (the region is dropped), or a language's English name such as `korean` (at most {LANGUAGE_MAX} ASCII letters, digits or - _ . : = +)")]
+    #[error("`language` must be a language code (two or three letters) such as `en`, `ko`, `yue` or `en-US` (the region is dropped), or a language's English name such as `korean`")]
     BadLanguage,
     #[error("`prompt` is longer than {max} bytes (limits.max_field_bytes)")]
     PromptTooLong { max: usize },
@@ -105,12 +105,13 @@ impl JobOptions {
             if l.len() > LANGUAGE_MAX {
                 return Err(OptionsError::BadLanguage);
             }
-            // The code engines take: `EN`, `en-US` and `English` are `en`.
+            // The code engines take: `EN`, `en-US` and `English` are `en`; an ISO 639 code is
+            // two or three ASCII letters (`12`, `x-klingon` and `klingon` are none, and no bidi
+            // override or zero-width character reaches results and logs).
             let code = super::language::code(l).ok_or(OptionsError::BadLanguage)?;
-            // ASCII only: a code has no use for bidi overrides or zero-width characters, which
-            // would be echoed into results and logs.
-            let allowed = |c: char| c.is_ascii_alphanumeric() || ".:=+".contains(c);
-            if !code.chars().all(allowed) {
+            let letters =
+                (2..=3).contains(&code.len()) && code.bytes().all(|b| b.is_ascii_lowercase());
+            if !letters {
                 return Err(OptionsError::BadLanguage);
             }
             self.language = Some(code);
@@ -255,6 +256,10 @@ mod tests {
             "한국어",
             "en us",
             "-US",
+            "12",
+            "x-klingon",
+            "klingon",
+            "fake:sleep=1",
         ] {
             let language = JobOptions {
                 language: Some(bad.into()),

@@ -139,12 +139,12 @@ async fn a_task_whose_client_left_before_it_was_sent_is_never_run() {
     );
     let host = TestHost::start(&config).await.ready().await;
     let mut first = EventReader::new(
-        host.post_body("/transcribe?language=fake:sleep=1500", wav(0.2, 16000, 1))
+        host.post_body("/transcribe?prompt=fake:sleep=1500", wav(0.2, 16000, 1))
             .await,
     );
     first.until(started).await;
     let mut second = EventReader::new(
-        host.post_body("/transcribe?language=fake:sleep=1500", wav(0.2, 16000, 1))
+        host.post_body("/transcribe?prompt=fake:sleep=1500", wav(0.2, 16000, 1))
             .await,
     );
     second.next().await.expect("an event");

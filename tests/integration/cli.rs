@@ -25,11 +25,7 @@ fn run_one_job_on_one_worker() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "");
     let job = dir.path().join("job.json");
-    std::fs::write(
-        &job,
-        r#"{"audio_path": "/x.wav", "language": "fake:logs=2"}"#,
-    )
-    .unwrap();
+    std::fs::write(&job, r#"{"audio_path": "/x.wav", "prompt": "fake:logs=2"}"#).unwrap();
     let out = gpuhost()
         .args(["run", "b", "--config"])
         .arg(&config)
@@ -493,7 +489,7 @@ fn a_local_transcription_reads_stdin_and_an_interrupt_leaves_nothing_behind() {
     );
     // Ctrl-C while a stage works: exit 130, the workers stopped, the job folder removed.
     let child = gpuhost()
-        .args(["transcribe", "--language", "fake:sleep=60000", "--config"])
+        .args(["transcribe", "--prompt", "fake:sleep=60000", "--config"])
         .arg(&config)
         .arg(fixture("audio/tone.flac"))
         .stdout(std::process::Stdio::null())
@@ -562,7 +558,7 @@ async fn a_stderr_nobody_reads_does_not_stop_the_server() {
     // Far more log lines than a pipe holds (each job logs its worker's 2000 lines).
     for _ in 0..3 {
         let job = client
-            .post(format!("{base}/transcribe?language=fake:logs=2000"))
+            .post(format!("{base}/transcribe?prompt=fake:logs=2000"))
             .body(wav(0.2, 16000, 1))
             .timeout(Duration::from_secs(30))
             .send()
@@ -598,7 +594,7 @@ async fn a_failed_jobs_message_reaches_the_terminal_escaped() {
     let url = host.url.clone();
     let out = tokio::task::spawn_blocking(move || {
         gpuhost()
-            .args(["transcribe", "--server", &url, "--language", "fake:crash"])
+            .args(["transcribe", "--server", &url, "--prompt", "fake:crash"])
             .env_remove("GPUHOST_TOKEN")
             .arg(fixture("audio/tone.mp3"))
             .output()

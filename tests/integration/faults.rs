@@ -75,12 +75,12 @@ async fn crash_mid_job_fails_that_job_and_the_next_works() {
     // Another client's job first, whose lines name its audio.
     let earlier = result_of(
         &host
-            .transcribe("?language=fake:logs=2", wav(0.5, 16000, 1))
+            .transcribe("?prompt=fake:logs=2", wav(0.5, 16000, 1))
             .await,
     );
     assert_eq!(earlier["stages"]["w"]["seq"], 1);
     let events = host
-        .transcribe("?language=fake:crash", wav(0.5, 16000, 1))
+        .transcribe("?prompt=fake:crash", wav(0.5, 16000, 1))
         .await;
     let (code, message) = error_of(&events);
     assert_eq!(code, "worker_crashed");
@@ -120,7 +120,7 @@ async fn hung_job_times_out_is_killed_and_the_next_works() {
     let started = std::time::Instant::now();
     let (code, message) = error_of(
         &host
-            .transcribe("?language=fake:hang", wav(0.5, 16000, 1))
+            .transcribe("?prompt=fake:hang", wav(0.5, 16000, 1))
             .await,
     );
     assert_eq!(code, "worker_timeout");
@@ -159,7 +159,7 @@ async fn garbage_and_partial_lines_on_stdout_never_break_a_job() {
     let host = TestHost::start(&one_stage("")).await.ready().await;
     let result = result_of(
         &host
-            .transcribe("?language=fake:garbage%2Bstdoutlog", wav(0.5, 16000, 1))
+            .transcribe("?prompt=fake:garbage%2Bstdoutlog", wav(0.5, 16000, 1))
             .await,
     );
     assert_eq!(result["stages"]["w"]["worker"], "w");
@@ -171,7 +171,7 @@ async fn garbage_and_partial_lines_on_stdout_never_break_a_job() {
 async fn megabyte_stderr_line_is_truncated_not_fatal() {
     let host = TestHost::start(&one_stage("")).await.ready().await;
     let events = host
-        .transcribe("?language=fake:bigline", wav(0.5, 16000, 1))
+        .transcribe("?prompt=fake:bigline", wav(0.5, 16000, 1))
         .await;
     result_of(&events);
     let big = events
@@ -190,7 +190,7 @@ async fn megabyte_stderr_line_is_truncated_not_fatal() {
 async fn logs_and_progress_stream_in_order() {
     let host = TestHost::start(&one_stage("")).await.ready().await;
     let events = host
-        .transcribe("?language=fake:logs=5", wav(0.5, 16000, 1))
+        .transcribe("?prompt=fake:logs=5", wav(0.5, 16000, 1))
         .await;
     result_of(&events);
     let fractions: Vec<f64> = events
@@ -228,7 +228,7 @@ async fn a_burst_of_logs_does_not_crowd_out_stage_events() {
     let host = TestHost::start(&one_stage("")).await.ready().await;
     for _ in 0..2 {
         let response = host
-            .post_body("/transcribe?language=fake:chatter=4000", wav(0.5, 16000, 1))
+            .post_body("/transcribe?prompt=fake:chatter=4000", wav(0.5, 16000, 1))
             .await;
         let mut reader = EventReader::new(response);
         let mut events = Vec::new();
@@ -258,7 +258,7 @@ async fn error_signal_fails_the_job_but_keeps_the_worker() {
     let pid = host.worker("w").await["pid"].clone();
     let (code, message) = error_of(
         &host
-            .transcribe("?language=fake:error", wav(0.5, 16000, 1))
+            .transcribe("?prompt=fake:error", wav(0.5, 16000, 1))
             .await,
     );
     assert_eq!(code, "job_failed");
@@ -273,14 +273,14 @@ async fn error_signal_fails_the_job_but_keeps_the_worker() {
     // disk, not a 422 that blames the upload.
     let (code, message) = error_of(
         &host
-            .transcribe("?language=fake:nospace", wav(0.5, 16000, 1))
+            .transcribe("?prompt=fake:nospace", wav(0.5, 16000, 1))
             .await,
     );
     assert_eq!(code, "insufficient_storage");
     assert!(message.contains("No space left"), "{message}");
     let response = host
         .post_body(
-            "/transcribe?format=json&language=fake:nospace",
+            "/transcribe?format=json&prompt=fake:nospace",
             wav(0.5, 16000, 1),
         )
         .await;
@@ -294,7 +294,7 @@ async fn done_without_result_file_is_bad_output() {
     let host = TestHost::start(&one_stage("")).await.ready().await;
     let (code, message) = error_of(
         &host
-            .transcribe("?language=fake:noresult", wav(0.5, 16000, 1))
+            .transcribe("?prompt=fake:noresult", wav(0.5, 16000, 1))
             .await,
     );
     assert_eq!(code, "bad_output");
@@ -302,7 +302,7 @@ async fn done_without_result_file_is_bad_output() {
     // Valid JSON that is not an object is bad output too, not an empty transcript.
     let (code, message) = error_of(
         &host
-            .transcribe("?language=fake:listresult", wav(0.5, 16000, 1))
+            .transcribe("?prompt=fake:listresult", wav(0.5, 16000, 1))
             .await,
     );
     assert_eq!(code, "bad_output");
@@ -311,7 +311,7 @@ async fn done_without_result_file_is_bad_output() {
     result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
     // A result past the size read inline is read on a blocking thread, the same.
     let events = host
-        .transcribe("?language=fake:bigresult", wav(0.5, 16000, 1))
+        .transcribe("?prompt=fake:bigresult", wav(0.5, 16000, 1))
         .await;
     let pad = result_of(&events)["stages"]["w"]["pad"]
         .as_str()
@@ -421,7 +421,7 @@ async fn a_silent_stage_and_a_long_wait_keep_their_streams_alive() {
         .await;
     // A streamed answer starts once its job is queued: the first is ahead of the second.
     let first = host
-        .post_body("/transcribe?language=fake:sleep=1500", wav(0.3, 16000, 1))
+        .post_body("/transcribe?prompt=fake:sleep=1500", wav(0.3, 16000, 1))
         .await;
     let second = host.post_body("/transcribe", wav(0.3, 16000, 1)).await;
     let (first, second) = tokio::join!(read_events(first), read_events(second));

@@ -415,7 +415,7 @@ async fn a_crash_is_noticed_while_a_worker_child_holds_stdout() {
     let host = TestHost::start(&one_stage("", &env)).await.ready().await;
     let started = Instant::now();
     let events = host
-        .transcribe("?language=fake:crash", wav(0.3, 16000, 1))
+        .transcribe("?prompt=fake:crash", wav(0.3, 16000, 1))
         .await;
     let (code, _) = error_of(&events);
     assert_eq!(code, "worker_crashed");
@@ -567,7 +567,7 @@ async fn leftovers_are_swept_and_paths_stay_private() {
     assert!(!dead.exists(), "a dead host's job folder is swept at start");
     // A worker error naming a file in the job folder reaches the client without the path.
     let events = host
-        .transcribe("?language=fake:noresult", wav(0.2, 16000, 1))
+        .transcribe("?prompt=fake:noresult", wav(0.2, 16000, 1))
         .await;
     let (code, message) = error_of(&events);
     assert_eq!(code, "bad_output");
@@ -630,7 +630,7 @@ async fn a_full_queue_answers_429_and_ready_says_why() {
     );
     // One job runs, one waits: the third is refused.
     let running = EventReader::new(
-        host.post_body("/transcribe?language=fake:sleep=3000", wav(0.2, 16000, 1))
+        host.post_body("/transcribe?prompt=fake:sleep=3000", wav(0.2, 16000, 1))
             .await,
     );
     let waiting = EventReader::new(host.post_body("/transcribe", wav(0.2, 16000, 1)).await);

@@ -65,7 +65,7 @@ async fn sigterm_stops_every_worker_and_ends_running_jobs() {
     let pids = read_pids(served.pid_dir.path());
     assert_eq!(pids.len(), 2, "{pids:?}");
     // A job in flight when SIGTERM arrives ends with an error event, not a hang.
-    let url = format!("{}/transcribe?language=fake:sleep=30000", served.url);
+    let url = format!("{}/transcribe?prompt=fake:sleep=30000", served.url);
     let job = tokio::spawn(async move { read_events(post_wav(url).await).await });
     wait_busy(&served.url).await;
     // A job still waiting for the GPU is never granted it once the shutdown began: it is told
@@ -114,7 +114,7 @@ async fn sigkill_of_the_host_takes_workers_within_two_seconds() {
     let pids = read_pids(served.pid_dir.path());
     assert_eq!(pids.len(), 2);
     // One worker is busy when the host dies.
-    let url = format!("{}/transcribe?language=fake:sleep=30000", served.url);
+    let url = format!("{}/transcribe?prompt=fake:sleep=30000", served.url);
     let job = tokio::spawn(async move {
         let response = reqwest::Client::new()
             .post(url)

@@ -24,7 +24,7 @@ async fn a_parallel_group_runs_together_and_the_next_stage_sees_both() {
     );
     let host = TestHost::start(&config).await.ready().await;
     let events = host
-        .transcribe("?language=fake:sleep=300", wav(0.2, 16000, 1))
+        .transcribe("?prompt=fake:sleep=300", wav(0.2, 16000, 1))
         .await;
     let result = result_of(&events);
     // Both started before either finished.
@@ -203,7 +203,7 @@ async fn a_request_naming_a_language_runs_the_asr_first_among_oneshot_stages() {
     );
     let host = TestHost::start(&config).await.ready().await;
     let events = host
-        .transcribe("?language=fake:error", wav(0.2, 16000, 1))
+        .transcribe("?language=en&prompt=fake:error", wav(0.2, 16000, 1))
         .await;
     let (_, message) = error_of(&events);
     assert!(message.contains("stage `asr`"), "{message}");
@@ -213,7 +213,7 @@ async fn a_request_naming_a_language_runs_the_asr_first_among_oneshot_stages() {
     // queue): the request's to change, a 400 as the host's own refusals are, not a failed job.
     let refused = host
         .post_body(
-            "/transcribe?language=fake:refuse&format=json",
+            "/transcribe?language=en&prompt=fake:refuse&format=json",
             wav(0.2, 16000, 1),
         )
         .await;

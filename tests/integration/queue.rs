@@ -14,7 +14,7 @@ async fn fifty_concurrent_requests_are_served_in_arrival_order() {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel();
     for i in 0..50usize {
         let request = host
-            .post("/transcribe?language=fake:sleep=15")
+            .post("/transcribe?prompt=fake:sleep=15")
             .body(wav(0.2, 16000, 1));
         let (arrived_tx, arrived) = oneshot::channel();
         let done_tx = done_tx.clone();
@@ -65,7 +65,7 @@ async fn client_leaving_the_queue_is_gone_at_once() {
     let config = format!("[pipeline]\nstages = [\"w\"]\n{}", fake_worker("w", ""));
     let host = TestHost::start(&config).await.ready().await;
     let mut a = EventReader::new(
-        host.post_body("/transcribe?language=fake:sleep=1500", wav(0.2, 16000, 1))
+        host.post_body("/transcribe?prompt=fake:sleep=1500", wav(0.2, 16000, 1))
             .await,
     );
     a.until(started).await;
@@ -144,7 +144,7 @@ async fn a_client_that_stops_reading_does_not_keep_the_gpu() {
     let mut stalled = socket.connect(addr).await.unwrap();
     let body = wav(0.5, 16000, 1);
     let head = format!(
-        "POST /transcribe?language=fake:chatter=3000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+        "POST /transcribe?prompt=fake:chatter=3000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\
          Content-Length: {}\r\n\r\n",
         body.len()
     );

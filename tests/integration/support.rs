@@ -460,7 +460,7 @@ pub fn started(e: &ClientEvent) -> bool {
 pub async fn abandon_job(host: &TestHost, sleep_ms: u64) {
     let mut gone = EventReader::new(
         host.post_body(
-            &format!("/transcribe?language=fake:sleep={sleep_ms}"),
+            &format!("/transcribe?prompt=fake:sleep={sleep_ms}"),
             wav(0.2, 16000, 1),
         )
         .await,

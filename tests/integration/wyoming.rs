@@ -253,9 +253,11 @@ async fn a_client_that_reads_nothing_is_dropped_after_the_send_timeout() {
 
 #[tokio::test]
 async fn a_request_in_flight_at_shutdown_is_answered_shutting_down() {
-    let host = TestHost::start(&config("")).await.ready().await;
+    // Every task of the asr takes 30 s.
+    let slow = config("").replace("FAKE_TEXT = ", "FAKE_EXTRA = \"sleep=30000\", FAKE_TEXT = ");
+    let host = TestHost::start(&slow).await.ready().await;
     let mut client = Client::connect(&host).await;
-    client.request("fake:sleep=30000", 0.2).await;
+    client.request("en", 0.2).await;
     wait_for("the job to run", Duration::from_secs(10), || async {
         host.state.queue.running() == 1
     })
@@ -273,7 +275,7 @@ async fn a_wyoming_request_waits_in_the_same_gpu_queue() {
         .ready()
         .await;
     // One HTTP job holds the GPU and another waits: the queue is full for everyone.
-    let running = background_job(&host, "stages=asr&language=fake:sleep=1500");
+    let running = background_job(&host, "stages=asr&prompt=fake:sleep=1500");
     wait_for(
         "the first job to hold the GPU",
         Duration::from_secs(10),

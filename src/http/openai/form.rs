@@ -142,7 +142,7 @@ fn shown(name: &str) -> String {
 fn count(name: &str, value: &str) -> Result<u32, ApiError> {
     value.trim().parse().map_err(|_| {
         ApiError::bad_request(format!(
-            "{name} must be a whole number, got {:?}",
+            "{name} must be a whole number from 1 to 1000, got {:?}",
             value.chars().take(40).collect::<String>()
         ))
         .at(name)
