@@ -237,8 +237,9 @@ async fn run_job(
             // A stage failed while others still run: the client hears it now; the GPU stays
             // held until they have ended (called off, or their task's time).
             Ok(failure) = &mut failed_early => {
-                let _ = tx.send(error_event(&failure, &job)).await;
-                let _ = (&mut run).await;
+                // Side by side: a client slow to take the event must not stop the stages
+                // from ending (and the GPU from being let go).
+                let _ = tokio::join!(tx.send(error_event(&failure, &job)), &mut run);
                 (Err(failure), true)
             }
         }

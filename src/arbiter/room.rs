@@ -13,17 +13,32 @@ use super::teardown::{self, Gone};
 use super::{history, watched, Core};
 
 impl Core {
-    /// Waits for `gone` (see `teardown::verify`) with the configured deadline and tolerance.
+    /// Waits for `gone` (see `teardown::verify`) with the configured deadline and tolerance,
+    /// or until the queue closes: at shutdown nothing is granted after it, and waiting (up to
+    /// `teardown_timeout_s`) for memory that may never come back only kept gpuhost past its
+    /// service manager's stop timeout. What left the holder's group, the orphan guard and the
+    /// sweep before exit take.
     pub async fn verify_teardown(&self, gone: &Gone) -> Result<(), String> {
-        teardown::verify(
+        let verified = teardown::verify(
             self.snapshots.clone(),
             self.observed,
             self.device,
             gone,
             self.config.teardown_tolerance_mib,
             Duration::from_secs_f64(self.config.teardown_timeout_s),
-        )
-        .await
+        );
+        let mut changes = self.queue.changes();
+        let closed = async {
+            while !self.queue.is_closed() {
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            verified = verified => verified,
+            () = closed => Ok(()),
+        }
     }
 
     /// Whether the latest sample already shows `gone` done (taken before it ended: only for a

@@ -254,12 +254,10 @@ async fn remote(
         )
         .await
         .context("asking the server before the upload")?;
-    let size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
-    let (body, watch) = super::upload::watched(file, size);
-    let silence = super::STREAM_SILENCE;
+    let (body, watch) = super::upload::watched(file);
     let response = tokio::select! {
         response = server.send(client.post(url).body(body)) => response?,
-        why = watch.stalled(silence, super::upload::answer_within(size, silence)) => return Err(why),
+        why = watch.stalled(super::STREAM_SILENCE) => return Err(why),
     };
     let mut stream = response.bytes_stream();
     let mut buf = Vec::new();

@@ -139,12 +139,12 @@ async fn a_task_whose_client_left_before_it_was_sent_is_never_run() {
     );
     let host = TestHost::start(&config).await.ready().await;
     let mut first = EventReader::new(
-        host.post_body("/transcribe?prompt=fake:sleep=1500", wav(0.2, 16000, 1))
+        host.post_body("/transcribe?prompt=fake:sleep=5000", wav(0.2, 16000, 1))
             .await,
     );
     first.until(started).await;
     let mut second = EventReader::new(
-        host.post_body("/transcribe?prompt=fake:sleep=1500", wav(0.2, 16000, 1))
+        host.post_body("/transcribe?prompt=fake:sleep=5000", wav(0.2, 16000, 1))
             .await,
     );
     second.next().await.expect("an event");
@@ -166,6 +166,40 @@ async fn a_task_whose_client_left_before_it_was_sent_is_never_run() {
     // The next job runs as usual.
     let events = host.transcribe("", wav(0.2, 16000, 1)).await;
     assert_eq!(result_of(&events)["stages"]["w"]["seq"], 2);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_oneshot_worker_loaded_for_a_job_called_off_meanwhile_ends_unused() {
+    // The client leaves while the one-shot worker loads for its task: the process must not
+    // stay up (it held the GPU with no permit, beside the next job's other model).
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}",
+        fake_worker(
+            "w",
+            "mode = \"oneshot\"\nenv = { FAKE_LOAD_MS = \"1500\", FAKE_CANCEL = \"handle\" }"
+        )
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let mut gone = EventReader::new(host.post_body("/transcribe", wav(0.2, 16000, 1)).await);
+    gone.until(started).await;
+    wait_for("the worker to load", Duration::from_secs(10), || {
+        let host = &host;
+        async move { host.worker("w").await["state"] == "starting" }
+    })
+    .await;
+    drop(gone);
+    wait_for("the process to end unused", Duration::from_secs(10), || {
+        let host = &host;
+        async move {
+            let w = host.worker("w").await;
+            w["state"] == "idle" && w["pid"].is_null() && w["tasks_cancelled"] == 1
+        }
+    })
+    .await;
+    assert_eq!(host.worker("w").await["tasks_done"], 0);
+    assert_eq!(host.state.queue.running(), 0);
+    result_of(&host.transcribe("", wav(0.2, 16000, 1)).await);
     host.stop().await;
 }
 

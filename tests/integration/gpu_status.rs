@@ -414,7 +414,7 @@ async fn a_hanging_proc_read_reads_unknown_and_sampling_recovers() {
     status(&host).await;
     reqwest::get(format!("{}/health", host.url)).await.unwrap();
     assert!(
-        started.elapsed() < Duration::from_millis(300),
+        started.elapsed() < Duration::from_secs(1),
         "{:?}",
         started.elapsed()
     );

@@ -202,9 +202,11 @@ impl Actor {
         let mut look = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
-                _ = look.tick() => if self.events.listeners() == 0 {
+                _ = look.tick() => if self.events.end_if_unheard(GrantEvent::Error {
+                    code: "stopped".into(),
+                    message: "every caller left before the GPU was granted; not started".into(),
+                }) {
                     tracing::info!(service = %self.spec.name, "every caller of the start left while it waited for the GPU: not started");
-                    self.emit(GrantEvent::Error { code: "stopped".into(), message: "every caller left before the GPU was granted; not started".into() });
                     self.set(ServiceState::Stopped, |_| {});
                     return None;
                 },
@@ -270,9 +272,11 @@ impl Actor {
         let until = tokio::time::Instant::now() + Duration::from_millis(500);
         while running.stdout.is_some() || running.stderr.is_some() {
             let line = tokio::time::timeout_at(until, async {
+                // (A closed pipe's branch is off, or its pending read would hold the other's
+                // end from `else` until the timeout.)
                 tokio::select! {
-                    Some(line) = next_line(&mut running.stdout) => Some(line),
-                    Some(line) = next_line(&mut running.stderr) => Some(line),
+                    Some(line) = next_line(&mut running.stdout), if running.stdout.is_some() => Some(line),
+                    Some(line) = next_line(&mut running.stderr), if running.stderr.is_some() => Some(line),
                     else => None,
                 }
             });

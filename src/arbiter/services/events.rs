@@ -29,6 +29,23 @@ struct Now {
     ending: bool,
 }
 
+impl Now {
+    /// Where the start is once `event` is sent.
+    fn note(&mut self, event: &GrantEvent) {
+        match event {
+            GrantEvent::Queued { .. }
+            | GrantEvent::MakingRoom { .. }
+            | GrantEvent::Starting { .. } => self.state = Some(event.clone()),
+            GrantEvent::Log { .. } => {}
+            _ => {
+                self.state = None;
+                self.ending = false;
+                self.ended += 1;
+            }
+        }
+    }
+}
+
 /// What a caller of a start gets: the events, and where it stands.
 pub(crate) struct Joined {
     /// Where the start under way is now, to say first (a caller who joins a start that waits
@@ -56,23 +73,21 @@ impl Announcer {
 
     pub(crate) fn send(&self, event: GrantEvent) {
         let mut now = self.lock();
-        match &event {
-            GrantEvent::Queued { .. }
-            | GrantEvent::MakingRoom { .. }
-            | GrantEvent::Starting { .. } => now.state = Some(event.clone()),
-            GrantEvent::Log { .. } => {}
-            _ => {
-                now.state = None;
-                now.ending = false;
-                now.ended += 1;
-            }
-        }
+        now.note(&event);
         let _ = self.sender.send(event);
     }
 
-    /// How many callers still listen (a caller's stream ends when its client leaves).
-    pub(crate) fn listeners(&self) -> usize {
-        self.sender.receiver_count()
+    /// Sends the final `event` when no caller listens any more (a caller's stream ends when
+    /// its client leaves); whether it did. Under the lock a joining caller takes: one who
+    /// joins now is heard, not told its start was given up.
+    pub(crate) fn end_if_unheard(&self, event: GrantEvent) -> bool {
+        let mut now = self.lock();
+        if self.sender.receiver_count() > 0 {
+            return false;
+        }
+        now.note(&event);
+        let _ = self.sender.send(event);
+        true
     }
 
     /// A failed start's teardown begins; its `error` follows when the process is gone.

@@ -43,7 +43,10 @@ impl Actor {
                 return Ok(());
             }
         }
+        // Called off while it loaded: a oneshot process loaded for it ends unused (left up, it
+        // held the GPU with no permit, beside the next job's other model).
         if let Some(cancelled) = self.called_off(&request) {
+            self.task_ended(oneshot_fallback).await;
             let _ = reply.send(Err(cancelled));
             return Ok(());
         }
@@ -117,28 +120,33 @@ impl Actor {
                 .map(ToString::to_string)
                 .unwrap_or_default();
             self.went_down(error);
-        } else if oneshot_fallback || self.spec.mode == Mode::Oneshot {
-            // The process ends with the task: a oneshot worker is idle until the next one; a
-            // resident one that fell back to oneshot is unloaded.
-            if let Life::Up(session) =
-                std::mem::replace(&mut self.life, Life::Down { retry_at: None })
-            {
-                session.finish(self.spec.stop_grace).await;
-            }
-            let state = if oneshot_fallback {
-                WorkerState::Unloaded
-            } else {
-                WorkerState::Idle
-            };
-            self.set_state(state, |s| {
-                s.pid = None;
-                s.process_started = None;
-            });
         } else {
-            self.set_state(WorkerState::Ready, |_| {});
+            self.task_ended(oneshot_fallback).await;
         }
         let _ = reply.send(outcome);
         Ok(())
+    }
+
+    /// After a task (run, or called off once loaded): a oneshot process ends with it (the
+    /// worker idle until the next one; a resident that fell back to oneshot unloaded), a
+    /// resident one is ready for the next.
+    async fn task_ended(&mut self, oneshot_fallback: bool) {
+        if !(oneshot_fallback || self.spec.mode == Mode::Oneshot) {
+            return self.set_state(WorkerState::Ready, |_| {});
+        }
+        if let Life::Up(session) = std::mem::replace(&mut self.life, Life::Down { retry_at: None })
+        {
+            session.finish(self.spec.stop_grace).await;
+        }
+        let state = if oneshot_fallback {
+            WorkerState::Unloaded
+        } else {
+            WorkerState::Idle
+        };
+        self.set_state(state, |s| {
+            s.pid = None;
+            s.process_started = None;
+        });
     }
 }
 

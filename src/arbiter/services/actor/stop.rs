@@ -52,15 +52,8 @@ impl Actor {
             watch: None,
             after: stopped_at,
         };
-        let verified = if self.core.queue.is_closed() {
-            // Shutting down: nothing is granted after it, and waiting (up to
-            // `teardown_timeout_s`) for memory that may never come back only kept gpuhost past
-            // its service manager's stop timeout. The group is gone; the orphan guard and the
-            // sweep before exit take what left it.
-            Ok(())
-        } else {
-            self.core.verify_teardown(&gone).await
-        };
+        // (Not waited for once the queue is closed: see `verify_teardown`.)
+        let verified = self.core.verify_teardown(&gone).await;
         // Gone, or given up on: a process that outlives its group's kill is the block's to name.
         self.core.service_pids.ended(pid);
         let Running { permit, .. } = running;
