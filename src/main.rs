@@ -197,8 +197,9 @@ fn init_logging(args: &Args) -> gpuhost::logwriter::Flush {
     let quiet = matches!(&args.command, Command::Transcribe(t) if !t.verbose());
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUHOST_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if quiet {
-            // The job's failure is the command's own last line; the log need not say it first.
-            "warn,gpuhost::job=error"
+            // The job's failure (a worker's failed load among them) is the command's own last
+            // line; the log need not say it first.
+            "warn,gpuhost::job=error,gpuhost::worker::load=off"
         } else {
             "info"
         })

@@ -186,7 +186,8 @@ impl Actor {
                 });
             }
             Err(e) => {
-                tracing::error!(worker = %self.spec.name, error = %e, "worker failed to load");
+                // Its own target: `gpuhost transcribe` leaves it out, the job's error says it.
+                tracing::error!(target: "gpuhost::worker::load", worker = %self.spec.name, error = %e, "worker failed to load");
                 self.went_down(e.to_string());
                 self.load_error = Some(e.clone());
                 // Whoever was waiting for this load hears why it failed.

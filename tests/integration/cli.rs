@@ -81,6 +81,31 @@ fn transcribe_locally_runs_every_stage_oneshot() {
 }
 
 #[test]
+fn a_local_transcription_whose_worker_cannot_load_says_why_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpuhost.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[pipeline]\nstages = [\"w\"]\n{}",
+            fake_worker("w", "env = { FAKE_EXIT_AT_LOAD = \"4\" }")
+        ),
+    )
+    .unwrap();
+    let out = gpuhost()
+        .args(["transcribe", "--config"])
+        .arg(&config)
+        .arg(fixture("audio/tone.flac"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("worker_unavailable"), "{stderr}");
+    // Said by the command's last line only (the failed load's log line said it first).
+    assert_eq!(stderr.matches("weights missing").count(), 1, "{stderr}");
+}
+
+#[test]
 fn one_shot_commands_leave_no_detached_child_behind() {
     // The worker's child calls setsid: the worker's group kill misses it. `gpuhost run` and a
     // local `gpuhost transcribe` adopt it once the worker is gone and kill it before they exit.
