@@ -380,10 +380,9 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
     host.stop().await;
 }
 
-#[tokio::test]
-async fn a_program_that_outlives_its_lease_blocks_the_gpu_until_its_memory_is_back() {
-    let gpu = FakeGpu::new(IDLE);
-    let host = arbiter_host(&gpu).await;
+/// Alice's lease for a notebook, whose program takes the memory `state` says (9512 MiB used)
+/// and keeps it after the lease is given back: the status once the queue is blocked for it.
+async fn outlive_a_lease(host: &TestHost, gpu: &FakeGpu, state: &str) -> Value {
     let granted: Value = host
         .post("/gpu/lease")
         .json(&json!({"holder": "alice", "purpose": "notebook"}))
@@ -394,9 +393,8 @@ async fn a_program_that_outlives_its_lease_blocks_the_gpu_until_its_memory_is_ba
         .await
         .unwrap();
     let id = granted["lease_id"].as_u64().expect("a lease id");
-    // The notebook takes 9 GB, and keeps it after its lease ends.
-    gpu.set_state("gpu: NVIDIA GeForce RTX 5090, 0, 9512, 32607, 41, 28.5\n");
-    wait_status(&host, "the notebook's memory in the sample", |s| {
+    gpu.set_state(state);
+    wait_status(host, "the program's memory in the sample", |s| {
         s["gpu"]["memory_used_mib"] == 9512
     })
     .await;
@@ -407,11 +405,24 @@ async fn a_program_that_outlives_its_lease_blocks_the_gpu_until_its_memory_is_ba
         .await
         .unwrap();
     assert_eq!(released.status(), 200);
-    let s = wait_status(&host, "the block", |s| {
+    wait_status(host, "the block", |s| {
         s["reason"]
             .as_str()
             .is_some_and(|r| r.contains("did not come back"))
     })
+    .await
+}
+
+#[tokio::test]
+async fn a_program_that_outlives_its_lease_blocks_the_gpu_until_its_memory_is_back() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = arbiter_host(&gpu).await;
+    // The notebook takes 9 GB, and keeps it after its lease ends.
+    let s = outlive_a_lease(
+        &host,
+        &gpu,
+        "gpu: NVIDIA GeForce RTX 5090, 0, 9512, 32607, 41, 28.5\n",
+    )
     .await;
     assert_eq!(s["decision"], "busy");
     assert!(
@@ -437,28 +448,12 @@ async fn hidden_command_lines_stay_out_of_a_blocked_gpus_reason() {
     let config =
         arbiter_config(&gpu, "").replace("[gpu.status]\n", "[gpu.status]\nhide_commands = true\n");
     let host = TestHost::start(&config).await.ready().await;
-    let granted: Value = lease_as(&host, "alice").await.json().await.unwrap();
-    let id = granted["lease_id"].as_u64().expect("a lease id");
     gpu.process(4242, 1, &["python3", "train.py", "--api-key=hunter2"]);
-    gpu.set_state(
+    let s = outlive_a_lease(
+        &host,
+        &gpu,
         "gpu: NVIDIA GeForce RTX 5090, 0, 9512, 32607, 41, 28.5\nproc: 4242, python3, 9000\n",
-    );
-    wait_status(&host, "the program's memory in the sample", |s| {
-        s["gpu"]["memory_used_mib"] == 9512
-    })
-    .await;
-    let released = host
-        .client()
-        .delete(format!("{}/gpu/lease/{id}", host.url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(released.status(), 200);
-    let s = wait_status(&host, "the block", |s| {
-        s["reason"]
-            .as_str()
-            .is_some_and(|r| r.contains("did not come back"))
-    })
+    )
     .await;
     let reason = s["reason"].as_str().unwrap();
     // The holder by pid and name: its command line was in the reason, hidden everywhere else.

@@ -240,27 +240,23 @@ async fn a_waiter_is_told_when_what_it_waits_for_changes() {
         .await
         .unwrap();
     let mut mine = q.enqueue();
-    let Turn::Waiting {
-        position: 1,
-        waiting_for,
-    } = mine.next().await
-    else {
-        panic!("not waiting");
-    };
-    assert_eq!(waiting_for.as_deref(), Some("lease 1 (alice)"));
+    // What the next turn tells: first place, waiting for what.
+    async fn told(waiter: &mut Waiter) -> Option<String> {
+        match waiter.next().await {
+            Turn::Waiting {
+                position: 1,
+                waiting_for,
+            } => waiting_for,
+            other => panic!("not waiting first: {other:?}"),
+        }
+    }
+    assert_eq!(told(&mut mine).await.as_deref(), Some("lease 1 (alice)"));
     // The lease ends and its memory does not come back: the same place in the queue, but
     // another reason to wait (it said "lease 1" while no lease was left).
     q.block("the memory of lease 1 did not come back".into());
     drop(held);
-    let Turn::Waiting {
-        position: 1,
-        waiting_for,
-    } = mine.next().await
-    else {
-        panic!("not waiting");
-    };
     assert_eq!(
-        waiting_for.as_deref(),
+        told(&mut mine).await.as_deref(),
         Some("the memory of lease 1 did not come back")
     );
     q.unblock();
