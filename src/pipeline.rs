@@ -196,7 +196,9 @@ impl Pipeline {
                 }
             }
         }
-        if events.is_closed() {
+        // The client left: cancelled, unless a stage failed of itself (a crash is counted as
+        // one, whoever still listens).
+        if events.is_closed() && failure.is_none() {
             return Err(PipelineError::Cancelled);
         }
         if let Some(failure) = &failure {

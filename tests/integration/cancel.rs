@@ -204,6 +204,40 @@ async fn a_oneshot_worker_loaded_for_a_job_called_off_meanwhile_ends_unused() {
 }
 
 #[tokio::test]
+async fn a_job_that_fails_after_its_client_left_counts_as_failed() {
+    // The worker cannot cancel; it crashes after the client has gone. A crash, not the
+    // client's going away (it was counted as cancelled).
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}",
+        fake_worker("w", "env = { FAKE_CANCEL = \"handle\" }")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let mut gone = EventReader::new(
+        host.post_body(
+            "/transcribe?prompt=fake:sleep=800+crash",
+            wav(0.2, 16000, 1),
+        )
+        .await,
+    );
+    gone.until(started).await;
+    drop(gone);
+    wait_for("the crash to be counted", Duration::from_secs(10), || {
+        let host = &host;
+        async move {
+            host.metrics()
+                .await
+                .contains("gpuhost_jobs_total{outcome=\"error\"} 1")
+        }
+    })
+    .await;
+    assert!(!host
+        .metrics()
+        .await
+        .contains("gpuhost_jobs_total{outcome=\"cancelled\"} 1"));
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_cancelled_stage_skips_the_rest_of_the_pipeline() {
     let config = format!(
         "[pipeline]\nstages = [\"a\", \"b\"]\n{}{}",
