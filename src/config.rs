@@ -143,6 +143,9 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("invalid config: {0}")]
     Invalid(String),
+    /// As `Invalid`, found in a file (named, as a parse error is).
+    #[error("invalid config file {path}: {message}")]
+    InvalidFile { path: PathBuf, message: String },
 }
 
 impl Config {
@@ -167,6 +170,10 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from("."));
         Config::from_toml(&text, base).map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            ConfigError::Invalid(message) => ConfigError::InvalidFile {
                 path: path.to_path_buf(),
                 message,
             },

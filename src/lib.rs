@@ -47,6 +47,8 @@ pub enum ServeError {
     },
     #[error("the server failed: {0}")]
     Serve(std::io::Error),
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
 }
 
 /// A host bound to its port, workers starting.
@@ -59,6 +61,7 @@ pub struct Server {
 
 /// Binds the listen address and starts the workers.
 pub async fn bind(config: Config) -> Result<Server, ServeError> {
+    config.check_serving()?;
     let addr = config.listen;
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -82,14 +82,65 @@ fn the_sdk_is_found_beside_the_workers_unless_set() {
 }
 
 #[test]
-fn non_loopback_needs_token() {
-    let err = Config::from_toml("listen = \"0.0.0.0:9090\"\n", ".".into()).unwrap_err();
-    assert!(err.to_string().contains("without a token"));
+fn serving_beyond_loopback_needs_a_token_hard_to_guess() {
+    // A client command reads the same file (to find the server): it is not refused.
+    let open = Config::from_toml("listen = \"0.0.0.0:9090\"\n", ".".into()).unwrap();
+    let err = open.check_serving().unwrap_err();
+    assert!(err.to_string().contains("without a token"), "{err}");
+    for weak in ["s3cret", "change-me"] {
+        let c = Config::from_toml(
+            &format!("listen = \"0.0.0.0:9090\"\ntoken = \"{weak}\"\n"),
+            ".".into(),
+        )
+        .unwrap();
+        let err = c.check_serving().unwrap_err().to_string();
+        assert!(err.contains("easy to guess"), "{weak}: {err}");
+    }
     let ok = Config::from_toml(
-        "listen = \"0.0.0.0:9090\"\ntoken = \"s3cret\"\n",
+        "listen = \"0.0.0.0:9090\"\ntoken = \"s3cret-token-7f3a\"\n",
         ".".into(),
+    )
+    .unwrap();
+    assert!(ok.check_serving().is_ok());
+    // Loopback: anything goes.
+    assert!(Config::from_toml("", ".".into())
+        .unwrap()
+        .check_serving()
+        .is_ok());
+    // Two listeners on one address.
+    let c = Config::from_toml(
+        "listen = \"127.0.0.1:9090\"\n[wyoming]\nlisten = \"127.0.0.1:9090\"\n",
+        ".".into(),
+    )
+    .unwrap();
+    let err = c.check_serving().unwrap_err().to_string();
+    assert!(err.contains("[wyoming] listen"), "{err}");
+}
+
+#[test]
+fn a_sample_stale_before_the_next_is_refused() {
+    let err = Config::from_toml(
+        "[gpu.status]\ninterval_s = 5\nstale_after_s = 0.5\n",
+        ".".into(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("stale_after_s (0.5) must be more than interval_s (5)"),
+        "{err}"
     );
-    assert!(ok.is_ok());
+}
+
+#[test]
+fn a_mistake_found_after_parsing_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpuhost.toml");
+    std::fs::write(&path, "[pipeline]\nstages = [\"nosuch\"]\n").unwrap();
+    let err = Config::load(&path, true).unwrap_err().to_string();
+    assert!(
+        err.starts_with(&format!("invalid config file {}", path.display())),
+        "{err}"
+    );
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! `Config::validate`: the checks across sections, run once after parsing (stages name workers,
-//! services are unique, timings are positive, a non-loopback listener has a token).
+//! services are unique, timings are positive; and, for serving only, a non-loopback listener has a
+//! token).
 
 use super::{Config, ConfigError};
 
@@ -197,15 +198,54 @@ impl Config {
             )
             .map_err(ConfigError::Invalid)?;
         }
-        if !self.listen.ip().is_loopback() && self.token.is_none() {
+        let st = &self.gpu.status;
+        if st.stale_after_s <= st.interval_s {
             return Err(ConfigError::Invalid(format!(
-                "refusing to listen on non-loopback address {} without a token: set `token` in the config or GPUHOST_TOKEN",
+                "[gpu.status] stale_after_s ({}) must be more than interval_s ({}): every sample \
+                 would be stale before the next one, and the GPU would read unknown for good",
+                st.stale_after_s, st.interval_s
+            )));
+        }
+        Ok(())
+    }
+
+    /// What only serving needs (client commands read the same file to find the server and its
+    /// token, and must not be refused for it): a token beyond loopback, and two listeners on
+    /// two addresses.
+    pub fn check_serving(&self) -> Result<(), ConfigError> {
+        if !self.listen.ip().is_loopback() {
+            match self.token.as_deref() {
+                None => {
+                    return Err(ConfigError::Invalid(format!(
+                        "refusing to listen on non-loopback address {} without a token: set \
+                         `token` in the config or GPUHOST_TOKEN",
+                        self.listen
+                    )))
+                }
+                Some(token) if token.chars().count() < TOKEN_MIN || token == "change-me" => {
+                    return Err(ConfigError::Invalid(format!(
+                        "refusing to listen on non-loopback address {} with a token that is \
+                         easy to guess (at least {TOKEN_MIN} characters, not the README's \
+                         placeholder): `openssl rand -hex 16` makes one",
+                        self.listen
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        // (Port 0 is any free port: two of them are two.)
+        if self.listen.port() != 0 && self.wyoming.listen == Some(self.listen) {
+            return Err(ConfigError::Invalid(format!(
+                "[wyoming] listen is the address of `listen` ({}): give each its own port",
                 self.listen
             )));
         }
         Ok(())
     }
 }
+
+/// The shortest token gpuhost serves beyond loopback with.
+const TOKEN_MIN: usize = 12;
 
 /// An address to listen on, said plainly when it is not one (serde's "invalid socket address
 /// syntax" did not say that `localhost:9090` needs an IP address).

@@ -326,6 +326,38 @@ fn logs_are_json_lines_when_asked_and_never_coloured_into_a_pipe() {
 }
 
 #[tokio::test]
+async fn a_client_command_reads_a_lan_servers_config_without_its_token() {
+    // The server's config listens on the LAN; its token is in the service's environment file,
+    // not in this shell. `gpuhost status --config` was refused ("refusing to listen … without
+    // a token"), though it listens nowhere.
+    let host = TestHost::start("[pipeline]\nstages = []\n[workers]\n").await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gpuhost.toml");
+    std::fs::write(
+        &config,
+        "listen = \"0.0.0.0:9090\"\n[pipeline]\nstages = []\n",
+    )
+    .unwrap();
+    let url = host.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        gpuhost()
+            .args(["status", "--server", &url, "--config"])
+            .arg(&config)
+            .env_remove("GPUHOST_TOKEN")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn gpuhost_status_without_a_gpu_says_so_in_one_line() {
     let host = TestHost::start(
         "[pipeline]\nstages = []\n[workers]\n[gpu.status]\nbackend = \"auto\"\nnvml_library = \"/nonexistent/libnvidia-ml.so.1\"\nnvidia_smi = \"/nonexistent/nvidia-smi\"\n",
