@@ -170,6 +170,13 @@ impl Remote {
         if base.cannot_be_a_base() {
             anyhow::bail!("{text} cannot be a base URL (give http://host:port[/prefix])");
         }
+        // They would go as Basic auth in place of the bearer token (a 401 blamed on it).
+        if !base.username().is_empty() || base.password().is_some() {
+            anyhow::bail!(
+                "the --server URL carries a user name or password; gpuhost takes a bearer \
+                 token (--token, GPUHOST_TOKEN or the config's `token`): give http://host:port"
+            );
+        }
         // Paths are joined onto it: behind a proxy at `/gpu`, `status` is `/gpu/status`.
         if !base.path().ends_with('/') {
             base.set_path(&format!("{}/", base.path()));
@@ -319,6 +326,11 @@ mod tests {
             "http://h:1/gpu/workers/asr/load"
         );
         assert!(Remote::new(&config, Some("mailto:x@y"), None).is_err());
+        // Credentials in the URL went as Basic auth in place of the token.
+        let err = Remote::new(&config, Some("http://u:p@h:1"), Some("t0k3n"))
+            .err()
+            .unwrap();
+        assert!(format!("{err:#}").contains("bearer token"), "{err:#}");
         for bare in ["127.0.0.1:9090", "localhost:9090"] {
             let err = Remote::new(&config, Some(bare), None).err().unwrap();
             assert!(

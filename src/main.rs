@@ -15,7 +15,8 @@ use clap::{Parser, Subcommand};
     about = "Time-share one GPU between many AI models"
 )]
 struct Args {
-    /// Config file (TOML). Without one, the built-in speech pipeline is served.
+    /// Config file (TOML). Without one, ./gpuhost.toml when it exists, else the built-in speech
+    /// pipeline.
     #[arg(long, global = true, env = "GPUHOST_CONFIG")]
     config: Option<PathBuf>,
     /// Log format on stderr: `text` (colours only on a terminal) or `json` (one object per line,
@@ -24,7 +25,8 @@ struct Args {
         long,
         global = true,
         env = "GPUHOST_LOG_FORMAT",
-        default_value = "text"
+        default_value = "text",
+        ignore_case = true
     )]
     log_format: LogFormat,
     #[command(subcommand)]
@@ -195,6 +197,12 @@ async fn run(
 fn init_logging(args: &Args) -> gpuhost::logwriter::Flush {
     use std::io::IsTerminal;
     let quiet = matches!(&args.command, Command::Transcribe(t) if !t.verbose());
+    // A GPUHOST_LOG that does not parse is said, not dropped without a word.
+    if let Ok(given) = std::env::var("GPUHOST_LOG") {
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&given) {
+            eprintln!("gpuhost: warning: GPUHOST_LOG={given:?} is not a filter ({e}); using the default (e.g. `info`, `warn,gpuhost=debug`)");
+        }
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUHOST_LOG").unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(if quiet {
             // The job's failure (a worker's failed load among them) is the command's own last

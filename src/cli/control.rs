@@ -14,6 +14,7 @@ pub(crate) struct ControlArgs {
     /// Base URL of the server; default: the config's listen address.
     #[arg(long)]
     server: Option<String>,
+    /// Bearer token (default: the config's `token`).
     #[arg(long, env = "GPUHOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
 }

@@ -16,6 +16,7 @@ pub(crate) struct LeaseArgs {
     /// Base URL of the server; default: the config's listen address.
     #[arg(long)]
     server: Option<String>,
+    /// Bearer token (default: the config's `token`).
     #[arg(long, env = "GPUHOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// Memory the program needs (MiB); room is made for it. Unknown: every idle worker unloads.

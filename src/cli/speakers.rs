@@ -14,6 +14,7 @@ pub(crate) struct SpeakersArgs {
     /// Base URL of the server; default: the config's listen address.
     #[arg(long, global = true)]
     server: Option<String>,
+    /// Bearer token (default: the config's `token`).
     #[arg(long, global = true, env = "GPUHOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
 }

@@ -10,6 +10,7 @@ pub(crate) struct StatusArgs {
     /// Base URL of the server; default: the config's listen address.
     #[arg(long)]
     server: Option<String>,
+    /// Bearer token (default: the config's `token`).
     #[arg(long, env = "GPUHOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
     /// Print the raw JSON of GET /status.

@@ -83,6 +83,15 @@ impl HttpConfig {
         if let Some(bad) = self.allowed_hosts.iter().find(|h| h.trim().is_empty()) {
             return Err(format!("[http] allowed_hosts has an empty entry: {bad:?}"));
         }
+        // A Host header is a name and perhaps a port: an entry with a scheme or a path never
+        // matches one, and (the list not empty) every other LAN name is refused with it.
+        let not_a_host = |h: &String| h.contains(['/', '@', ' ', '?', '#']);
+        if let Some(bad) = self.allowed_hosts.iter().find(|h| not_a_host(h)) {
+            return Err(format!(
+                "[http] allowed_hosts entries are host names, with a port or not (`gpu-box`, \
+                 `gpu-box:9090`), not URLs: {bad:?}"
+            ));
+        }
         Ok(())
     }
 }

@@ -404,3 +404,19 @@ fn a_parse_error_says_where_without_quoting_the_line() {
         .to_string();
     assert!(err.contains("stagez"), "what is wrong is still said: {err}");
 }
+
+#[test]
+fn an_allowed_host_is_a_name_not_a_url() {
+    let err = Config::from_toml(
+        "[http]\nallowed_hosts = [\"http://myhost:9090/\"]\n",
+        ".".into(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("not URLs"), "{err}");
+    let ok = Config::from_toml(
+        "[http]\nallowed_hosts = [\"myhost\", \"myhost:9090\", \"[::1]:9090\"]\n",
+        ".".into(),
+    );
+    assert!(ok.is_ok(), "{ok:?}");
+}

@@ -357,6 +357,26 @@ async fn a_client_command_reads_a_lan_servers_config_without_its_token() {
     host.stop().await;
 }
 
+#[test]
+fn odd_logging_variables_are_said_or_taken() {
+    // GPUHOST_LOG that does not parse was dropped without a word; GPUHOST_LOG_FORMAT=JSON was
+    // a usage error for every command.
+    let out = gpuhost()
+        .args(["status", "--server", "http://127.0.0.1:1"])
+        .env("GPUHOST_LOG", "bogus===x")
+        .env("GPUHOST_LOG_FORMAT", "JSON")
+        .env_remove("GPUHOST_TOKEN")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("GPUHOST_LOG=\"bogus===x\" is not a filter"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("cannot reach"), "{stderr}");
+}
+
 #[tokio::test]
 async fn gpuhost_status_without_a_gpu_says_so_in_one_line() {
     let host = TestHost::start(
