@@ -100,6 +100,39 @@ fn default_release_method() -> String {
     "POST".into()
 }
 
+impl WatchConfig {
+    /// As a `[[services]]` entry is checked: a name, a pattern, URLs that are URLs and an HTTP
+    /// method (a typo became POST without a word, an unparsable URL a warning at the first
+    /// release).
+    pub(super) fn validate(&self) -> Result<(), String> {
+        let at = format!("[[gpu.watch]] `{}`", self.name);
+        if !super::validate::plain_name(&self.name) {
+            return Err(format!(
+                "{at}: name must be 1 to 64 letters, digits, - or _"
+            ));
+        }
+        if self.pattern.is_empty() {
+            return Err(format!("{at} has an empty pattern"));
+        }
+        if let Some(url) = &self.health_url {
+            super::service::http_url(&at, "health_url", url)?;
+        }
+        match &self.release {
+            Some(WatchRelease::Ollama { url }) => super::service::http_url(&at, "release.url", url),
+            Some(WatchRelease::Http { url, method, .. }) => {
+                super::service::http_url(&at, "release.url", url)?;
+                match reqwest::Method::from_bytes(method.as_bytes()) {
+                    Ok(_) => Ok(()),
+                    Err(_) => Err(format!(
+                        "{at}: release.method {method:?} is not an HTTP method (POST, GET, …)"
+                    )),
+                }
+            }
+            None => Ok(()),
+        }
+    }
+}
+
 impl Default for GpuConfig {
     fn default() -> Self {
         GpuConfig {

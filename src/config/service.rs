@@ -129,7 +129,7 @@ impl ServiceConfig {
 }
 
 /// `url` (the value of `key` in section `at`) is an http:// or https:// URL with a host.
-fn http_url(at: &str, key: &str, url: &str) -> Result<(), String> {
+pub(super) fn http_url(at: &str, key: &str, url: &str) -> Result<(), String> {
     match reqwest::Url::parse(url) {
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
         Ok(_) => Err(format!(

@@ -420,3 +420,24 @@ fn an_allowed_host_is_a_name_not_a_url() {
     );
     assert!(ok.is_ok(), "{ok:?}");
 }
+
+#[test]
+fn a_watched_server_is_checked_as_a_service_is() {
+    let watch = |body: &str| {
+        Config::from_toml(&format!("[[gpu.watch]]\n{body}\n"), ".".into())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(watch("name = \"ollama\"\npattern = \"ollama serve\"\nhealth_url = \"http://127.0.0.1:11434/\"\nrelease = { kind = \"ollama\", url = \"http://127.0.0.1:11434\" }"), "");
+    for (body, says) in [
+        ("name = \"\"\npattern = \"x\"", "name must be"),
+        ("name = \"w\"\npattern = \"\"", "empty pattern"),
+        ("name = \"w\"\npattern = \"x\"\nhealth_url = \"not a url\"", "health_url"),
+        ("name = \"w\"\npattern = \"x\"\nrelease = { kind = \"http\", url = \"nope\" }", "release.url"),
+        ("name = \"w\"\npattern = \"x\"\nrelease = { kind = \"http\", url = \"http://h/unload\", method = \"FETCH ME\" }", "not an HTTP method"),
+    ] {
+        let err = watch(body);
+        assert!(err.contains(says), "{body}: {err}");
+    }
+}

@@ -180,11 +180,8 @@ impl Config {
             .map_err(ConfigError::Invalid)?;
         positive_seconds("[setup]", &[("timeout_s", self.setup.timeout_s)])
             .map_err(ConfigError::Invalid)?;
-        if let Some(w) = self.gpu.watch.iter().find(|w| w.pattern.is_empty()) {
-            return Err(ConfigError::Invalid(format!(
-                "[[gpu.watch]] `{}` has an empty pattern",
-                w.name
-            )));
+        for w in &self.gpu.watch {
+            w.validate().map_err(ConfigError::Invalid)?;
         }
         for (name, w) in &self.workers {
             positive_seconds(
