@@ -122,9 +122,10 @@ impl ServiceHandle {
     pub async fn stop_and_wait(&self, reason: &str) -> ServiceStatus {
         let before = self.status();
         self.stop(reason);
-        if matches!(before.state, ServiceState::Stopped | ServiceState::Failed) {
+        if before.state == ServiceState::Stopped {
             return before;
         }
+        // (A failed one is marked stopped by its actor: that ends it too.)
         self.wait_for(|s| s.ended > before.ended).await
     }
 

@@ -2044,6 +2044,19 @@ async fn a_service_that_dies_loading_tells_why_every_time() {
             "{message}"
         );
     }
+    // Stopped by hand, it reads stopped, its last error kept; `gpuhost stop` succeeds (it said
+    // the stop had failed, for a service that had failed before).
+    let (code, err, _) = cli(&host, &["stop", "oom"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let services = host.get_json("/services").await;
+    let oom = &services["services"][0];
+    assert_eq!(oom["state"], "stopped", "{oom}");
+    assert!(
+        oom["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("CUDA out of memory")),
+        "{oom}"
+    );
     host.stop().await;
 }
 

@@ -43,11 +43,18 @@ struct Running {
 impl Actor {
     pub(super) async fn run(mut self) {
         while let Some(control) = self.rx.recv().await {
-            if let Control::Start { ticket } = control {
+            match control {
                 // A caller that joined a start which has ended since (failed) has its answer.
-                if !self.events.answered(ticket) {
-                    self.serve_once().await;
+                Control::Start { ticket } if !self.events.answered(ticket) => {
+                    self.serve_once().await
                 }
+                // A stop asked of a service that failed and runs no more: stopped, as asked
+                // (it stayed `failed`, and `gpuhost stop` said the stop had failed); its
+                // `last_error` stays.
+                Control::Stop { .. } if self.status.borrow().state == ServiceState::Failed => {
+                    self.set(ServiceState::Stopped, |_| {})
+                }
+                _ => {}
             }
         }
     }
