@@ -4,6 +4,7 @@
 mod backend;
 mod decision;
 pub mod error;
+mod hop;
 mod nvml;
 mod owners;
 pub mod procfs;
@@ -12,7 +13,8 @@ pub mod smi;
 
 use serde::Serialize;
 
-pub use backend::{Backend, BackendReport};
+pub use backend::BackendReport;
+pub(crate) use backend::Backend;
 pub use decision::{Decision, DecisionInput, Judge};
 pub use owners::ServicePids;
 pub use sampler::{GpuHealth, GpuMonitor, Snapshot, StatusView};

@@ -1,13 +1,12 @@
 //! Picks the sampling backend (NVML, then nvidia-smi, then none) and remembers why the others
 //! were not used, for `/status` and the startup log.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use super::error::{ProbeError, SampleError};
+use super::hop::Hop;
 use super::nvml::NvmlBackend;
 use super::smi::{self, Smi};
 use super::RawSample;
@@ -18,13 +17,12 @@ use crate::config::{GpuBackendChoice, GpuStatusConfig};
 /// (a `/proc` walk per process) would take seconds of every sample.
 pub(super) const MAX_PROCESSES: usize = 4096;
 
-#[derive(Debug, Clone)]
-pub enum Backend {
+#[derive(Debug)]
+pub(crate) enum Backend {
     Nvml {
         nvml: NvmlBackend,
-        /// Set while a driver call runs; a wedged call must not pile up blocking threads.
-        in_flight: Arc<AtomicBool>,
-        timeout: Duration,
+        /// Runs the driver calls, bounded: a wedged one must not pile up blocking threads.
+        calls: Hop,
     },
     Smi(Smi),
     None,
@@ -68,7 +66,7 @@ impl Unavailable {
 }
 
 impl Backend {
-    pub fn select(config: &GpuStatusConfig) -> (Backend, BackendReport) {
+    pub(crate) fn select(config: &GpuStatusConfig) -> (Backend, BackendReport) {
         let timeout = Duration::from_secs_f64(config.timeout_s);
         let mut unavailable = Vec::new();
         let want =
@@ -79,8 +77,7 @@ impl Backend {
                     let path = Some(nvml.library.clone());
                     let backend = Backend::Nvml {
                         nvml,
-                        in_flight: Arc::default(),
-                        timeout,
+                        calls: Hop::new("an NVML call".into(), "(driver hung?)", timeout),
                     };
                     return (
                         backend,
@@ -129,7 +126,7 @@ impl Backend {
         )
     }
 
-    pub async fn sample(&self) -> Result<RawSample, SampleError> {
+    pub(crate) async fn sample(&mut self) -> Result<RawSample, SampleError> {
         let sample = self.sample_unchecked().await?;
         if sample.processes.len() > MAX_PROCESSES {
             return Err(SampleError::TooManyProcesses(sample.processes.len()));
@@ -137,28 +134,15 @@ impl Backend {
         Ok(sample)
     }
 
-    async fn sample_unchecked(&self) -> Result<RawSample, SampleError> {
+    async fn sample_unchecked(&mut self) -> Result<RawSample, SampleError> {
         match self {
             Backend::Smi(smi) => smi.sample().await,
-            Backend::Nvml {
-                nvml,
-                in_flight,
-                timeout,
-            } => {
-                if in_flight.swap(true, Ordering::AcqRel) {
-                    return Err(SampleError::NvmlHung);
-                }
-                let (nvml, flag) = (nvml.clone(), Arc::clone(in_flight));
-                let call = tokio::task::spawn_blocking(move || {
-                    let out = nvml.sample_blocking();
-                    flag.store(false, Ordering::Release);
-                    out
-                });
-                match tokio::time::timeout(*timeout, call).await {
-                    Ok(Ok(sample)) => sample,
-                    Ok(Err(e)) => Err(SampleError::NvmlPanicked(e.to_string())),
-                    Err(_) => Err(SampleError::NvmlTimeout(*timeout)),
-                }
+            Backend::Nvml { nvml, calls } => {
+                let nvml = nvml.clone();
+                calls
+                    .run(move || nvml.sample_blocking())
+                    .await
+                    .map_err(|e| SampleError::Stalled(e.to_string()))?
             }
             Backend::None => Err(SampleError::NoBackend),
         }

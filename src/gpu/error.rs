@@ -1,8 +1,6 @@
 //! Why a GPU backend could not be opened or sampled: one `thiserror` type for each step. They
 //! become text only at the JSON boundary (`backend.unavailable`, `error` in `/status`).
 
-use std::time::Duration;
-
 /// Why a backend could not be opened (listed in `backend.unavailable`).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ProbeError {
@@ -25,12 +23,9 @@ pub enum ProbeError {
 pub enum SampleError {
     #[error("NVML {what}: {message}")]
     Nvml { what: String, message: String },
-    #[error("the previous NVML call has not returned (driver hung?)")]
-    NvmlHung,
-    #[error("NVML call panicked: {0}")]
-    NvmlPanicked(String),
-    #[error("NVML did not answer within {0:?}")]
-    NvmlTimeout(Duration),
+    /// An NVML call that hangs, has hung since an earlier sample, or panicked.
+    #[error("{0}")]
+    Stalled(String),
     #[error("{path} could not run: {message}")]
     SmiRun { path: String, message: String },
     #[error("{path} failed ({exit}): {why}")]

@@ -30,7 +30,7 @@ pub(super) const USUAL_PLACES: &[&str] = &[
 const MIB: u64 = 1024 * 1024;
 
 #[derive(Clone)]
-pub struct NvmlBackend {
+pub(crate) struct NvmlBackend {
     nvml: Arc<Nvml>,
     pub library: String,
 }
@@ -45,7 +45,7 @@ impl std::fmt::Debug for NvmlBackend {
 
 impl NvmlBackend {
     /// Loads NVML from `configured`, else `GPUHOST_NVML_LIBRARY`, else the first usual place that works.
-    pub fn open(configured: &str) -> Result<NvmlBackend, ProbeError> {
+    pub(crate) fn open(configured: &str) -> Result<NvmlBackend, ProbeError> {
         let from_env = std::env::var("GPUHOST_NVML_LIBRARY").unwrap_or_default();
         let candidates = candidates(configured, &from_env);
         let mut tried = Vec::new();
@@ -76,7 +76,7 @@ impl NvmlBackend {
     }
 
     /// Samples every device. Blocking (driver calls): run it off the async threads.
-    pub fn sample_blocking(&self) -> Result<RawSample, SampleError> {
+    pub(crate) fn sample_blocking(&self) -> Result<RawSample, SampleError> {
         let count = self
             .nvml
             .device_count()

@@ -20,11 +20,10 @@ use crate::config::{Config, WatchConfig};
 use crate::supervisor::Supervisor;
 
 mod describe;
-mod hop;
 mod view;
 mod watched;
+use super::hop::Hop;
 use describe::{describe, reconcile, undescribed, Owners};
-use hop::Hop;
 pub use view::{GpuHealth, StatusView};
 
 /// One published sample with its verdict.
@@ -122,7 +121,8 @@ impl GpuMonitor {
             let sampler = Sampler {
                 backend,
                 hop: Hop::new(
-                    proc_root.display().to_string(),
+                    format!("reading {}/", proc_root.display()),
+                    "(a process stuck in the kernel?): GPU processes cannot be told apart",
                     Duration::from_secs_f64(st.timeout_s),
                 ),
                 procfs: ProcFs::new(proc_root),

@@ -58,36 +58,3 @@ fn used_memory_is_at_least_what_the_listed_processes_hold() {
     reconcile(&mut gpus, &[elsewhere]);
     assert_eq!(gpus[0].memory_used_mib, 512);
 }
-
-#[tokio::test]
-async fn a_stuck_proc_read_is_waited_on_once_and_a_panicking_one_frees_the_next() {
-    let mut hop = hop::Hop::new("/proc".into(), Duration::from_millis(300));
-    let (release, held) = std::sync::mpsc::channel::<()>();
-    let stuck = hop.run(move || held.recv().is_ok()).await;
-    assert!(
-        matches!(stuck, Err(hop::HopError::Timeout { .. })),
-        "{stuck:?}"
-    );
-    // The next samples do not start a second read behind the stuck one.
-    let next = hop.run(|| true).await;
-    assert!(matches!(next, Err(hop::HopError::Stuck { .. })), "{next:?}");
-    release.send(()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match hop.run(|| 7).await {
-            Ok(v) => break assert_eq!(v, 7),
-            Err(hop::HopError::Stuck { .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(5)).await
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-    // (A panic's backtrace may take long to print on a loaded machine: a roomier bound.)
-    let mut hop = hop::Hop::new("/proc".into(), Duration::from_secs(30));
-    let panicked = hop.run(|| -> u8 { panic!("odd /proc") }).await;
-    assert!(
-        matches!(panicked, Err(hop::HopError::Panicked { .. })),
-        "{panicked:?}"
-    );
-    assert_eq!(hop.run(|| 8).await, Ok(8));
-}
