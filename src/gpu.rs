@@ -13,8 +13,8 @@ pub mod smi;
 
 use serde::Serialize;
 
-pub use backend::BackendReport;
 pub(crate) use backend::Backend;
+pub use backend::BackendReport;
 pub use decision::{Decision, DecisionInput, Judge};
 pub use owners::ServicePids;
 pub use sampler::{GpuHealth, GpuMonitor, Snapshot, StatusView};

@@ -458,14 +458,7 @@ async fn hidden_command_lines_stay_out_of_a_blocked_gpus_reason() {
     let reason = s["reason"].as_str().unwrap();
     // The holder by pid and name: its command line was in the reason, hidden everywhere else.
     assert!(reason.contains("pid 4242 9000 MiB: python3"), "{reason}");
-    let leases = host
-        .get("/gpu/leases")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let leases = host.get_text("/gpu/leases").await;
     for text in [reason, &leases, &s.to_string()] {
         assert!(!text.contains("hunter2"), "{text}");
     }

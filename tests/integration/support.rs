@@ -222,6 +222,11 @@ impl TestHost {
         self.get(path).send().await.unwrap().json().await.unwrap()
     }
 
+    /// The body of `GET path`, as text.
+    pub async fn get_text(&self, path: &str) -> String {
+        self.get(path).send().await.unwrap().text().await.unwrap()
+    }
+
     pub async fn worker(&self, name: &str) -> serde_json::Value {
         self.get_json("/workers").await["workers"]
             .as_array()
