@@ -71,6 +71,15 @@ impl App {
                  check off)"
             );
         }
+        let ffmpeg = &config.audio.ffmpeg;
+        if !force_oneshot && !ffmpeg.is_empty() && crate::process::find_program(ffmpeg).is_none() {
+            tracing::warn!(
+                %ffmpeg,
+                "[audio] ffmpeg is not found: uploads only ffmpeg decodes (Opus, WebM, AMR, …) \
+                 will be refused; install ffmpeg, give its absolute path (a service does not \
+                 have the shell's PATH), or set it to \"\" to say it is left out on purpose"
+            );
+        }
         let supervisor = Arc::new(Supervisor::start(&config, force_oneshot));
         if force_oneshot {
             // A local one-off run has no one to report GPU status to.

@@ -49,6 +49,15 @@ pub enum ServeError {
     Serve(std::io::Error),
     #[error(transparent)]
     Config(#[from] config::ConfigError),
+    #[error(
+        "cannot use the state folder {} (state_dir: measured footprints and voiceprints are \
+         kept there): {source}",
+        path.display()
+    )]
+    StateDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// A host bound to its port, workers starting.
@@ -62,6 +71,7 @@ pub struct Server {
 /// Binds the listen address and starts the workers.
 pub async fn bind(config: Config) -> Result<Server, ServeError> {
     config.check_serving()?;
+    state_folder(&config.state_dir())?;
     let addr = config.listen;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -80,6 +90,33 @@ pub async fn bind(config: Config) -> Result<Server, ServeError> {
         wyoming,
         state,
     })
+}
+
+/// Makes the state folder (owner only: voiceprints are personal data) or says why it cannot
+/// be one, before anything is served: found later, an enrolment fails and measured footprints
+/// are lost at every restart, with a warning in the log at most.
+fn state_folder(path: &std::path::Path) -> Result<(), ServeError> {
+    use std::os::unix::fs::DirBuilderExt;
+    let failed = |source| ServeError::StateDir {
+        path: path.to_path_buf(),
+        source,
+    };
+    if path.exists() && !path.is_dir() {
+        return Err(failed(std::io::Error::other(
+            "it exists and is not a folder",
+        )));
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(failed)?;
+    // Writable: a probe file made and removed.
+    tempfile::Builder::new()
+        .prefix(".gpuhost-probe")
+        .tempfile_in(path)
+        .map(drop)
+        .map_err(failed)
 }
 
 impl Server {

@@ -8,6 +8,9 @@ use super::{Config, ConfigError};
 /// not fit the clocks they are added to.
 pub(super) const MAX_SECONDS: f64 = 1e9;
 
+/// The smallest `[limits] max_field_bytes`: every text field gpuhost documents fits in it.
+const MIN_FIELD_BYTES: usize = 128;
+
 /// The shortest time a setting other than 0 may give: shorter ones become a zero `Duration`
 /// (which a timer refuses) or busy loops.
 const MIN_SECONDS: f64 = 0.001;
@@ -90,9 +93,9 @@ impl Config {
         // The normalized audio is a WAV file (16 kHz, 16 bits), whose sizes are 32-bit: 37 h,
         // less the second ffmpeg decodes past the limit to find it was passed.
         let wav_max = (f64::from(u32::MAX - 1024) / 32_000.0 - 1.0).floor();
-        if !(self.limits.max_audio_seconds > 0.0 && self.limits.max_audio_seconds <= wav_max) {
+        if !(self.limits.max_audio_seconds >= 1.0 && self.limits.max_audio_seconds <= wav_max) {
             return invalid(format!(
-                "[limits] max_audio_seconds must be a positive number of seconds up to {wav_max:.0} (37 h: the normalized audio is a WAV file, whose sizes are 32-bit), got {}",
+                "[limits] max_audio_seconds must be a number of seconds from 1 to {wav_max:.0} (37 h: the normalized audio is a WAV file, whose sizes are 32-bit), got {}",
                 self.limits.max_audio_seconds
             ));
         }
@@ -115,6 +118,13 @@ impl Config {
                 self.gpu.status.idle_utilization_pct
             ));
         }
+        if self.limits.max_field_bytes < MIN_FIELD_BYTES {
+            return invalid(format!(
+                "[limits] max_field_bytes must be at least {MIN_FIELD_BYTES} (a speaker's name \
+                 may take 100 bytes, a language's name or a model's id as many), got {}",
+                self.limits.max_field_bytes
+            ));
+        }
         if self.limits.max_upload_bytes == 0 {
             return invalid("[limits] max_upload_bytes is 0: every upload would be refused".into());
         }
@@ -133,6 +143,7 @@ impl Config {
                 )));
             }
         }
+        self.wyoming.validate().map_err(ConfigError::Invalid)?;
         if self.wyoming.listen.is_some() {
             // Wyoming answers with text: without the asr every answer would be an empty one.
             let stages = self.wyoming.stages(&self.pipeline.stages);

@@ -43,4 +43,31 @@ impl WyomingConfig {
             None => pipeline.to_vec(),
         }
     }
+
+    /// The languages announced are codes Home Assistant can offer (`en`, `ko`, `pt-BR`): at
+    /// least one when the server is on, since an empty list leaves it nothing to pick.
+    pub(super) fn validate(&self) -> Result<(), String> {
+        if self.listen.is_some() && self.languages.is_empty() {
+            return Err(
+                "[wyoming] languages is empty: Home Assistant would have no language to offer; \
+                 list the model's languages, e.g. [\"en\"]"
+                    .into(),
+            );
+        }
+        let code = |l: &String| {
+            let mut parts = l.split(['-', '_']);
+            let first = parts.next().unwrap_or_default();
+            (2..=3).contains(&first.len())
+                && first.chars().all(|c| c.is_ascii_alphabetic())
+                && parts.all(|p| {
+                    (1..=8).contains(&p.len()) && p.chars().all(|c| c.is_ascii_alphanumeric())
+                })
+        };
+        if let Some(bad) = self.languages.iter().find(|l| !code(l)) {
+            return Err(format!(
+                "[wyoming] languages holds {bad:?}: each must be a language code such as \"en\", \"ko\" or \"pt-BR\""
+            ));
+        }
+        Ok(())
+    }
 }

@@ -307,3 +307,40 @@ async fn a_child_that_left_the_workers_group_just_before_the_host_was_sigkilled_
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_state_folder_that_cannot_be_one_is_refused_before_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("state");
+    std::fs::write(&file, "not a folder").unwrap();
+    for state_dir in [file.clone(), file.join("under")] {
+        let mut config = gpuhost::config::Config::from_toml(
+            &format!("state_dir = {:?}\n", state_dir.display().to_string()),
+            dir.path().to_path_buf(),
+        )
+        .unwrap();
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        let err = gpuhost::bind(config).await.err().expect("refused");
+        let message = err.to_string();
+        assert!(
+            message.contains("state folder") && message.contains(&file.display().to_string()),
+            "{message}"
+        );
+    }
+    // One that does not exist yet is made, for its owner only (voiceprints are kept there).
+    let fresh = dir.path().join("a/b/state");
+    let mut config = gpuhost::config::Config::from_toml(
+        &format!(
+            "state_dir = {:?}\n[pipeline]\nstages = []\n",
+            fresh.display().to_string()
+        ),
+        dir.path().to_path_buf(),
+    )
+    .unwrap();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    let server = gpuhost::bind(config).await.unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&fresh).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+    server.run(async {}).await.unwrap();
+}
