@@ -118,8 +118,6 @@ pub(super) enum OpenAiErrors {
     TooLarge(OpenAiErrorBody),
     #[response(status = 415, description = "Not decodable as audio")]
     NotAudio(OpenAiErrorBody),
-    #[response(status = 422, description = "The job failed")]
-    JobFailed(OpenAiErrorBody),
     #[response(status = 429, description = "The GPU queue is full (see Retry-After)")]
     QueueFull(OpenAiErrorBody),
     #[response(
@@ -127,7 +125,10 @@ pub(super) enum OpenAiErrors {
         description = "The temp dir's disk has no room (limits.min_free_bytes), or a worker's disk was full"
     )]
     NoSpace(OpenAiErrorBody),
-    #[response(status = 500, description = "Internal error")]
+    #[response(
+        status = 500,
+        description = "Internal error, or a worker failed on the job (`job_failed`)"
+    )]
     Internal(OpenAiErrorBody),
     #[response(status = 502, description = "A worker crashed or wrote bad output")]
     WorkerBroke(OpenAiErrorBody),

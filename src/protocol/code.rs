@@ -14,7 +14,8 @@ pub enum ErrorCode {
     WorkerCrashed,
     /// A worker took longer than its `task_timeout_s`.
     WorkerTimeout,
-    /// A worker reported that this job failed (bad input for the model, say).
+    /// A worker reported that this job failed for a reason of its own (an exception it did not
+    /// classify: a bug, CUDA out of memory); input it cannot take is `Refused`.
     JobFailed,
     /// A worker declined what the job asked (`kind: "refused"`: a language or a translation its
     /// model cannot do, too little speech for a voiceprint): the request's to change, a 400 as
@@ -43,7 +44,9 @@ impl ErrorCode {
         match self {
             ErrorCode::WorkerUnavailable | ErrorCode::ShuttingDown => 503,
             ErrorCode::WorkerTimeout => 504,
-            ErrorCode::JobFailed => 422,
+            // Input a model cannot take is `refused` (400): what is left failed on the server
+            // side (a worker bug, CUDA out of memory), which a client may try again.
+            ErrorCode::JobFailed => 500,
             ErrorCode::Refused => 400,
             ErrorCode::InsufficientStorage => 507,
             ErrorCode::WorkerCrashed | ErrorCode::BadOutput => 502,

@@ -266,11 +266,22 @@ async fn error_signal_fails_the_job_but_keeps_the_worker() {
         message.contains("ValueError: simulated failure"),
         "{message}"
     );
+    // As one answer: a failure on the server's side (worth a retry), not a 4xx that blames
+    // the upload (input a model cannot take is `refused`, 400).
+    let response = host
+        .post_body(
+            "/transcribe?format=json&prompt=fake:error",
+            wav(0.5, 16000, 1),
+        )
+        .await;
+    assert_eq!(response.status(), 500);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"], "job_failed", "{body}");
     let result = result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
-    assert_eq!(result["stages"]["w"]["seq"], 2, "same process, second job");
+    assert_eq!(result["stages"]["w"]["seq"], 3, "same process, third job");
     assert_eq!(host.worker("w").await["pid"], pid);
     // A worker whose disk is full says so (`kind: "no_space"`): 507, as the host's own full
-    // disk, not a 422 that blames the upload.
+    // disk, not a 4xx that blames the upload.
     let (code, message) = error_of(
         &host
             .transcribe("?prompt=fake:nospace", wav(0.5, 16000, 1))
