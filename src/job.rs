@@ -279,6 +279,12 @@ pub fn finish_result(mut result: Value, job: &PreparedJob) -> Value {
         .get("stages")
         .and_then(Value::as_object)
         .and_then(crate::transcript::build);
+    let transcript = transcript.map(|mut t| {
+        if let Some(duration) = result["duration"].as_f64() {
+            t.clamp_to(duration);
+        }
+        t
+    });
     if let Some(mut transcript) = transcript.and_then(|t| serde_json::to_value(t).ok()) {
         transcript["duration"] = result["duration"].take();
         transcript["timings"] = result["timings"].take();

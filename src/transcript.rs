@@ -100,6 +100,29 @@ impl Transcript {
     }
 }
 
+impl Transcript {
+    /// Keeps every time inside the recording, `0..=duration`: a worker's times past its end (a
+    /// model's padded window, a worker's bug) would make cues and RTTM turns no player shows
+    /// and no scorer reads. A turn or overlap left empty is dropped.
+    pub fn clamp_to(&mut self, duration: f64) {
+        let within = |t: f64| t.clamp(0.0, duration.max(0.0));
+        for seg in &mut self.segments {
+            (seg.start, seg.end) = (within(seg.start), within(seg.end));
+            for w in &mut seg.words {
+                (w.start, w.end) = (within(w.start), within(w.end));
+            }
+        }
+        for t in &mut self.turns {
+            (t.start, t.end) = (within(t.start), within(t.end));
+        }
+        self.turns.retain(|t| t.end > t.start);
+        for o in &mut self.overlaps {
+            *o = [within(o[0]), within(o[1])];
+        }
+        self.overlaps.retain(|o| o[1] > o[0]);
+    }
+}
+
 /// Builds the transcript when the results hold an `asr` stage; `None` otherwise.
 pub fn build(stages: &Map<String, Value>) -> Option<Transcript> {
     let asr = stages.get("asr")?;

@@ -1,5 +1,5 @@
 //! The transcript's unit tests: speakers by overlap, segmenting, aligner words and their
-//! `aligned` mark, joined words.
+//! `aligned` mark, joined words, times kept inside the recording.
 
 use super::*;
 use serde_json::json;
@@ -136,4 +136,31 @@ fn words_written_on_to_the_one_before_are_joined_without_a_space() {
 #[test]
 fn no_asr_no_transcript() {
     assert!(build(json!({"w": {}}).as_object().unwrap()).is_none());
+}
+
+#[test]
+fn times_past_the_recordings_end_are_kept_inside_it() {
+    let stages = json!({
+        "diarizer": {"turns": [
+            {"start": 0.0, "end": 2.5, "speaker": "SPEAKER_00"},
+            {"start": 2.6, "end": 3.0, "speaker": "SPEAKER_01"}
+        ], "overlaps": [[2.2, 2.4], [2.7, 2.9]]},
+        "asr": {"segments": [{"start": -0.1, "end": 2.9, "text": "hi there", "words": [
+            {"word": "hi", "start": -0.1, "end": 0.4},
+            {"word": "there", "start": 1.8, "end": 2.9}
+        ]}]}
+    });
+    let mut out = build(stages.as_object().unwrap()).unwrap();
+    out.clamp_to(2.5);
+    let words: Vec<(f64, f64)> = out
+        .segments
+        .iter()
+        .flat_map(|s| &s.words)
+        .map(|w| (w.start, w.end))
+        .collect();
+    assert_eq!(words, [(0.0, 0.4), (1.8, 2.5)]);
+    let last = out.segments.last().unwrap();
+    assert_eq!((out.segments[0].start, last.end), (0.0, 2.5));
+    assert_eq!(out.turns.len(), 1, "a turn wholly past the end goes");
+    assert_eq!(out.overlaps, [[2.2, 2.4]]);
 }
