@@ -278,6 +278,24 @@ async fn form_fields_are_bounded() {
         .unwrap();
     let (message, body) = openai_error(response, 413).await;
     assert!(message.contains("max_field_bytes"), "{body}");
+    // A form of thousands of tiny fields (names OpenAI's endpoint accepts) is refused at a
+    // few hundred: it had cost time growing with the square of their number.
+    let mut form = String::new();
+    for i in 0..5000 {
+        form += &format!(
+            "--b\r\nContent-Disposition: form-data; name=\"chunking_strategy[{i}]\"\r\n\r\n\r\n"
+        );
+    }
+    form += "--b--\r\n";
+    let response = host
+        .post("/v1/audio/transcriptions")
+        .header("content-type", "multipart/form-data; boundary=b")
+        .body(form)
+        .send()
+        .await
+        .unwrap();
+    let (message, body) = openai_error(response, 400).await;
+    assert!(message.contains("more than 256 fields"), "{body}");
     // A field before `file` on /transcribe counts against the upload limit.
     let form = reqwest::multipart::Form::new()
         .text("junk", "y".repeat(2_000_000))

@@ -13,6 +13,8 @@ use super::{collect, parts, ApiError, Source, Spill};
 /// takes: `/transcribe`, the OpenAI endpoints, `/speakers`).
 pub(in crate::http) struct Form {
     fields: Multipart,
+    /// Fields read so far: at most `MAX_FIELDS`.
+    read: usize,
     /// Why the part scan cut the body off, if it did (the parser only says the stream failed).
     /// A lock-free cell: set once from the body stream, read after the parser gave up.
     cut: Arc<OnceLock<&'static str>>,
@@ -23,7 +25,11 @@ impl Form {
         let cut = Arc::new(OnceLock::new());
         let request = bound_part_headers(request, Arc::clone(&cut));
         match Multipart::from_request(request, &()).await {
-            Ok(fields) => Ok(Form { fields, cut }),
+            Ok(fields) => Ok(Form {
+                fields,
+                read: 0,
+                cut,
+            }),
             Err(e) => Err(ApiError::bad_request(format!(
                 "this endpoint reads a form: send Content-Type: multipart/form-data; boundary=… \
                  ({})",
@@ -36,30 +42,44 @@ impl Form {
         &mut self,
     ) -> Result<Option<axum::extract::multipart::Field<'_>>, ApiError> {
         let cut = &self.cut;
-        self.fields.next_field().await.map_err(|e| {
+        let field = self.fields.next_field().await.map_err(|e| {
             let why = cut
                 .get()
                 .map_or_else(|| e.body_text(), |why| why.to_string());
             ApiError::bad_request(format!("invalid multipart body: {why}"))
-        })
+        })?;
+        if field.is_some() {
+            self.read += 1;
+            if self.read > MAX_FIELDS {
+                return Err(ApiError::bad_request(format!(
+                    "the form has more than {MAX_FIELDS} fields; every form this API reads \
+                     needs a handful"
+                )));
+            }
+        }
+        Ok(field)
     }
 }
+
+/// Fields a form may have: every form the API reads has at most a dozen and a few repeated
+/// `include[]` or `timestamp_granularities[]`. Without a bound, a few megabytes of empty
+/// fields kept a request busy for seconds each.
+const MAX_FIELDS: usize = 256;
 
 /// The names of the fields a form has given so far: each at most once (which one would be
 /// meant? the last silently won, as a voice enrolled under the second of two names).
 #[derive(Default)]
-pub(in crate::http) struct Given(Vec<String>);
+pub(in crate::http) struct Given(std::collections::HashSet<String>);
 
 impl Given {
     /// Notes `name`; a 400 when the form gave it before.
     pub(in crate::http) fn first(&mut self, name: &str) -> Result<(), ApiError> {
-        if self.0.iter().any(|seen| seen == name) {
+        if !self.0.insert(name.to_string()) {
             let shown: String = name.chars().take(40).collect();
             return Err(ApiError::bad_request(format!(
                 "the form field `{shown}` is given twice; give it once"
             )));
         }
-        self.0.push(name.to_string());
         Ok(())
     }
 }
