@@ -37,10 +37,14 @@ pub fn job_dir_for(config: &Config, upload: &Source) -> std::io::Result<tempfile
 /// result and those of a few others.
 const SMALL_ROOM: u64 = 4 << 20;
 
+/// A job folder, its owner's only (0700): uploads are other people's speech, and the folder
+/// may be in a shared `/tmp` or `/dev/shm`.
 fn job_dir_in(dir: PathBuf) -> std::io::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
     in_made_dir(&dir, || {
         tempfile::Builder::new()
             .prefix(&format!("{JOB_PREFIX}{}-", std::process::id()))
+            .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir_in(&dir)
     })
 }

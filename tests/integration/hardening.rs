@@ -860,3 +860,51 @@ async fn send_then_read(addr: &str, head: String, body: Vec<u8>, expect: bool) -
     .await
     .unwrap()
 }
+
+#[tokio::test]
+async fn job_folders_are_their_owners_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (jobs, small) = (dir.path().join("jobs"), dir.path().join("small"));
+    let host = TestHost::start(&one_stage(
+        &format!(
+            "[limits]\ntemp_dir = {:?}\nsmall_temp_dir = {:?}",
+            jobs.display().to_string(),
+            small.display().to_string()
+        ),
+        "",
+    ))
+    .await
+    .ready()
+    .await;
+    // A short upload goes to small_temp_dir, a long one to temp_dir: both hold other people's
+    // speech, in folders that may be shared (/tmp, /dev/shm).
+    let mut running = Vec::new();
+    for seconds in [0.2, 10.0] {
+        let request = host
+            .post("/transcribe?prompt=fake:sleep=1500")
+            .body(wav(seconds, 16000, 1));
+        running.push(tokio::spawn(async move { request.send().await.unwrap() }));
+    }
+    let folder_in = |at: &std::path::Path| {
+        std::fs::read_dir(at)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| e.file_name().to_string_lossy().starts_with("gpuhost-job-"))
+            .map(|e| e.path())
+    };
+    for at in [&small, &jobs] {
+        wait_for("a job folder", Duration::from_secs(10), || async {
+            folder_in(at).is_some()
+        })
+        .await;
+        let folder = folder_in(at).unwrap();
+        let mode = std::fs::metadata(&folder).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{}", folder.display());
+    }
+    for r in running {
+        assert_eq!(r.await.unwrap().status(), 200);
+    }
+    host.stop().await;
+}
