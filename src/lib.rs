@@ -71,7 +71,19 @@ pub struct Server {
 /// Binds the listen address and starts the workers.
 pub async fn bind(config: Config) -> Result<Server, ServeError> {
     config.check_serving()?;
-    state_folder(&config.state_dir())?;
+    let state = config.state_dir();
+    state_folder(&state)?;
+    // The voices' folder, once made, as the state folder: a voiceprint folder the server
+    // cannot read (a `sudo gpuhost serve` before) read as "no voices", and every transcript
+    // silently lost its names.
+    let voices = state.join("speakers");
+    if voices.exists() {
+        state_folder(&voices)?;
+        std::fs::read_dir(&voices).map_err(|source| ServeError::StateDir {
+            path: voices,
+            source,
+        })?;
+    }
     let addr = config.listen;
     let listener = tokio::net::TcpListener::bind(addr)
         .await

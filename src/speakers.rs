@@ -109,7 +109,15 @@ impl Speakers {
             let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
         }
         let mut inner = Inner::default();
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => Some(entries),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                tracing::warn!(path = %dir.display(), error = %e, "cannot read the enrolled voices: no speaker will be named after them");
+                None
+            }
+        };
+        for entry in entries.into_iter().flatten().flatten() {
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with(TMP_PREFIX) {

@@ -137,6 +137,10 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if self.code == "internal" {
+            // The message tells the client that the log has the details: here they are.
+            tracing::error!(status = %self.status, message = %self.message, "a request failed on the server's side");
+        }
         let refused = Refused {
             code: self.code,
             message: self.message.clone(),

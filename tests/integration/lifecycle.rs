@@ -327,6 +327,22 @@ async fn a_state_folder_that_cannot_be_one_is_refused_before_serving() {
             "{message}"
         );
     }
+    // Its voices' folder too (a file there read as "no voices enrolled").
+    let state = dir.path().join("kept");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::write(state.join("speakers"), "not a folder").unwrap();
+    let mut config = gpuhost::config::Config::from_toml(
+        &format!("state_dir = {:?}\n", state.display().to_string()),
+        dir.path().to_path_buf(),
+    )
+    .unwrap();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    let message = gpuhost::bind(config)
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(message.contains("kept/speakers"), "{message}");
     // One that does not exist yet is made, for its owner only (voiceprints are kept there).
     let fresh = dir.path().join("a/b/state");
     let mut config = gpuhost::config::Config::from_toml(
