@@ -42,6 +42,13 @@ pub struct ReadyInfo {
     /// The worker abandons a job on `SIGINT` and answers `error` with kind `cancelled`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cancel: bool,
+    /// The voiceprint model of a worker that makes and matches voiceprints (`POST /speakers`):
+    /// voices enrolled with another model are not compared with its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub voiceprints: Option<String>,
+    /// Seconds the worker's warm-up took before `ready` (shown in `/workers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_s: Option<f64>,
     /// Anything else the worker wants shown in `/workers`.
     #[serde(flatten)]
     pub extra: serde_json::Map<String, Value>,

@@ -207,7 +207,7 @@ fn voiceprint_stage(app: &AppState) -> Result<String, ApiError> {
         )));
     }
     let loaded = app.supervisor.get(&stage).and_then(|w| w.status().loaded);
-    if loaded.is_some_and(|l| !l.extra.contains_key("voiceprints")) {
+    if loaded.is_some_and(|l| l.voiceprints.is_none()) {
         return Err(conflict(format!(
             "the `{stage}` worker's engine does not make voiceprints (its `ready` did not say \
              `voiceprints`); use the packaged diarizer"

@@ -28,9 +28,7 @@ pub(super) fn stage_fields(
                 return HashMap::new();
             }
             let loaded = app.supervisor.get(stage).and_then(|w| w.status().loaded);
-            let model = loaded
-                .as_ref()
-                .map(|l| l.extra.get("voiceprints").and_then(Value::as_str));
+            let model = loaded.as_ref().map(|l| l.voiceprints.as_deref());
             if model == Some(None) {
                 return HashMap::new();
             }

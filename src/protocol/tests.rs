@@ -48,6 +48,8 @@ fn ready_languages_any_and_unreadable_metadata() {
         r#"ready {"languages":"en"}"#,
         r#"ready {"protocol":"1"}"#,
         r#"ready {"cancel":"yes"}"#,
+        r#"ready {"voiceprints":5}"#,
+        r#"ready {"warmup_s":"slow"}"#,
     ] {
         let Signal::BadReady { error, .. } = Signal::parse(bad) else {
             panic!("{bad}")

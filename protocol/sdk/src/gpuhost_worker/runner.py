@@ -37,7 +37,7 @@ class TaskRefused(ValueError):
 
 def failure(e: BaseException) -> dict:
     """The `error` signal's payload for an exception out of `Worker.run`: kind `refused` for a
-    `TaskRefused`, `no_space` for a full disk or quota (the host answers 507, not 422), else the
+    `TaskRefused`, `no_space` for a full disk or quota (the host answers 507, not 500), else the
     exception's class name."""
     if isinstance(e, TaskRefused):
         return {"message": str(e), "kind": "refused"}
