@@ -9,8 +9,10 @@ use super::AudioError;
 pub(super) const MIN_RATE: u32 = 4_000;
 /// Highest accepted sample rate (studio formats top out at 384 kHz).
 pub(super) const MAX_RATE: u32 = 384_000;
-/// Most channels accepted (they are mixed down to one).
-pub(super) const MAX_CHANNELS: usize = 32;
+/// Most channels accepted (they are mixed down to one): what symphonia reads (a WAV's channel
+/// mask has bits for 26 positions at most), and past which ffmpeg knows no layout to mix down
+/// from (27–32 channels were advertised and refused as undecodable).
+pub(super) const MAX_CHANNELS: usize = 26;
 /// Deepest accepted sample format.
 pub(super) const MAX_BITS: u32 = 64;
 
@@ -63,11 +65,24 @@ pub(super) fn check_riff_header(
     }
     let u16_at = |i: usize| u16::from_le_bytes([fmt[i], fmt[i + 1]]);
     let rate = u32::from_le_bytes([fmt[4], fmt[5], fmt[6], fmt[7]]);
-    check_format(rate, usize::from(u16_at(2)), Some(u32::from(u16_at(14))))?;
-    if u16_at(12) == 0 {
+    let (tag, channels, align, bits) = (u16_at(0), u16_at(2), u16_at(12), u16_at(14));
+    check_format(rate, usize::from(channels), Some(u32::from(bits)))?;
+    if align == 0 {
         return Err(AudioError::BadFormat(
             "the WAV header declares a block alignment of 0".into(),
         ));
+    }
+    // Samples a frame at a time (PCM, float, A-law, µ-law, and the extensible form of them):
+    // a frame is the channels' samples side by side. A decoder that trusts another alignment
+    // reads the audio in wrong steps (half of it lost, without a word); compressed formats
+    // (ADPCM) use the field for their block size.
+    let framed = matches!(tag, 0x0001 | 0x0003 | 0x0006 | 0x0007 | 0xFFFE);
+    let frame = u32::from(channels) * u32::from(bits).div_ceil(8);
+    if framed && u32::from(align) != frame {
+        return Err(AudioError::BadFormat(format!(
+            "the WAV header is damaged: it declares a block alignment of {align} bytes where \
+             {channels} channel(s) of {bits} bits take {frame}; export the file again"
+        )));
     }
     Ok(())
 }
@@ -104,6 +119,11 @@ mod tests {
             (16_000, 65_535, 16, 2),
             (16_000, 1, 0, 2),
             (16_000, 1, 16, 0),
+            // A block alignment that is not one frame: the decoder read half the audio.
+            (16_000, 1, 16, 4),
+            (16_000, 2, 16, 7),
+            // More channels than there is a layout to mix down from.
+            (8_000, 27, 16, 54),
         ] {
             let err = check(&wav_header(rate, ch, bits, align)).unwrap_err();
             assert!(
@@ -112,6 +132,12 @@ mod tests {
             );
         }
         assert!(check(b"fLaC\0\0\0\x22").is_ok());
+        // 12 bits in 16, and 26 channels: fine. ADPCM's alignment is its block size.
+        assert!(check(&wav_header(16_000, 2, 12, 4)).is_ok());
+        assert!(check(&wav_header(8_000, 26, 16, 52)).is_ok());
+        let mut adpcm = wav_header(8_000, 1, 4, 256);
+        adpcm[20] = 0x11;
+        assert!(check(&adpcm).is_ok());
     }
 
     #[test]
