@@ -82,8 +82,10 @@ impl<T: std::io::Read + std::io::Seek> ReadSeek for T {}
 #[derive(Debug, Clone, PartialEq)]
 pub struct AudioInfo {
     pub seconds: f64,
-    pub source_rate: u32,
-    pub source_channels: usize,
+    /// The upload's own rate and channels, when the decoder says them (ffmpeg, run quiet to
+    /// keep its errors readable, does not: `None`, shown as `null`, not the output's 16 kHz mono).
+    pub source_rate: Option<u32>,
+    pub source_channels: Option<usize>,
     /// `symphonia` or `ffmpeg`.
     pub decoder: &'static str,
 }

@@ -52,8 +52,8 @@ impl From<Result<AudioInfo, AudioError>> for Outcome {
         match result {
             Ok(info) => Outcome::Decoded {
                 seconds: info.seconds,
-                source_rate: info.source_rate,
-                source_channels: info.source_channels,
+                source_rate: info.source_rate.unwrap_or_default(),
+                source_channels: info.source_channels.unwrap_or_default(),
                 copied: info.decoder == "copy",
             },
             Err(AudioError::Empty) => Outcome::Empty,
@@ -81,8 +81,8 @@ impl From<Outcome> for Result<AudioInfo, AudioError> {
                 copied,
             } => Ok(AudioInfo {
                 seconds,
-                source_rate,
-                source_channels,
+                source_rate: Some(source_rate),
+                source_channels: Some(source_channels),
                 decoder: if copied { "copy" } else { "symphonia" },
             }),
             Outcome::Empty => Err(AudioError::Empty),

@@ -144,8 +144,8 @@ pub(super) fn decode_with_symphonia(
     }
     Ok(AudioInfo {
         seconds: source_frames as f64 / f64::from(rate),
-        source_rate: rate,
-        source_channels: channels,
+        source_rate: Some(rate),
+        source_channels: Some(channels),
         decoder: "symphonia",
     })
 }

@@ -108,8 +108,8 @@ pub(super) async fn decode_with_ffmpeg(
     }
     Ok(AudioInfo {
         seconds,
-        source_rate: TARGET_RATE,
-        source_channels: 1,
+        source_rate: None,
+        source_channels: None,
         decoder: "ffmpeg",
     })
 }

@@ -74,8 +74,8 @@ pub(super) fn copy_if_normalized(
     std::fs::write(path, out.into_inner())?;
     Ok(Some(super::AudioInfo {
         seconds: (data.len() / 2) as f64 / f64::from(rate),
-        source_rate: rate,
-        source_channels: 1,
+        source_rate: Some(rate),
+        source_channels: Some(1),
         decoder: "copy",
     }))
 }
