@@ -112,7 +112,10 @@ pub(super) async fn enroll(
         .acquire()
         .await
         .map_err(|_| ApiError::internal("the server is stopping"))?;
-    let segments = tokio::task::spawn_blocking(move || {
+    let segments::Spans {
+        spans: segments,
+        transcribed_s,
+    } = tokio::task::spawn_blocking(move || {
         segments::segments_of(given.as_deref(), transcript.as_deref(), speaker.as_deref())
     })
     .await
@@ -125,6 +128,14 @@ pub(super) async fn enroll(
         .into_job(&app, file, JobOptions::default(), vec![stage.clone()])
         .await?;
     let duration = prepared.info.seconds;
+    // Another recording's transcript would teach the voice of whoever talks there at those
+    // times. (Re-encoded, the same recording may gain or lose a few frames.)
+    if let Some(transcribed) = transcribed_s.filter(|t| (t - duration).abs() > SAME_RECORDING_S) {
+        return Err(ApiError::bad_request(format!(
+            "the transcript is of a recording of {transcribed:.2} s and this audio is \
+             {duration:.2} s: send the audio that was transcribed"
+        )));
+    }
     if let Some([start, _]) = segments
         .iter()
         .flatten()
@@ -215,6 +226,9 @@ fn voiceprint_stage(app: &AppState) -> Result<String, ApiError> {
     }
     Ok(stage)
 }
+
+/// How far the length of the audio sent may be from the transcript's recording's.
+const SAME_RECORDING_S: f64 = 0.5;
 
 async fn read_form(
     request: Request,

@@ -163,6 +163,23 @@ async fn a_speaker_of_a_finished_transcript_is_enrolled_from_its_turns() {
     assert_eq!(status, 400);
     let message = error["message"].as_str().unwrap();
     assert!(message.contains("SPEAKER_00, SPEAKER_01"), "{message}");
+    // Another recording's transcript (it says its length) is refused, not learnt from.
+    let mut longer = transcript.clone();
+    longer["duration"] = json!(9.0);
+    let (status, error) = enroll(
+        &host,
+        form("Dan", 5.0)
+            .text("transcript", longer.to_string())
+            .text("speaker", "SPEAKER_00"),
+    )
+    .await;
+    assert_eq!(status, 400, "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("send the audio that was transcribed"),
+        "{message}"
+    );
+    assert!(!listed(&host).await.iter().any(|v| v["name"] == "Dan"));
     // Explicit segments work the same way.
     let segments = form("Carol", 5.0).text("segments", "[[0, 1.25], [2, 3]]");
     let (status, voice) = enroll(&host, segments).await;

@@ -6,13 +6,23 @@ use super::ApiError;
 /// More spans than anyone marks by hand, or a transcript has for one speaker.
 const SEGMENTS_MAX: usize = 100_000;
 
-/// The spans to learn the voice from: `segments`, or the turns of `speaker` in `transcript`;
-/// `None`: all the speech in the audio.
+/// The spans to learn the voice from.
+pub(super) struct Spans {
+    /// `segments`, or the turns of `speaker` in `transcript`; `None`: all the speech in the
+    /// audio.
+    pub(super) spans: Option<Vec<[f64; 2]>>,
+    /// How long the transcript's recording was, when it says: the audio sent with it must be
+    /// that recording.
+    pub(super) transcribed_s: Option<f64>,
+}
+
+/// The spans to learn the voice from: `segments`, or the turns of `speaker` in `transcript`.
 pub(super) fn segments_of(
     segments: Option<&str>,
     transcript: Option<&str>,
     speaker: Option<&str>,
-) -> Result<Option<Vec<[f64; 2]>>, ApiError> {
+) -> Result<Spans, ApiError> {
+    let mut transcribed_s = None;
     let spans: Vec<[f64; 2]> = match (segments, transcript, speaker) {
         (Some(_), Some(_), _) => {
             return Err(ApiError::bad_request(
@@ -24,7 +34,11 @@ pub(super) fn segments_of(
                 "`segments` must be JSON like [[0.5, 4.2], [10, 12.5]] (seconds): {e}"
             ))
         })?,
-        (None, Some(text), Some(speaker)) => turns_of(text, speaker.trim())?,
+        (None, Some(text), Some(speaker)) => {
+            let (turns, duration) = turns_of(text, &crate::speakers::normal_name(speaker))?;
+            transcribed_s = duration;
+            turns
+        }
         (None, Some(_), None) => {
             return Err(ApiError::bad_request(
                 "`transcript` needs `speaker`: the label of the voice in it (SPEAKER_01)",
@@ -35,7 +49,12 @@ pub(super) fn segments_of(
                 "`speaker` needs `transcript`: the finished transcript of this audio",
             ))
         }
-        (None, None, None) => return Ok(None),
+        (None, None, None) => {
+            return Ok(Spans {
+                spans: None,
+                transcribed_s,
+            })
+        }
     };
     if spans.len() > SEGMENTS_MAX {
         return Err(ApiError::bad_request(format!(
@@ -54,7 +73,10 @@ pub(super) fn segments_of(
         return Err(ApiError::bad_request("`segments` is empty"));
     }
     // The worker gets each stretch of time once, however often it was listed.
-    Ok(Some(union(&spans)))
+    Ok(Spans {
+        spans: Some(union(&spans)),
+        transcribed_s,
+    })
 }
 
 /// What enrolment reads of a transcript: who spoke when. Nothing else is parsed or kept (a
@@ -71,6 +93,9 @@ struct Spoken {
     segments: Vec<Span>,
     #[serde(default)]
     overlaps: Vec<[f64; 2]>,
+    /// The recording's length (a job's `result` has it).
+    #[serde(default)]
+    duration: Option<f64>,
     /// A result without an `asr` stage has no top-level turns: they are its diarizer's.
     #[serde(default)]
     stages: std::collections::BTreeMap<String, Spoken>,
@@ -84,9 +109,10 @@ struct Span {
     speaker: Option<String>,
 }
 
-/// The turns of `speaker` in a transcript (its segments' times when it has no turns), minus
-/// overlapped speech and empty spans.
-fn turns_of(text: &str, speaker: &str) -> Result<Vec<[f64; 2]>, ApiError> {
+/// The turns of `speaker` (a name as [`crate::speakers::normal_name`] keeps it) in a transcript
+/// (its segments' times when it has no turns), minus overlapped speech and empty spans; and the
+/// recording's length when the transcript says it.
+fn turns_of(text: &str, speaker: &str) -> Result<(Vec<[f64; 2]>, Option<f64>), ApiError> {
     let sent: Spoken = serde_json::from_str(text).map_err(|e| {
         ApiError::bad_request(format!(
             "`transcript` is not a transcript (send the JSON `result` of a transcription): {e}"
@@ -96,6 +122,7 @@ fn turns_of(text: &str, speaker: &str) -> Result<Vec<[f64; 2]>, ApiError> {
         Some(inside) => *inside,
         None => sent,
     };
+    let duration = spoken.duration;
     if spoken.turns.is_empty() && spoken.segments.is_empty() {
         if let Some(stage) = std::mem::take(&mut spoken.stages)
             .into_values()
@@ -107,7 +134,11 @@ fn turns_of(text: &str, speaker: &str) -> Result<Vec<[f64; 2]>, ApiError> {
     let of = |spans: &[Span]| -> Vec<[f64; 2]> {
         spans
             .iter()
-            .filter(|s| s.speaker.as_deref() == Some(speaker))
+            .filter(|s| {
+                s.speaker
+                    .as_deref()
+                    .is_some_and(|s| crate::speakers::normal_name(s) == speaker)
+            })
             .map(|s| [s.start, s.end])
             .collect()
     };
@@ -146,7 +177,7 @@ fn turns_of(text: &str, speaker: &str) -> Result<Vec<[f64; 2]>, ApiError> {
     }
     let clean = minus(&spans, &spoken.overlaps);
     // All of it overlapped: the voice is still in there.
-    Ok(if clean.is_empty() { spans } else { clean })
+    Ok((if clean.is_empty() { spans } else { clean }, duration))
 }
 
 /// `spans` (checked: finite, start <= end) sorted, with the ones that overlap or touch merged:
@@ -222,7 +253,7 @@ mod tests {
             "overlaps": [[3.0, 4.0]],
         }}}})
         .to_string();
-        assert_eq!(turns_of(&event, "SPEAKER_01").unwrap(), [[4.0, 9.0]]);
+        assert_eq!(turns_of(&event, "SPEAKER_01").unwrap().0, [[4.0, 9.0]]);
         assert!(turns_of(&event, "SPEAKER_07").is_err());
     }
 
@@ -254,11 +285,12 @@ mod tests {
             .map(|i| [2.0 * i as f64, 2.0 * i as f64 + 1.0])
             .collect();
         let text = serde_json::json!({"turns": turns, "overlaps": overlaps}).to_string();
-        let spans = turns_of(&text, "A").unwrap();
-        assert_eq!(spans.len(), SEGMENTS_MAX); // the gaps between the overlaps, and the tail
-                                               // Given as `segments`, repeats and overlaps are merged too.
+        let (spans, _) = turns_of(&text, "A").unwrap();
+        // The gaps between the overlaps, and the tail.
+        assert_eq!(spans.len(), SEGMENTS_MAX);
+        // Given as `segments`, repeats and overlaps are merged too.
         let given = segments_of(Some("[[0, 2], [1, 3], [0, 2], [5, 6]]"), None, None);
-        assert_eq!(given.unwrap(), Some(vec![[0.0, 3.0], [5.0, 6.0]]));
+        assert_eq!(given.unwrap().spans, Some(vec![[0.0, 3.0], [5.0, 6.0]]));
     }
 
     #[test]
@@ -271,9 +303,22 @@ mod tests {
             .collect();
         let text = serde_json::json!({"turns": turns, "overlaps": overlaps}).to_string();
         // 20 000 × 100 000 pairs were 2·10⁹ steps; merged and sorted it is a few hundred thousand.
-        let spans = turns_of(&text, "A").unwrap();
+        let (spans, _) = turns_of(&text, "A").unwrap();
         assert!(spans
             .iter()
             .all(|[s, e]| e - s > 0.05 && e - s <= 0.1 + 1e-9));
+    }
+
+    #[test]
+    fn a_speaker_is_found_in_any_unicode_form_and_the_recordings_length_is_read() {
+        // "보브" as macOS types it (NFD: jamo) against the transcript's NFC label.
+        let text = serde_json::json!({"result": {"duration": 4.21, "turns": [
+            {"start": 0.5, "end": 2.0, "speaker": "보브"}
+        ]}})
+        .to_string();
+        let nfd = "\u{1107}\u{1169}\u{1107}\u{1173}";
+        let given = segments_of(None, Some(&text), Some(nfd)).unwrap();
+        assert_eq!(given.spans, Some(vec![[0.5, 2.0]]));
+        assert_eq!(given.transcribed_s, Some(4.21));
     }
 }
