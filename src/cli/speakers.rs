@@ -28,7 +28,7 @@ enum SpeakersAction {
         /// The name transcripts will use.
         name: String,
         /// Audio with the voice: a few seconds of it alone, or a recording plus --segments or
-        /// --transcript/--speaker.
+        /// --transcript/--speaker; `-` reads it from stdin.
         file: PathBuf,
         /// JSON `[[start, end], …]` seconds where the voice speaks.
         #[arg(long, conflicts_with = "transcript")]
@@ -66,9 +66,22 @@ pub(crate) async fn speakers(
             transcript,
             speaker,
         } => {
-            let audio = tokio::fs::read(&file)
-                .await
-                .with_context(|| format!("cannot read {}", file.display()))?;
+            let audio = if file == std::path::Path::new("-") {
+                let mut audio = Vec::new();
+                tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut audio)
+                    .await
+                    .context("cannot read the audio from stdin")?;
+                audio
+            } else {
+                anyhow::ensure!(
+                    !file.is_dir(),
+                    "{} is a folder: give an audio file with the voice in it",
+                    file.display()
+                );
+                tokio::fs::read(&file)
+                    .await
+                    .with_context(|| format!("cannot read {}", file.display()))?
+            };
             let file_name = file
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())

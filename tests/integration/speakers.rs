@@ -297,6 +297,24 @@ async fn the_command_line_enrols_lists_and_deletes() {
     let again = gpuhost(&["delete", "Dana Kim"]).await.unwrap();
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("404"));
+    // `-` is stdin, as for `gpuhost transcribe`; a folder is said to be one.
+    let mut piped = tokio::process::Command::new(env!("CARGO_BIN_EXE_gpuhost"));
+    piped
+        .args([
+            "speakers", "add", "Eve", "-", "--server", &host.url, "--token", "secret",
+        ])
+        .current_dir(dir.path())
+        .stdin(std::fs::File::open(&audio).unwrap());
+    let added = piped.output().await.unwrap();
+    assert!(added.status.success(), "{added:?}");
+    let listed = gpuhost(&["list"]).await.unwrap();
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("Eve"));
+    let folder = gpuhost(&["add", "Fay", "."]).await.unwrap();
+    assert!(!folder.status.success());
+    assert!(
+        String::from_utf8_lossy(&folder.stderr).contains("is a folder"),
+        "{folder:?}"
+    );
     host.stop().await;
 }
 
