@@ -80,7 +80,7 @@ pub fn accept_options(
         let Some(known) = &loaded.languages else {
             continue;
         };
-        let model = || loaded.model.clone().unwrap_or_else(|| "its model".into());
+        let model = || loaded.model.clone().unwrap_or_else(|| "model".into());
         if options.translate && !loaded.translate {
             return Err(OptionsError::CannotTranslate {
                 stage: stage.clone(),

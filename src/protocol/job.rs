@@ -147,7 +147,7 @@ impl JobOptions {
         if let Some(num) = self.num_speakers {
             let (min, max) = (
                 self.min_speakers.unwrap_or(1),
-                self.max_speakers.unwrap_or(u32::MAX),
+                self.max_speakers.unwrap_or(MAX_SPEAKERS),
             );
             if num < min || num > max {
                 return Err(OptionsError::NumOutsideRange { num, min, max });
