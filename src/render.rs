@@ -130,29 +130,46 @@ fn text(transcript: &Transcript) -> String {
     out
 }
 
+/// Milliseconds of `seconds` (negative: 0).
+fn millis(seconds: f64) -> u64 {
+    (seconds.max(0.0) * 1000.0).round() as u64
+}
+
 /// `HH:MM:SS,mmm` (SRT) or `HH:MM:SS.mmm` (VTT).
-fn timestamp(seconds: f64, vtt: bool) -> String {
-    let ms = (seconds.max(0.0) * 1000.0).round() as u64;
+fn timestamp(ms: u64, vtt: bool) -> String {
     let (h, m, s, ms) = (ms / 3_600_000, ms / 60_000 % 60, ms / 1000 % 60, ms % 1000);
     format!("{h:02}:{m:02}:{s:02}{}{ms:03}", if vtt { '.' } else { ',' })
 }
 
+/// The shortest cue shown: a one-word segment whose word has no length (start = end, as word
+/// timestamps often give) made a cue players skip and validators flag.
+const MIN_CUE_MS: u64 = 100;
+
 fn cues(transcript: &Transcript, vtt: bool) -> String {
     let mut out = String::from(if vtt { "WEBVTT\n\n" } else { "" });
-    for (i, seg) in transcript.segments.iter().enumerate() {
-        let (start, end) = (timestamp(seg.start, vtt), timestamp(seg.end, vtt));
-        // An SRT reader takes a line holding `-->` for a cue's times (WebVTT's `>` is escaped).
-        let text = one_line(&seg.text).replace("-->", "->");
-        let line = match (speaker_of(seg).map(|s| s.replace("-->", "->")), vtt) {
+    let mut number = 0;
+    for seg in &transcript.segments {
+        let text = one_line(&seg.text);
+        if text.is_empty() {
+            // A blank line would end the cue before its text.
+            continue;
+        }
+        let start_ms = millis(seg.start);
+        let end_ms = millis(seg.end).max(start_ms + MIN_CUE_MS);
+        let (start, end) = (timestamp(start_ms, vtt), timestamp(end_ms, vtt));
+        // An SRT reader takes a line holding `-->` for a cue's times (WebVTT's `>` is escaped,
+        // which keeps the text as it was).
+        let line = match (speaker_of(seg), vtt) {
             (Some(sp), true) => format!("<v {}>{}", vtt_escape(&sp), vtt_escape(&text)),
             (None, true) => vtt_escape(&text),
-            (Some(sp), false) => srt_escape(&format!("[{sp}] {text}")),
-            (None, false) => srt_escape(&text),
+            (Some(sp), false) => srt_escape(&format!("[{sp}] {text}").replace("-->", "->")),
+            (None, false) => srt_escape(&text.replace("-->", "->")),
         };
+        number += 1;
         if vtt {
             let _ = write!(out, "{start} --> {end}\n{line}\n\n");
         } else {
-            let _ = write!(out, "{}\n{start} --> {end}\n{line}\n\n", i + 1);
+            let _ = write!(out, "{number}\n{start} --> {end}\n{line}\n\n");
         }
     }
     out
@@ -221,11 +238,12 @@ fn rttm(transcript: &Transcript) -> String {
         } else {
             speaker
         };
-        let start = start.max(0.0);
+        // (`+ 0.0`: a worker's `-0.0` is written `0.000`, not `-0.000`.)
+        let start = start.max(0.0) + 0.0;
         let _ = writeln!(
             out,
             "SPEAKER audio 1 {start:.3} {:.3} <NA> <NA> {speaker} <NA> <NA>",
-            (end - start).max(0.0)
+            (end - start).max(0.0) + 0.0
         );
     }
     out
@@ -338,5 +356,26 @@ mod tests {
         let vtt = render(&named, Format::Vtt);
         assert!(vtt.contains("<v Kim &lt;R&amp;D&gt;>a &lt; b\n"), "{vtt}");
         assert!(render(&named, Format::Rttm).contains(" 김_민수 <NA>"));
+    }
+
+    #[test]
+    fn every_cue_has_text_and_a_length() {
+        let result = json!({
+            "segments": [
+                {"start": 1.0, "end": 1.0, "text": "Yes.", "words": []},
+                {"start": 2.0, "end": 2.5, "text": "\u{7}", "words": []},
+                {"start": 3.0, "end": 3.5, "text": "a-->b", "words": []}
+            ],
+            "turns": [{"start": -0.0, "end": 0.5, "speaker": "A"}]
+        });
+        let srt = render(&result, Format::Srt);
+        assert_eq!(
+            srt,
+            "1\n00:00:01,000 --> 00:00:01,100\nYes.\n\n2\n00:00:03,000 --> 00:00:03,500\na->b\n\n"
+        );
+        // WebVTT's escape keeps the text as it was.
+        let vtt = render(&result, Format::Vtt);
+        assert!(vtt.ends_with("00:00:03.500\na--&gt;b\n\n"), "{vtt}");
+        assert!(render(&result, Format::Rttm).starts_with("SPEAKER audio 1 0.000 0.500 "));
     }
 }

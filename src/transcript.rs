@@ -7,7 +7,8 @@ use serde_json::{Map, Value};
 mod shape;
 pub use shape::fault;
 
-/// A segment ends at a speaker change, a pause this long, or when it would grow past these.
+/// A segment ends at a speaker change, a pause this long, or when it would grow past these
+/// (its text in columns: see `width`).
 const MAX_PAUSE_S: f64 = 0.8;
 const MAX_SEGMENT_S: f64 = 6.0;
 const MAX_SEGMENT_CHARS: usize = 84;
@@ -105,7 +106,8 @@ impl Transcript {
     /// model's padded window, a worker's bug) would make cues and RTTM turns no player shows
     /// and no scorer reads. A turn or overlap left empty is dropped.
     pub fn clamp_to(&mut self, duration: f64) {
-        let within = |t: f64| t.clamp(0.0, duration.max(0.0));
+        // (`+ 0.0` makes a `-0.0` plain 0.)
+        let within = |t: f64| t.clamp(0.0, duration.max(0.0)) + 0.0;
         for seg in &mut self.segments {
             (seg.start, seg.end) = (within(seg.start), within(seg.end));
             for w in &mut seg.words {
@@ -198,7 +200,8 @@ fn words_of(result: &Value) -> Vec<Word> {
                 continue;
             };
             let text = w.get("word").and_then(Value::as_str).unwrap_or("").trim();
-            if text.is_empty() {
+            // Nothing to show (a word of control characters became an empty cue).
+            if text.chars().all(|c| c.is_control() || c.is_whitespace()) {
                 continue;
             }
             let score = number(w, "score")
@@ -240,6 +243,15 @@ fn speaker_for(word: &Word, turns: &[Turn]) -> Option<String> {
         .iter()
         .min_by(|a, b| distance(a).total_cmp(&distance(b)))
         .map(|t| t.speaker.clone())
+}
+
+/// How wide `text` shows, in columns: a character each, two for the wide ones of Chinese,
+/// Japanese and Korean (it counted bytes: three for each Hangul syllable, so Korean cues were cut
+/// at about 28 characters).
+fn width(text: &str) -> usize {
+    text.chars()
+        .map(|c| if unspaced_script(c) { 2 } else { 1 })
+        .sum()
 }
 
 /// Whether `word` is the rest of the word before it ("-disposed", "'êtes"), not a word of a
@@ -289,7 +301,7 @@ fn group(words: Vec<Word>) -> Vec<Segment> {
                 seg.speaker != word.speaker
                     || word.start - seg.end > MAX_PAUSE_S
                     || word.end - seg.start > MAX_SEGMENT_S
-                    || seg.text.len() + 1 + word.word.len() > MAX_SEGMENT_CHARS
+                    || width(&seg.text) + 1 + width(&word.word) > MAX_SEGMENT_CHARS
                     || (ends_sentence(&seg.text) && seg.end - seg.start > 2.0)
             }
         };

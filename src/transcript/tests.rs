@@ -164,3 +164,15 @@ fn times_past_the_recordings_end_are_kept_inside_it() {
     assert_eq!(out.turns.len(), 1, "a turn wholly past the end goes");
     assert_eq!(out.overlaps, [[2.2, 2.4]]);
 }
+
+#[test]
+fn a_korean_segment_is_cut_by_its_width_not_its_bytes() {
+    // Ten words of three syllables: 89 bytes with the spaces (over the 84), 69 columns.
+    let words: Vec<Value> = (0..10)
+        .map(|i| w("예산을", 0.2 * f64::from(i), 0.2 * f64::from(i) + 0.15))
+        .collect();
+    let stages =
+        json!({"asr": {"segments": [{"start": 0.0, "end": 2.0, "text": "", "words": words}]}});
+    let out = build(stages.as_object().unwrap()).unwrap();
+    assert_eq!(out.segments.len(), 1, "{:?}", out.segments);
+}

@@ -375,7 +375,7 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
     let r = post(form(vec!["x".repeat(8000)])).await.unwrap();
     let (message, body) = openai_error(r, 400).await;
     assert!(message.contains("`word` or `segment`"), "{body}");
-    let r = post(form(vec!["word".into(); 300]).text("response_format", "verbose_json"))
+    let r = post(form(vec!["word".into(); 100]).text("response_format", "verbose_json"))
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
