@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 mod shape;
+mod views;
 pub use shape::fault;
 
 /// A segment ends at a speaker change, a pause this long, or when it would grow past these
@@ -98,30 +99,6 @@ impl Transcript {
     pub fn from_result(result: &Value) -> Option<Transcript> {
         result.get("segments")?;
         Transcript::deserialize(result).ok()
-    }
-}
-
-impl Transcript {
-    /// Keeps every time inside the recording, `0..=duration`: a worker's times past its end (a
-    /// model's padded window, a worker's bug) would make cues and RTTM turns no player shows
-    /// and no scorer reads. A turn or overlap left empty is dropped.
-    pub fn clamp_to(&mut self, duration: f64) {
-        // (`+ 0.0` makes a `-0.0` plain 0.)
-        let within = |t: f64| t.clamp(0.0, duration.max(0.0)) + 0.0;
-        for seg in &mut self.segments {
-            (seg.start, seg.end) = (within(seg.start), within(seg.end));
-            for w in &mut seg.words {
-                (w.start, w.end) = (within(w.start), within(w.end));
-            }
-        }
-        for t in &mut self.turns {
-            (t.start, t.end) = (within(t.start), within(t.end));
-        }
-        self.turns.retain(|t| t.end > t.start);
-        for o in &mut self.overlaps {
-            *o = [within(o[0]), within(o[1])];
-        }
-        self.overlaps.retain(|o| o[1] > o[0]);
     }
 }
 

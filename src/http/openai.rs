@@ -263,12 +263,20 @@ async fn answer(app: AppState, request: Request, translate: bool) -> Result<Resp
     )
     .await
     .map_err(|e| intake.failed(e))?;
-    let format = form.response_format.as_deref().unwrap_or("json");
+    let format = form.response_format.as_deref().map_or("json", str::trim);
     if !["json", "text", "srt", "verbose_json", "vtt"].contains(&format) {
         return Err(ApiError::bad_request(format!(
             "response_format `{format}` is not supported (json, text, srt, verbose_json, vtt)"
         ))
         .at("response_format")
+        .into());
+    }
+    // As OpenAI answers: only `verbose_json` has times to give (they were dropped unsaid).
+    if !form.granularities.is_empty() && format != "verbose_json" {
+        return Err(ApiError::bad_request(format!(
+            "timestamp_granularities needs response_format `verbose_json` (this asks `{format}`)"
+        ))
+        .at("timestamp_granularities[]")
         .into());
     }
     let file = form
@@ -361,9 +369,8 @@ fn verbose(
     }
     if words_wanted {
         body["words"] = transcript
-            .segments
+            .whole_words()
             .iter()
-            .flat_map(|s| &s.words)
             .map(|w| json!({"word": w.word, "start": w.start, "end": w.end, "speaker": w.speaker}))
             .collect();
     }

@@ -176,3 +176,29 @@ fn a_korean_segment_is_cut_by_its_width_not_its_bytes() {
     let out = build(stages.as_object().unwrap()).unwrap();
     assert_eq!(out.segments.len(), 1, "{:?}", out.segments);
 }
+
+#[test]
+fn whole_words_join_the_pieces_of_a_written_word() {
+    let stages = json!({"asr": {"segments": [{"start": 0.0, "end": 2.0, "text": "", "words": [
+        w("three", 0.0, 0.4),
+        w("o", 0.5, 0.6),
+        {"word": "'clock.", "start": 0.6, "end": 1.0, "joined": true},
+        w("你", 1.2, 1.4),
+        {"word": "好", "start": 1.4, "end": 1.6, "joined": true}
+    ]}]}});
+    let out = build(stages.as_object().unwrap()).unwrap();
+    let words: Vec<(String, f64, f64)> = out
+        .whole_words()
+        .into_iter()
+        .map(|w| (w.word, w.start, w.end))
+        .collect();
+    assert_eq!(
+        words,
+        [
+            ("three".into(), 0.0, 0.4),
+            ("o'clock.".into(), 0.5, 1.0),
+            ("你".into(), 1.2, 1.4),
+            ("好".into(), 1.4, 1.6)
+        ]
+    );
+}

@@ -379,6 +379,15 @@ async fn a_language_the_loaded_model_lacks_is_refused_before_it_queues() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    // Without verbose_json there are no times to give: refused, as OpenAI does.
+    let r = post(form(vec!["word".into()])).await.unwrap();
+    let (message, body) = openai_error(r, 400).await;
+    assert!(message.contains("verbose_json"), "{body}");
+    // A response_format with spaces around it is read as the others are.
+    let r = post(form(vec![]).text("response_format", " text "))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
     host.stop().await;
 }
 
