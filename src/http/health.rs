@@ -96,8 +96,14 @@ pub(super) async fn ready(
     // A queue blocked on memory that never came back grants nothing until someone frees it:
     // jobs there would not wait their turn, they would wait for a person.
     for core in &app.arbiter.cores {
-        if let Some(why) = core.queue.blocked() {
-            reasons.push(format!("the GPU {} queue is blocked: {why}", core.device));
+        // Why it is blocked names the processes on the GPU and their command lines: not for an
+        // open endpoint (`/status` and `/gpu/leases` say it to a caller with the token).
+        if core.queue.blocked().is_some() {
+            reasons.push(format!(
+                "the GPU {} queue is blocked: memory a holder left behind has not come back \
+                 (/status or /gpu/leases says whose)",
+                core.device
+            ));
         }
     }
     let waiting = app.queue.waiting();

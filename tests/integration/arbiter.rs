@@ -466,6 +466,30 @@ async fn hidden_command_lines_stay_out_of_a_blocked_gpus_reason() {
 }
 
 #[tokio::test]
+async fn the_open_ready_endpoint_names_no_holder_of_a_blocked_gpu() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = arbiter_host(&gpu).await;
+    gpu.process(4242, 1, &["python3", "train.py", "--hf-token=hf_SECRET"]);
+    let s = outlive_a_lease(
+        &host,
+        &gpu,
+        "gpu: NVIDIA GeForce RTX 5090, 0, 9512, 32607, 41, 28.5\nproc: 4242, python3, 9000\n",
+    )
+    .await;
+    // Whoever may read /status sees the holder; /ready is open to anyone.
+    assert!(s["reason"].as_str().unwrap().contains("hf_SECRET"), "{s:#}");
+    let ready = reqwest::get(format!("{}/ready", host.url)).await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let ready = ready.text().await.unwrap();
+    assert!(ready.contains("queue is blocked"), "{ready}");
+    assert!(
+        !ready.contains("hf_SECRET") && !ready.contains("4242"),
+        "{ready}"
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn an_unrenewed_lease_is_reclaimed_after_its_ttl() {
     let gpu = FakeGpu::new(IDLE);
     let host = arbiter_host(&gpu).await;
