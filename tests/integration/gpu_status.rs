@@ -310,6 +310,10 @@ async fn failing_and_hanging_nvidia_smi_read_unknown() {
         .await
         .unwrap();
     assert_eq!(h["gpu"]["sampling"], "failing");
+    // Open to anyone: without nvidia-smi's path or its stderr.
+    let said = h["gpu"]["error"].as_str().unwrap();
+    assert!(said.contains("/status says why"), "{h}");
+    assert!(!said.contains("exit code") && !said.contains("smi"), "{h}");
     gpu.set_flag("fail", false);
     wait_decision(&host, "idle").await;
 

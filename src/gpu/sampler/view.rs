@@ -42,6 +42,7 @@ pub struct GpuHealth {
     /// `ok`, `starting`, `failing` or `unavailable`.
     pub sampling: &'static str,
     pub decision: Decision,
+    /// That the sample fails, not why (the why may hold paths and command lines).
     pub error: Option<String>,
 }
 
@@ -68,7 +69,16 @@ impl GpuMonitor {
     /// Whether sampling works, for the open `/health`: no processes, no command lines.
     pub fn health(&self) -> GpuHealth {
         let snap = Arc::clone(&self.snapshot.borrow());
-        let (decision, _, error, _) = self.verdict(&snap);
+        let (decision, _, error, stale) = self.verdict(&snap);
+        // A sample's error may quote nvidia-smi's stderr, its path or a process line: the open
+        // endpoint says that sampling fails, `/status` (with the token) why.
+        let error = error.map(|why| {
+            if stale {
+                why
+            } else {
+                "the GPU sample could not be read or trusted: /status says why".into()
+            }
+        });
         let sampling = match (&error, self.report.active) {
             (_, "none") => "unavailable",
             (Some(_), _) => "failing",
