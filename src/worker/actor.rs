@@ -34,8 +34,14 @@ pub(super) struct Actor {
     life: Life,
     /// Tasks that arrived while the worker was loading.
     pending: VecDeque<(TaskRequest, Reply)>,
-    /// Failures since the last successful load; drives the backoff.
+    /// Failures in a row: loads that failed, and processes that went down before they had
+    /// answered a task or stayed up [`STABLE_UP`]; drives the backoff. (Reset by `ready` alone,
+    /// a worker that exits right after it restarted 25 times a second.)
     failures: u32,
+    /// When the process said `ready`, while it is up.
+    up_since: Option<Instant>,
+    /// Tasks the process answered (`done` or `error`) since `ready`.
+    answered: u32,
     /// Why the last load failed, for tasks that find the worker down.
     load_error: Option<TaskError>,
     /// An `Unload` that arrived while a load or task was in progress: done right after it.
@@ -61,6 +67,8 @@ impl Actor {
             life: Life::Down { retry_at },
             pending: VecDeque::new(),
             failures: 0,
+            up_since: None,
+            answered: 0,
             load_error: None,
             unload_after: None,
         }
@@ -177,7 +185,7 @@ impl Actor {
         match outcome {
             Ok(session) => {
                 tracing::info!(worker = %self.spec.name, pid = session.pid(), ready = %serde_json::to_string(&session.ready).unwrap_or_default(), "worker ready");
-                self.failures = 0;
+                (self.up_since, self.answered) = (Some(Instant::now()), 0);
                 let (pid, ready) = (session.pid(), session.ready.clone());
                 self.life = Life::Up(Box::new(session));
                 self.set_state(WorkerState::Ready, |s| {
@@ -201,6 +209,14 @@ impl Actor {
 
     /// Records that the process is gone and schedules the restart.
     fn went_down(&mut self, error: String) {
+        let proven = self
+            .up_since
+            .take()
+            .is_some_and(|t| t.elapsed() >= STABLE_UP)
+            || std::mem::take(&mut self.answered) > 0;
+        if proven {
+            self.failures = 0;
+        }
         self.failures += 1;
         let retry_at = match self.spec.mode {
             Mode::Resident => Some(Instant::now() + backoff(self.failures)),
@@ -279,6 +295,9 @@ fn backoff(failures: u32) -> Duration {
         _ => quick,
     }
 }
+
+/// Up this long, a process that goes down is a new failure, not one more in a row.
+const STABLE_UP: Duration = Duration::from_secs(60);
 
 /// Failures in a row after which a worker is left alone longer between tries.
 const PERSISTENT: u32 = 12;

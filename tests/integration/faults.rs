@@ -1,7 +1,7 @@
 //! Fault injection with the stdlib fake worker: every failure ends only its own job, and the next
 //! job works.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpuhost::protocol::ClientEvent;
 
@@ -471,6 +471,25 @@ async fn a_ready_line_with_unreadable_metadata_fails_the_load_at_once() {
     assert!(
         worker["last_error"].as_str().unwrap().contains("protocol"),
         "{worker}"
+    );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_that_exits_right_after_ready_is_restarted_with_backoff() {
+    // Its `ready` reset the count of failures in a row: every restart was the first, at once,
+    // 25 Python starts a second.
+    let host = TestHost::start(&one_stage("env = { FAKE_EXIT_AFTER_READY = \"0\" }")).await;
+    let started = Instant::now();
+    wait_for("five restarts", Duration::from_secs(30), || async {
+        host.worker("w").await["restarts"].as_u64().unwrap_or(0) >= 5
+    })
+    .await;
+    // The fifth exit comes after restarts at once, then after 0.5 s, 1 s and 2 s.
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
     );
     host.stop().await;
 }

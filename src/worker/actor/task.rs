@@ -113,6 +113,13 @@ impl Actor {
                 s.last_error = Some(e.to_string());
             }
         });
+        // The process answered: it works (a result it got wrong is still an answer).
+        if matches!(
+            outcome,
+            Ok(_) | Err(TaskError::Failed { .. } | TaskError::BadOutput { .. })
+        ) {
+            self.answered += 1;
+        }
         if broken {
             let error = outcome
                 .as_ref()
