@@ -493,3 +493,26 @@ async fn a_worker_that_exits_right_after_ready_is_restarted_with_backoff() {
     );
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_task_that_cannot_reach_its_worker_goes_to_a_new_one() {
+    // The worker closes its stdin after a job and stays up: the next job's line cannot be
+    // written. It failed as a crash, though nothing had reached the worker.
+    let host = TestHost::start(&one_stage("")).await.ready().await;
+    let pid = host.worker("w").await["pid"].clone();
+    result_of(
+        &host
+            .transcribe("?prompt=fake:closestdin", wav(0.3, 16000, 1))
+            .await,
+    );
+    let result = result_of(&host.transcribe("", wav(0.3, 16000, 1)).await);
+    assert_eq!(result["stages"]["w"]["seq"], 1, "a new process's first job");
+    let w = host.worker("w").await;
+    assert_ne!(w["pid"], pid);
+    assert_eq!(
+        (w["tasks_done"].as_u64(), w["tasks_failed"].as_u64()),
+        (Some(2), Some(0)),
+        "{w}"
+    );
+    host.stop().await;
+}

@@ -3,7 +3,7 @@
 
 use super::{defer, Actor, Interrupted, Life, Reply};
 use crate::config::{Fallback, Mode};
-use crate::worker::session::TaskLimits;
+use crate::worker::session::{Ran, TaskLimits};
 use crate::worker::{TaskError, TaskRequest, WorkerState};
 
 impl Actor {
@@ -50,49 +50,31 @@ impl Actor {
             let _ = reply.send(Err(cancelled));
             return Ok(());
         }
-        self.status.send_modify(|s| {
-            s.state = WorkerState::Busy;
-            s.state_since = std::time::Instant::now();
-        });
-        let (outcome, stop) = {
-            let Actor {
-                life,
-                rx,
-                pending,
-                spec,
-                unload_after,
-                ..
-            } = self;
-            let Life::Up(session) = life else {
-                unreachable!("loaded above")
-            };
-            // Configured options first; the task's own fields win.
-            let mut task = spec.options.clone();
-            task.extend(request.task.clone());
-            let limits = TaskLimits {
-                timeout: spec.task_timeout,
-                cancel: &request.cancel,
-                cancel_grace: spec.cancel_grace,
-            };
-            let run = session.run(&task, &request.output_path, &request.events, limits);
-            tokio::pin!(run);
-            // Keep answering control messages while the task runs: a Stop must not wait for it.
-            let mut stop = None;
-            let outcome = loop {
-                tokio::select! {
-                    outcome = &mut run => break outcome,
-                    control = rx.recv(), if stop.is_none() => {
-                        stop = defer(control, pending, unload_after);
-                    }
-                }
-                if stop.is_some() {
-                    break Err(TaskError::ShuttingDown {
-                        worker: spec.name.clone(),
-                    });
-                }
-            };
-            (outcome, stop)
-        };
+        let (mut ran, mut stop) = self.run_loaded(&request).await;
+        if let (Ran::Undelivered(e), None) = (&ran, &stop) {
+            // Nothing reached the process (it closed its stdin while idle, and stays up): a new
+            // one takes the task, which was no one's fault but the worker's.
+            tracing::warn!(worker = %self.spec.name, error = %e, "the task did not reach the worker; restarting it and sending the task again");
+            self.went_down(e.to_string());
+            if let Err(stop) = self.load().await {
+                let _ = reply.send(Err(TaskError::ShuttingDown {
+                    worker: self.spec.name.clone(),
+                }));
+                return Err(stop);
+            }
+            if let Life::Down { .. } = self.life {
+                let error = self.load_error.clone().unwrap_or_else(|| e.clone());
+                let _ = reply.send(Err(error));
+                return Ok(());
+            }
+            if let Some(cancelled) = self.called_off(&request) {
+                self.task_ended(oneshot_fallback).await;
+                let _ = reply.send(Err(cancelled));
+                return Ok(());
+            }
+            (ran, stop) = self.run_loaded(&request).await;
+        }
+        let outcome = ran.into_result();
         if let Some(stop) = stop {
             let _ = reply.send(outcome);
             return Err(Interrupted::Stop(stop));
@@ -132,6 +114,55 @@ impl Actor {
         }
         let _ = reply.send(outcome);
         Ok(())
+    }
+
+    /// Runs `request` on the loaded process, answering control messages meanwhile; the stop
+    /// that came, if one did.
+    async fn run_loaded(
+        &mut self,
+        request: &TaskRequest,
+    ) -> (Ran, Option<tokio::sync::oneshot::Sender<()>>) {
+        self.status.send_modify(|s| {
+            s.state = WorkerState::Busy;
+            s.state_since = std::time::Instant::now();
+        });
+        let Actor {
+            life,
+            rx,
+            pending,
+            spec,
+            unload_after,
+            ..
+        } = self;
+        let Life::Up(session) = life else {
+            unreachable!("loaded above")
+        };
+        // Configured options first; the task's own fields win.
+        let mut task = spec.options.clone();
+        task.extend(request.task.clone());
+        let limits = TaskLimits {
+            timeout: spec.task_timeout,
+            cancel: &request.cancel,
+            cancel_grace: spec.cancel_grace,
+        };
+        let run = session.run(&task, &request.output_path, &request.events, limits);
+        tokio::pin!(run);
+        // Keep answering control messages while the task runs: a Stop must not wait for it.
+        let mut stop = None;
+        let ran = loop {
+            tokio::select! {
+                ran = &mut run => break ran,
+                control = rx.recv(), if stop.is_none() => {
+                    stop = defer(control, pending, unload_after);
+                }
+            }
+            if stop.is_some() {
+                break Ran::Answered(Err(TaskError::ShuttingDown {
+                    worker: spec.name.clone(),
+                }));
+            }
+        };
+        (ran, stop)
     }
 
     /// After a task (run, or called off once loaded): a oneshot process ends with it (the
