@@ -516,3 +516,31 @@ async fn a_task_that_cannot_reach_its_worker_goes_to_a_new_one() {
     );
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_stray_done_fails_one_task_and_restarts_the_worker() {
+    // The worker says `done` once more, a second after its answer: the next task takes it for
+    // its own. Every answer after it then ended the task after its own.
+    let host = TestHost::start(&one_stage("")).await.ready().await;
+    let pid = host.worker("w").await["pid"].clone();
+    result_of(
+        &host
+            .transcribe("?prompt=fake:straydone=1000", wav(0.3, 16000, 1))
+            .await,
+    );
+    let (code, message) = error_of(
+        &host
+            .transcribe("?prompt=fake:sleep=3000", wav(0.3, 16000, 1))
+            .await,
+    );
+    assert_eq!(code, "bad_output");
+    assert!(message.contains("restarted"), "{message}");
+    let result = result_of(
+        &host
+            .transcribe("?prompt=fake:sleep=2500", wav(0.3, 16000, 1))
+            .await,
+    );
+    assert_eq!(result["stages"]["w"]["seq"], 1, "a new process's first job");
+    assert_ne!(host.worker("w").await["pid"], pid);
+    host.stop().await;
+}

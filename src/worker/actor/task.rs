@@ -74,17 +74,19 @@ impl Actor {
             }
             (ran, stop) = self.run_loaded(&request).await;
         }
+        let out_of_step = matches!(ran, Ran::OutOfStep(_));
         let outcome = ran.into_result();
         if let Some(stop) = stop {
             let _ = reply.send(outcome);
             return Err(Interrupted::Stop(stop));
         }
-        let broken = matches!(
-            outcome,
-            Err(TaskError::Crashed { .. }
-                | TaskError::Timeout { .. }
-                | TaskError::Cancelled { killed: true, .. })
-        );
+        let broken = out_of_step
+            || matches!(
+                outcome,
+                Err(TaskError::Crashed { .. }
+                    | TaskError::Timeout { .. }
+                    | TaskError::Cancelled { killed: true, .. })
+            );
         self.status.send_modify(|s| match &outcome {
             Ok(_) => s.tasks_done += 1,
             Err(TaskError::Cancelled { .. }) => s.tasks_cancelled += 1,

@@ -40,6 +40,8 @@ pub(in crate::worker) enum Ran {
     Answered(Result<Value, TaskError>),
     /// It never reached the process (the process was killed for it): another may take it.
     Undelivered(TaskError),
+    /// The process answered out of step with its tasks; it was killed (a new one starts).
+    OutOfStep(TaskError),
 }
 
 impl Ran {
@@ -47,7 +49,7 @@ impl Ran {
     pub(in crate::worker) fn into_result(self) -> Result<Value, TaskError> {
         match self {
             Ran::Answered(outcome) => outcome,
-            Ran::Undelivered(e) => Err(e),
+            Ran::Undelivered(e) | Ran::OutOfStep(e) => Err(e),
         }
     }
 }
@@ -70,6 +72,18 @@ impl Session {
     ) -> Ran {
         match self.follow(task, output, events, limits).await {
             Err(Sent::Not(e)) => Ran::Undelivered(e),
+            // `done` with no result at all: a stray `done` (an earlier task's, said twice) or a
+            // worker that lost track. Every answer after it would end the task after its own.
+            Err(Sent::Yes(TaskError::BadOutput { worker, reason })) if !output.exists() => {
+                self.group.kill().await;
+                Ran::OutOfStep(TaskError::BadOutput {
+                    worker,
+                    reason: format!(
+                        "{reason}; it said `done` without writing its result, so its answers \
+                         may no longer match its tasks: it was restarted"
+                    ),
+                })
+            }
             Err(Sent::Yes(e)) => Ran::Answered(Err(e)),
             Ok(result) => Ran::Answered(Ok(result)),
         }
