@@ -25,6 +25,8 @@ impl Session {
         }
     }
 
+    /// The last stderr lines, each at most [`TAIL_LINE_MAX`] characters: a crash's message, in
+    /// `/workers` `last_error` too (twenty lines of 64 KiB made both 1.3 MB).
     pub(in crate::worker) fn tail_text(&self) -> String {
         if self.tail.is_empty() {
             return "(no stderr output)".into();
@@ -93,7 +95,7 @@ impl Session {
             if self.tail.len() == TAIL_LINES {
                 self.tail.pop_front();
             }
-            self.tail.push_back(message.clone());
+            self.tail.push_back(shortened(message));
             tracing::debug!(worker = %self.name, "{message}");
         }
         if let Some(events) = events {
@@ -152,6 +154,25 @@ fn kind_of(value: &Value) -> &'static str {
     }
 }
 
+/// The longest stderr line kept for a crash's message, in characters.
+const TAIL_LINE_MAX: usize = 1000;
+
+/// `line`, its middle left out when it is longer than [`TAIL_LINE_MAX`]: the start says what it
+/// is, the end how it ended.
+fn shortened(line: &str) -> String {
+    let count = line.chars().count();
+    if count <= TAIL_LINE_MAX {
+        return line.to_string();
+    }
+    let half = TAIL_LINE_MAX / 2;
+    let head: String = line.chars().take(half).collect();
+    let tail: String = line.chars().skip(count - half).collect();
+    format!(
+        "{head} … ({} characters left out) … {tail}",
+        count - 2 * half
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +194,18 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
         assert!(read_result(&path).is_err());
+    }
+
+    #[test]
+    fn a_long_stderr_line_is_kept_by_its_ends() {
+        let line = format!("Error: {}the end", "é".repeat(70_000));
+        let kept = super::shortened(&line);
+        assert!(
+            kept.starts_with("Error: ") && kept.ends_with("the end"),
+            "{kept}"
+        );
+        assert!(kept.chars().count() < 1100, "{}", kept.len());
+        assert!(kept.contains("characters left out"));
+        assert_eq!(super::shortened("short"), "short");
     }
 }
