@@ -54,9 +54,13 @@ pub struct ReadyInfo {
     pub extra: serde_json::Map<String, Value>,
 }
 
+/// The longest failure message of a worker passed on, in characters.
+const FAILURE_MESSAGE_MAX: usize = 4000;
+
 /// Why a worker says a job failed (`error {json}` on stdout). The worker stays up.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TaskFailure {
+    #[serde(default)]
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
@@ -125,15 +129,23 @@ impl Signal {
             },
             "done" if rest.is_empty() => Signal::Done,
             "error" => {
-                let failure =
+                let mut failure =
                     serde_json::from_str::<TaskFailure>(rest).unwrap_or_else(|_| TaskFailure {
-                        message: if rest.is_empty() {
-                            "worker reported an error".into()
-                        } else {
-                            rest.into()
-                        },
+                        message: rest.into(),
                         kind: None,
                     });
+                if failure.message.trim().is_empty() {
+                    failure.message = "the worker gave no reason".into();
+                }
+                // It goes to the client and into `/workers`: a worker's 64 KiB line is a dump.
+                let count = failure.message.chars().count();
+                if count > FAILURE_MESSAGE_MAX {
+                    let kept: String = failure.message.chars().take(FAILURE_MESSAGE_MAX).collect();
+                    failure.message = format!(
+                        "{kept} … ({} characters left out)",
+                        count - FAILURE_MESSAGE_MAX
+                    );
+                }
                 Signal::Error(failure)
             }
             _ => Signal::Other { line: line.into() },

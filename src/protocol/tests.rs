@@ -32,6 +32,21 @@ fn ready_metadata_and_error() {
         panic!()
     };
     assert_eq!(e.message, "out of memory");
+    // A refusal without words is still a refusal; a failure without words says so.
+    for bare in [
+        r#"error {"kind":"refused"}"#,
+        r#"error {"message":"","kind":"refused"}"#,
+    ] {
+        let Signal::Error(e) = Signal::parse(bare) else {
+            panic!("{bare}")
+        };
+        assert_eq!(e.kind.as_deref(), Some("refused"), "{bare}");
+        assert_eq!(e.message, "the worker gave no reason", "{bare}");
+    }
+    let Signal::Error(e) = Signal::parse(&format!("error {}", "x".repeat(60_000))) else {
+        panic!()
+    };
+    assert!(e.message.len() < 4100 && e.message.ends_with("characters left out)"));
 }
 
 #[test]
