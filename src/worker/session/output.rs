@@ -67,15 +67,25 @@ impl Session {
     /// After stdout closed: the exit status (killing a process that lingers), with the last
     /// stderr lines collected for the error message.
     pub(super) async fn collect_exit(&mut self) -> String {
-        let status: Option<ExitStatus> = match self.group.wait_timeout(EXIT_GRACE).await {
-            Some(status) => Some(status),
-            None => self.group.kill().await,
-        };
+        let (status, killed): (Option<ExitStatus>, bool) =
+            match self.group.wait_timeout(EXIT_GRACE).await {
+                Some(status) => (Some(status), false),
+                None => (self.group.kill().await, true),
+            };
         self.drain_tail().await;
-        status
+        let exit = status
             .as_ref()
             .map(describe_exit)
-            .unwrap_or_else(|| "unknown exit".into())
+            .unwrap_or_else(|| "unknown exit".into());
+        if killed {
+            // Not a crash of its own: it stopped talking and stayed up.
+            format!(
+                "{exit}: its stdout closed, and gpuhost killed it when it had not exited {} s later",
+                EXIT_GRACE.as_secs()
+            )
+        } else {
+            exit
+        }
     }
 
     pub(super) fn drain_stderr(&mut self, events: &mpsc::Sender<WorkerEvent>) {
