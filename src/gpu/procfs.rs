@@ -273,21 +273,36 @@ impl ProcFs {
         tree
     }
 
-    /// For each pattern, the visible processes (but `skip`) whose command line contains it.
+    /// For each pattern, the visible processes whose command line contains it, but gpuhost
+    /// itself (`own`) and its children that run its own program (the orphan guard, a fork with
+    /// its command line; audio decoders): `gpuhost --config ollama.toml serve` is no ollama.
     /// One pass over the tree, however many patterns.
-    pub fn find(&self, patterns: &[&str], skip: u32) -> Vec<Vec<u32>> {
+    pub fn find(&self, patterns: &[&str], own: u32) -> Vec<Vec<u32>> {
         let mut found = vec![Vec::new(); patterns.len()];
         if patterns.is_empty() {
             return found;
         }
-        for pid in self.pids().into_iter().filter(|&pid| pid != skip) {
+        let program = |cmdline: &str| cmdline.split(' ').next().unwrap_or_default().to_string();
+        let own_program = self.cmdline(own).map(|c| program(&c));
+        for pid in self.pids().into_iter().filter(|&pid| pid != own) {
             let Some(cmdline) = self.cmdline(pid) else {
                 continue;
             };
-            for (pattern, hits) in patterns.iter().zip(&mut found) {
-                if cmdline.contains(pattern) {
-                    hits.push(pid);
-                }
+            let matching: Vec<usize> = (0..patterns.len())
+                .filter(|&i| cmdline.contains(patterns[i]))
+                .collect();
+            if matching.is_empty() {
+                continue;
+            }
+            let ours = self.ppid(pid) == Some(own)
+                && own_program
+                    .as_deref()
+                    .is_some_and(|p| p == program(&cmdline));
+            if ours {
+                continue;
+            }
+            for i in matching {
+                found[i].push(pid);
             }
         }
         found
@@ -420,5 +435,29 @@ mod tests {
         unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0) };
         assert!(!p.zombie(pid));
         assert_eq!(p.pgid(pid), None);
+    }
+
+    #[test]
+    fn gpuhost_and_its_own_children_are_no_watched_program() {
+        let dir = tempfile::tempdir().unwrap();
+        fake(dir.path(), 1, 0, &["init"]);
+        fake(
+            dir.path(),
+            100,
+            1,
+            &["/usr/bin/gpuhost", "--config", "ollama.toml", "serve"],
+        );
+        // The orphan guard: a fork, with the server's command line.
+        fake(
+            dir.path(),
+            101,
+            100,
+            &["/usr/bin/gpuhost", "--config", "ollama.toml", "serve"],
+        );
+        // A service it started, and ollama itself.
+        fake(dir.path(), 102, 100, &["ollama", "serve"]);
+        fake(dir.path(), 200, 1, &["/usr/local/bin/ollama", "serve"]);
+        let found = ProcFs::new(dir.path()).find(&["ollama"], 100);
+        assert_eq!(found, [vec![102, 200]]);
     }
 }
