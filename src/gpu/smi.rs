@@ -104,8 +104,13 @@ fn fields(line: &str) -> Vec<&str> {
     line.split(',').map(str::trim).collect()
 }
 
-/// `[N/A]`, `[Not Supported]` and friends read as absent.
+/// `[N/A]`, `[Not Supported]` and friends read as absent; so do `NaN` and `inf`, which Rust
+/// parses as floats and JSON cannot carry (the dashboard failed on a `null` power draw).
 fn number<T: std::str::FromStr>(field: &str) -> Option<T> {
+    let unsigned = field.trim_start_matches(['+', '-']);
+    if unsigned.starts_with(['n', 'N', 'i', 'I']) {
+        return None;
+    }
     field.parse().ok()
 }
 
@@ -114,7 +119,9 @@ pub fn parse_gpus(csv: &str) -> Result<RawSample, SampleError> {
     let mut sample = RawSample::default();
     for line in csv.lines().filter(|l| !l.trim().is_empty()) {
         let f = fields(line);
-        if f.len() < 8 {
+        // Eight fields, or nine with memory.free. More is a line not understood (a power draw
+        // in a locale with decimal commas, `70,50`, shifted the free memory to `50`).
+        if !(8..=9).contains(&f.len()) {
             return Err(SampleError::SmiLine(excerpt(line)));
         }
         let index = number(f[0]).unwrap_or((sample.gpus.len() + sample.unmeasured.len()) as u32);
@@ -248,6 +255,14 @@ mod tests {
         assert_eq!(apps[0].gpu_index, 1);
         assert!(parse_gpus("garbage\n").is_err());
         assert!(parse_gpus("").is_err());
+        // Not a number JSON can carry: absent, as [N/A] is.
+        let odd = parse_gpus("0, GPU-aaa, NVIDIA H200, 0, 100, 143771, 30, NaN, 143000\n").unwrap();
+        assert_eq!(odd.gpus[0].power_draw, 0.0);
+        let odd = parse_gpus("0, GPU-aaa, NVIDIA H200, 0, 100, 143771, 30, -inf\n").unwrap();
+        assert_eq!(odd.gpus[0].power_draw, 0.0);
+        // A field too many (a decimal comma) is not read shifted.
+        let err = parse_gpus("0, GPU-aaa, NVIDIA H200, 0, 100, 143771, 30, 70,50, 143000\n");
+        assert!(err.is_err(), "{err:?}");
     }
 
     #[test]
