@@ -161,8 +161,11 @@ impl Arbiter {
         let footprints = Arc::new(Footprints::load(Some(
             config.state_dir().join("footprints.json"),
         )));
+        // Release calls and health polls go to programs on this machine: never through a proxy
+        // from the environment (`HTTP_PROXY` answered them for a service that was down).
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
+            .no_proxy()
             .build()
             .unwrap_or_default();
         let watches: Vec<WatchConfig> = config

@@ -134,8 +134,10 @@ impl GpuMonitor {
                 ),
                 supervisor,
                 services: Arc::clone(&services),
+                // Watched programs' health, on this machine: never through a proxy.
                 http: reqwest::Client::builder()
                     .timeout(Duration::from_secs(1))
+                    .no_proxy()
                     .build()
                     .unwrap_or_default(),
                 device,

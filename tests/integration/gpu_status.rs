@@ -667,3 +667,41 @@ async fn status_command_renders_a_terminal_view() {
     );
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_watched_programs_health_is_asked_directly_not_through_a_proxy() {
+    // A proxy from the environment answered for the program (or, a real one, failed it).
+    let gpu = FakeGpu::new(IDLE);
+    let health = health_server(Arc::new(AtomicBool::new(false))).await;
+    let watch = format!(
+        "[[gpu.watch]]\nname = \"vllm\"\npattern = \"vllm.entrypoints\"\nhealth_url = {health:?}\n"
+    );
+    let proxy = health_server(Arc::new(AtomicBool::new(true))).await;
+    let proxy = proxy.trim_end_matches("/health").to_string();
+    let served = Binary::start(
+        &no_workers(&gpu.config(&watch)),
+        &[
+            ("HTTP_PROXY", proxy.as_str()),
+            ("http_proxy", proxy.as_str()),
+        ],
+    );
+    gpu.process(
+        4242,
+        1,
+        &["python3", "-m", "vllm.entrypoints.openai.api_server"],
+    );
+    gpu.set_state(&format!("{IDLE}proc: 4242, python3, 9000\n"));
+    let url = format!("{}/status", served.url);
+    // The program says 503: still loading, whatever the proxy would say.
+    wait_for(
+        "the watched program's state",
+        Duration::from_secs(20),
+        || async {
+            let s: Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
+            s["decision"] == "loading"
+        },
+    )
+    .await;
+    let s: Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
+    assert_eq!(s["watched"][0]["healthy"], false, "{s:#}");
+}
