@@ -108,11 +108,19 @@ impl ProcFs {
                 from_pid: None,
                 note: None,
             },
+            // An exited process has no command line: its parent's (init's, for an orphan) is
+            // not what holds the GPU.
+            Some(_) if self.zombie(pid) => Command {
+                command: String::new(),
+                from_pid: None,
+                note: Some(format!("pid {pid} has exited (a zombie not yet reaped)")),
+            },
             Some(_) => {
                 let mut current = pid;
                 for _ in 0..MAX_DEPTH {
                     match self.ppid(current) {
-                        Some(parent) if parent > 0 && parent != current => {
+                        // Not init: every orphan's parent, which explains none of them.
+                        Some(parent) if parent > 1 && parent != current => {
                             current = parent;
                             match self.cmdline(parent) {
                                 Some(cmd) if !cmd.is_empty() => return Command {
@@ -127,6 +135,13 @@ impl ProcFs {
                                     from_pid: None,
                                     note: Some(format!("pid {pid} has an empty command line and its ancestor {parent} is gone or not visible")),
                                 },
+                            }
+                        }
+                        Some(1) => {
+                            return Command {
+                                command: String::new(),
+                                from_pid: None,
+                                note: Some(format!("pid {pid} has an empty command line, and so has every ancestor below init")),
                             }
                         }
                         _ => break,
@@ -396,13 +411,21 @@ mod tests {
             c.note.as_deref().unwrap().contains("ancestor 600 is gone"),
             "{c:?}"
         );
+        // An orphan (its parent init) is not explained by init's command line.
         fake(dir.path(), 701, 1, &[]);
-        std::fs::write(dir.path().join("1/cmdline"), "").unwrap();
-        assert!(p
-            .command(701)
-            .note
-            .unwrap()
-            .contains("have empty command lines"));
+        let c = p.command(701);
+        assert_eq!((c.command.as_str(), c.from_pid), ("", None));
+        assert!(c.note.unwrap().contains("below init"));
+        // Nor is a zombie by its parent's.
+        fake(dir.path(), 502, 501, &[]);
+        std::fs::write(
+            dir.path().join("502/status"),
+            "Name:\tx\nState:\tZ (zombie)\nPPid:\t501\n",
+        )
+        .unwrap();
+        let c = p.command(502);
+        assert_eq!((c.command.as_str(), c.from_pid), ("", None));
+        assert!(c.note.unwrap().contains("zombie"));
     }
 
     #[test]
