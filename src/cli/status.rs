@@ -59,13 +59,19 @@ pub(crate) async fn status(config: &gpuhost::Config, args: StatusArgs) -> anyhow
     Ok(ExitCode::SUCCESS)
 }
 
+/// A field that is one line on the terminal: a line break in a command line (an argument may
+/// hold one) would start a line of its own that reads as gpuhost's.
+fn one_line(text: &str) -> String {
+    text.replace('\n', "\\n").replace('\r', "\\r")
+}
+
 /// The terminal view of a `/status` body.
 pub(crate) fn render(s: &Value) -> String {
     let mut out = String::new();
     let decision = s["decision"].as_str().unwrap_or("unknown").to_uppercase();
     out.push_str(&format!(
         "{decision}  {}\n",
-        s["reason"].as_str().unwrap_or("")
+        one_line(s["reason"].as_str().unwrap_or(""))
     ));
     // Read as `Value`s, never indexed into a map: a field the answer lacks reads as null.
     let g = &s["gpu"];
@@ -105,12 +111,14 @@ pub(crate) fn render(s: &Value) -> String {
             .or(p["watch"].as_str())
             .map(|t| format!(" [{t}]"))
             .unwrap_or_default();
+        // (As text: a `Value` takes no width, and the columns did not line up.)
+        let number = |v: &Value| v.as_u64().map_or_else(|| "?".into(), |n| n.to_string());
         out.push_str(&format!(
             "  {:>7}  {:>6} MiB  {}{tag}\n           {}\n",
-            p["pid"],
-            p["used_memory_mib"],
-            p["name"].as_str().unwrap_or(""),
-            p["command"].as_str().unwrap_or("")
+            number(&p["pid"]),
+            number(&p["used_memory_mib"]),
+            one_line(p["name"].as_str().unwrap_or("")),
+            one_line(p["command"].as_str().unwrap_or(""))
         ));
     }
     // A pid only while there is a process (it read `pid null`).
@@ -194,5 +202,18 @@ mod tests {
             text.contains("service img        failed    the service exited\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_command_line_cannot_make_a_line_of_its_own_and_columns_line_up() {
+        let text = render(&json!({
+            "decision": "busy",
+            "reason": "x\nIDLE  forged",
+            "gpu": {"memory_used_mib": 1, "memory_total_mib": 2},
+            "processes": [{"pid": 42, "used_memory_mib": 700, "name": "python", "command": "train.py\nIDLE  nothing runs"}],
+        }));
+        assert!(!text.lines().any(|l| l.starts_with("IDLE")), "{text}");
+        assert!(text.contains("train.py\\nIDLE"), "{text}");
+        assert!(text.contains("       42     700 MiB  python"), "{text}");
     }
 }
