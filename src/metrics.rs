@@ -155,7 +155,11 @@ pub fn render(app: &App) -> String {
             ("worker", p.worker.clone().unwrap_or_default()),
             ("service", p.service.clone().unwrap_or_default()),
         ];
-        set(&process_memory, labels, p.used_memory_mib as f64 * MIB);
+        // Added up: one pid may be listed twice on one GPU (MIG instances), and a second
+        // `set` kept only the last of them.
+        process_memory
+            .get_or_create(&escaped(labels))
+            .inc_by(p.used_memory_mib as f64 * MIB);
     }
 
     let state = scrape.gauges("gpuhost_worker_state", "Worker state, one-hot");

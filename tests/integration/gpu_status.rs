@@ -603,6 +603,21 @@ async fn metrics_parse_as_prometheus_text() {
     assert_eq!(value("gpuhost_queue_waiting", None), 0.0);
     assert!(scrape.samples.iter().any(|s| s.metric == "gpuhost_job_duration_seconds"
         && matches!(&s.value, prometheus_parse::Value::Histogram(h) if h.iter().any(|b| b.count == 1.0))));
+    // One pid listed twice on one GPU (MIG instances): its memory is the sum, as /status's.
+    gpu.set_state(&format!(
+        "{IDLE}proc: 31, python3, 700\nproc: 31, python3, 500\n"
+    ));
+    wait_status(&host, "pid 31 twice", |s| {
+        s["processes"].as_array().is_some_and(|p| p.len() == 2)
+    })
+    .await;
+    let text = host.metrics().await;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("gpuhost_gpu_process_memory_bytes{") && l.contains("pid=\"31\""))
+        .unwrap();
+    let bytes: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert_eq!(bytes, 1200.0 * 1048576.0, "{line}");
     host.stop().await;
 }
 
