@@ -115,7 +115,15 @@ impl NvmlBackend {
                 }),
             }
             let mut seen = std::collections::HashSet::new();
-            let compute = device.running_compute_processes().unwrap_or_default();
+            // A process list that could not be read must not look like an idle GPU (a process
+            // still loading, its memory small, read as nothing): the sample fails, as an
+            // nvidia-smi list half read does. A driver that has no such list (NotSupported)
+            // lists none.
+            let compute = match device.running_compute_processes() {
+                Ok(list) => list,
+                Err(NvmlError::NotSupported) => Vec::new(),
+                Err(e) => return Err(nvml_error(&format!("processes of GPU {index}"), e)),
+            };
             let graphics = device.running_graphics_processes().unwrap_or_default();
             for p in compute.into_iter().chain(graphics) {
                 if !seen.insert(p.pid) {
