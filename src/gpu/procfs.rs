@@ -96,7 +96,7 @@ impl ProcFs {
         Some(comm.trim().to_string()).filter(|c| !c.is_empty())
     }
 
-    /// The command that explains `pid`, at most [`COMMAND_MAX`] characters of it.
+    /// The command that explains `pid`, at most 8192 characters of it (`COMMAND_MAX`).
     pub fn command(&self, pid: u32) -> Command {
         let mut command = self.explain(pid);
         let count = command.command.chars().count();
