@@ -137,8 +137,13 @@ pub enum TaskError {
         exit: String,
         tail: String,
     },
-    #[error("worker `{worker}` did not finish the task within {seconds:.0} s; it was killed, and a new process takes the next task")]
-    Timeout { worker: String, seconds: f64 },
+    #[error("worker `{worker}` did not finish the task within {seconds:.0} s{unread}; it was killed, and a new process takes the next task")]
+    Timeout {
+        worker: String,
+        seconds: f64,
+        /// What it wrote on stdout that was no signal, last (`DONE`, `done.`): often why.
+        unread: String,
+    },
     #[error("worker `{worker}` {} the task: {message}", kind.verb())]
     Failed {
         worker: String,

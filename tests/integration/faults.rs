@@ -128,6 +128,14 @@ async fn hung_job_times_out_is_killed_and_the_next_works() {
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(!pid_alive(pid), "the hung process was killed");
     result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    // A `done` the host cannot take for one: the timeout says what it was.
+    let (code, message) = error_of(
+        &host
+            .transcribe("?prompt=fake:wrongdone", wav(0.5, 16000, 1))
+            .await,
+    );
+    assert_eq!(code, "worker_timeout");
+    assert!(message.contains("\"DONE\", was no signal"), "{message}");
     host.stop().await;
 }
 

@@ -131,6 +131,7 @@ impl Session {
                 return Err(Sent::Yes(TaskError::Timeout {
                     worker: self.name.clone(),
                     seconds: limits.timeout.as_secs_f64(),
+                    unread: String::new(),
                 }));
             }
         }
@@ -149,6 +150,8 @@ impl Session {
         mut deadline: Instant,
     ) -> Result<Value, TaskError> {
         let mut phase = Phase::Running;
+        // The last stdout line that was no signal, for a timeout's message.
+        let mut last_other: Option<String> = None;
         loop {
             tokio::select! {
                 biased;
@@ -165,8 +168,11 @@ impl Session {
                         }
                         return Err(TaskError::failed(&self.name, failure));
                     }
-                    Some(_) => tracing::warn!(worker = %self.name, line = line.as_deref().unwrap_or(""),
-                        "unexpected stdout line ignored (stdout is for signals only)"),
+                    Some(_) => {
+                        tracing::warn!(worker = %self.name, line = line.as_deref().unwrap_or(""),
+                            "unexpected stdout line ignored (stdout is for signals only)");
+                        last_other = line;
+                    }
                     None => {
                         let exit = self.collect_exit().await;
                         return Err(self.crashed(exit));
@@ -199,7 +205,11 @@ impl Session {
                             "the worker did not give the task up in time; killed");
                         return Err(TaskError::Cancelled { worker: self.name.clone(), killed: true });
                     }
-                    return Err(TaskError::Timeout { worker: self.name.clone(), seconds: limits.timeout.as_secs_f64() });
+                    return Err(TaskError::Timeout {
+                        worker: self.name.clone(),
+                        seconds: limits.timeout.as_secs_f64(),
+                        unread: unread(last_other.as_deref()),
+                    });
                 }
             }
         }
@@ -241,4 +251,17 @@ impl Session {
         stdin.write_all(line.as_bytes()).await?;
         stdin.flush().await
     }
+}
+
+/// A timeout's note on the last stdout line that was no signal: a `DONE` or `done.` the host
+/// could not take for `done` is the likeliest reason the task never ended.
+fn unread(line: Option<&str>) -> String {
+    let Some(line) = line else {
+        return String::new();
+    };
+    let shown: String = line.chars().take(200).collect();
+    format!(
+        " (the last line it wrote on stdout, {shown:?}, was no signal: stdout is for `done` and \
+         `error` alone)"
+    )
 }
