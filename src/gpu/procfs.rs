@@ -21,10 +21,6 @@ pub struct Command {
     pub note: Option<String>,
 }
 
-/// The longest command line shown, in characters: `/status` is fetched every few seconds (a
-/// process with an 8 MiB command line made it 8 MB), and a command line that long is data.
-const COMMAND_MAX: usize = 8192;
-
 impl ProcFs {
     pub fn new(root: impl Into<PathBuf>) -> ProcFs {
         ProcFs { root: root.into() }
@@ -96,18 +92,8 @@ impl ProcFs {
         Some(comm.trim().to_string()).filter(|c| !c.is_empty())
     }
 
-    /// The command that explains `pid`, at most 8192 characters of it (`COMMAND_MAX`).
+    /// The command that explains `pid`.
     pub fn command(&self, pid: u32) -> Command {
-        let mut command = self.explain(pid);
-        let count = command.command.chars().count();
-        if count > COMMAND_MAX {
-            let kept: String = command.command.chars().take(COMMAND_MAX).collect();
-            command.command = format!("{kept} … ({} characters left out)", count - COMMAND_MAX);
-        }
-        command
-    }
-
-    fn explain(&self, pid: u32) -> Command {
         match self.cmdline(pid) {
             None => Command {
                 command: String::new(),

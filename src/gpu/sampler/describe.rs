@@ -40,7 +40,8 @@ pub(super) fn describe(
                     .or_else(|| procfs.comm(p.pid))
                     .unwrap_or_default(),
                 used_memory_mib: p.used_memory_mib.unwrap_or(0),
-                command: cmd.command,
+                // Matched whole above, shown cut.
+                command: shown(cmd.command),
                 command_pid: cmd.from_pid,
                 command_note: cmd.note,
                 gpu_index: p.gpu_index,
@@ -90,5 +91,56 @@ pub(super) fn reconcile(gpus: &mut [GpuInfo], processes: &[GpuProcess]) {
             g.memory_free_mib = g.memory_free_mib.saturating_sub(more);
         }
         g.memory_free_mib = g.memory_free_mib.min(g.memory_total_mib);
+    }
+}
+
+/// The longest command line shown, in characters: `/status` is fetched every few seconds (a
+/// process with an 8 MiB command line made it 8 MB), and a command line that long is data.
+const COMMAND_MAX: usize = 8192;
+
+/// `command`, at most [`COMMAND_MAX`] characters of it.
+fn shown(command: String) -> String {
+    let count = command.chars().count();
+    if count <= COMMAND_MAX {
+        return command;
+    }
+    let kept: String = command.chars().take(COMMAND_MAX).collect();
+    format!("{kept} … ({} characters left out)", count - COMMAND_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_command_line_is_matched_whole_and_shown_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("42");
+        std::fs::create_dir_all(&at).unwrap();
+        // A classpath of 20 000 characters before what names the program.
+        let line = format!("java\0-cp\0{}\0org.vllm.Server\0", "a:".repeat(10_000));
+        std::fs::write(at.join("cmdline"), line).unwrap();
+        std::fs::write(at.join("status"), "Name:\tjava\nPPid:\t1\n").unwrap();
+        let watch = [WatchConfig {
+            name: "vllm".into(),
+            pattern: "org.vllm.Server".into(),
+            health_url: None,
+            release: None,
+        }];
+        let empty = HashMap::new();
+        let owners = Owners {
+            workers: &empty,
+            services: &empty,
+        };
+        let listed = [RawProcess {
+            pid: 42,
+            name: None,
+            used_memory_mib: Some(100),
+            gpu_index: 0,
+        }];
+        let p = &describe(&ProcFs::new(dir.path()), &watch, &owners, &listed)[0];
+        assert_eq!(p.watch.as_deref(), Some("vllm"));
+        assert!(p.command.chars().count() < COMMAND_MAX + 50);
+        assert!(p.command.ends_with("characters left out)"));
     }
 }
