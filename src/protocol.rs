@@ -135,7 +135,15 @@ impl Signal {
                         kind: None,
                     });
                 if failure.message.trim().is_empty() {
-                    failure.message = "the worker gave no reason".into();
+                    // An object of another shape (`{"error": "CUDA out of memory"}`) is its own
+                    // reason; one that says nothing but its kind gave none.
+                    let said_more = serde_json::from_str::<serde_json::Map<String, Value>>(rest)
+                        .is_ok_and(|o| o.keys().any(|k| k != "kind" && k != "message"));
+                    failure.message = if said_more {
+                        rest.to_string()
+                    } else {
+                        "the worker gave no reason".into()
+                    };
                 }
                 // It goes to the client and into `/workers`: a worker's 64 KiB line is a dump.
                 let count = failure.message.chars().count();

@@ -43,6 +43,12 @@ fn ready_metadata_and_error() {
         assert_eq!(e.kind.as_deref(), Some("refused"), "{bare}");
         assert_eq!(e.message, "the worker gave no reason", "{bare}");
     }
+    // Another shape keeps what it said.
+    let other = r#"error {"error":"CUDA out of memory"}"#;
+    let Signal::Error(e) = Signal::parse(other) else {
+        panic!()
+    };
+    assert!(e.message.contains("CUDA out of memory"), "{e:?}");
     let Signal::Error(e) = Signal::parse(&format!("error {}", "x".repeat(60_000))) else {
         panic!()
     };

@@ -167,6 +167,9 @@ impl Actor {
 
     /// Starts the process and waits for `ready`, still answering `Stop` meanwhile.
     async fn load(&mut self) -> Result<(), Interrupted> {
+        // A load that fails is judged by itself, not by a process before it (unloaded or
+        // ended since, perhaps long up).
+        (self.up_since, self.answered) = (None, 0);
         self.set_state(WorkerState::Starting, |s| {
             s.pid = None;
             s.process_started = Some(std::time::Instant::now());
@@ -209,11 +212,8 @@ impl Actor {
 
     /// Records that the process is gone and schedules the restart.
     fn went_down(&mut self, error: String) {
-        let proven = self
-            .up_since
-            .take()
-            .is_some_and(|t| t.elapsed() >= STABLE_UP)
-            || std::mem::take(&mut self.answered) > 0;
+        let (up_since, answered) = (self.up_since.take(), std::mem::take(&mut self.answered));
+        let proven = up_since.is_some_and(|t| t.elapsed() >= STABLE_UP) || answered > 0;
         if proven {
             self.failures = 0;
         }

@@ -1859,6 +1859,17 @@ async fn fallback_oneshot_serves_a_job_without_bringing_the_resident_back() {
     assert_eq!(worker["state"], "unloaded", "{w:#}");
     assert_eq!(worker["pid"], Value::Null, "{w:#}");
     assert_eq!(worker["tasks_done"], 1, "{w:#}");
+    // A crash of such a run leaves it unloaded: it was not loaded again on its own (beside the
+    // lease or service it was unloaded for), so the next job is a one-shot run too.
+    let (code, _) = error_of(
+        &host
+            .transcribe("?prompt=fake:crash", wav(0.2, 16000, 1))
+            .await,
+    );
+    assert_eq!(code, "worker_crashed");
+    result_of(&host.transcribe("", wav(0.2, 16000, 1)).await);
+    let w = host.get_json("/workers").await;
+    assert_eq!(w["workers"][0]["state"], "unloaded", "{w:#}");
     // `/load` still brings it back for good.
     host.post("/workers/w/load").send().await.unwrap();
     let host = host.ready().await;

@@ -97,10 +97,14 @@ impl Actor {
                 s.last_error = Some(e.to_string());
             }
         });
-        // The process answered: it works (a result it got wrong is still an answer).
+        // The process answered: it works (a result it got wrong is still an answer; one that
+        // was killed for a client that left is no failure of its own).
         if matches!(
             outcome,
-            Ok(_) | Err(TaskError::Failed { .. } | TaskError::BadOutput { .. })
+            Ok(_)
+                | Err(TaskError::Failed { .. }
+                    | TaskError::BadOutput { .. }
+                    | TaskError::Cancelled { .. })
         ) {
             self.answered += 1;
         }
@@ -111,6 +115,12 @@ impl Actor {
                 .map(ToString::to_string)
                 .unwrap_or_default();
             self.went_down(error);
+            if oneshot_fallback {
+                // It was unloaded on purpose (for a lease or a service): it stays so, and is not
+                // loaded again beside that holder on its own.
+                self.life = Life::Down { retry_at: None };
+                self.set_state(WorkerState::Unloaded, |_| {});
+            }
         } else {
             self.task_ended(oneshot_fallback).await;
         }
