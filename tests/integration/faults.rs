@@ -326,7 +326,7 @@ async fn done_without_result_file_is_bad_output() {
     );
     assert_eq!(code, "bad_output");
     assert!(message.contains("array, not an object"), "{message}");
-    // The worker is fine: the next job works.
+    // A new process takes the next job (a `done` without a result restarts the worker).
     result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
     // A result past the size read inline is read on a blocking thread, the same.
     let events = host
@@ -527,13 +527,13 @@ async fn a_task_that_cannot_reach_its_worker_goes_to_a_new_one() {
 
 #[tokio::test]
 async fn a_stray_done_fails_one_task_and_restarts_the_worker() {
-    // The worker says `done` once more, a second after its answer: the next task takes it for
-    // its own. Every answer after it then ended the task after its own.
+    // The worker says `done` once more as the next task arrives: that task takes it for its
+    // own. Every answer after it then ended the task after its own.
     let host = TestHost::start(&one_stage("")).await.ready().await;
     let pid = host.worker("w").await["pid"].clone();
     result_of(
         &host
-            .transcribe("?prompt=fake:straydone=1000", wav(0.3, 16000, 1))
+            .transcribe("?prompt=fake:straydone", wav(0.3, 16000, 1))
             .await,
     );
     let (code, message) = error_of(
