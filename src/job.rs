@@ -290,6 +290,11 @@ pub fn finish_result(mut result: Value, job: &PreparedJob) -> Value {
         transcript["timings"] = result["timings"].take();
         transcript["pipeline_seconds"] = result["pipeline_seconds"].take();
         result = transcript;
+    } else if let Some(duration) = result["duration"].as_f64() {
+        // No transcript: a diarizer's turns are the result people read (RTTM).
+        if let Some(diarizer) = result.pointer_mut("/stages/diarizer") {
+            crate::transcript::clamp_diarizer(diarizer, duration);
+        }
     }
     result["audio"] = serde_json::json!({
         "decoder": job.info.decoder,

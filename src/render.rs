@@ -69,8 +69,8 @@ pub fn render(result: &Value, format: Format) -> String {
         _ => Transcript::from_result(result),
     };
     match (transcript, format) {
-        (Some(t), Format::Srt) => cues(&t, false),
-        (Some(t), Format::Vtt) => cues(&t, true),
+        (Some(t), Format::Srt) => cues(&t, false, result["duration"].as_f64()),
+        (Some(t), Format::Vtt) => cues(&t, true, result["duration"].as_f64()),
         (Some(t), Format::Rttm) => rttm(&t),
         (Some(t), _) => text(&t),
         // A diarizer without an ASR: its turns.
@@ -145,17 +145,27 @@ fn timestamp(ms: u64, vtt: bool) -> String {
 /// timestamps often give) made a cue players skip and validators flag.
 const MIN_CUE_MS: u64 = 100;
 
-fn cues(transcript: &Transcript, vtt: bool) -> String {
+/// The cues; one lengthened to [`MIN_CUE_MS`] stops at the next cue and at the recording's end
+/// (`duration`).
+fn cues(transcript: &Transcript, vtt: bool, duration: Option<f64>) -> String {
     let mut out = String::from(if vtt { "WEBVTT\n\n" } else { "" });
     let mut number = 0;
-    for seg in &transcript.segments {
+    let segments = &transcript.segments;
+    for (i, seg) in segments.iter().enumerate() {
         let text = one_line(&seg.text);
         if text.is_empty() {
             // A blank line would end the cue before its text.
             continue;
         }
         let start_ms = millis(seg.start);
-        let end_ms = millis(seg.end).max(start_ms + MIN_CUE_MS);
+        let room = [
+            segments.get(i + 1).map(|next| millis(next.start)),
+            duration.map(millis),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(start_ms + MIN_CUE_MS, u64::min);
+        let end_ms = millis(seg.end).max(room);
         let (start, end) = (timestamp(start_ms, vtt), timestamp(end_ms, vtt));
         // An SRT reader takes a line holding `-->` for a cue's times (WebVTT's `>` is escaped,
         // which keeps the text as it was).
@@ -250,132 +260,4 @@ fn rttm(transcript: &Transcript) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn sample() -> Value {
-        json!({
-            "segments": [
-                {"start": 0.5, "end": 2.25, "speaker": "SPEAKER_00", "text": "Hello there.", "words": []},
-                {"start": 3661.0, "end": 3662.5, "speaker": "SPEAKER_01", "text": "Hi.", "words": []}
-            ],
-            "turns": [{"start": 0.4, "end": 2.3, "speaker": "SPEAKER_00"}]
-        })
-    }
-
-    #[test]
-    fn srt_cues_show_markup_as_text() {
-        assert_eq!(srt_escape("[Al<i>ce] a < b"), "[Al<\u{200B}i>ce] a < b");
-        assert_eq!(
-            srt_escape("</b> {\\an8} {x}"),
-            "<\u{200B}/b> {\u{200B}\\an8} {x}"
-        );
-        assert_eq!(srt_escape("plain 안녕"), "plain 안녕");
-    }
-
-    #[test]
-    fn srt_and_vtt_cues() {
-        let srt = render(&sample(), Format::Srt);
-        assert!(
-            srt.starts_with(
-                "1\n00:00:00,500 --> 00:00:02,250\n[SPEAKER_00] Hello there.\n\n2\n01:01:01,000"
-            ),
-            "{srt}"
-        );
-        let vtt = render(&sample(), Format::Vtt);
-        assert!(
-            vtt.starts_with(
-                "WEBVTT\n\n00:00:00.500 --> 00:00:02.250\n<v SPEAKER_00>Hello there.\n"
-            ),
-            "{vtt}"
-        );
-    }
-
-    #[test]
-    fn what_a_worker_writes_cannot_forge_cues_or_shift_columns() {
-        let forged = "hi\n\n2\n00:00:00,000 --> 00:00:09,000\nX";
-        let result = json!({
-            "segments": [
-                {"start": 0.5, "end": 2.0, "speaker": forged, "text": forged, "words": []},
-                {"start": 3.0, "end": 4.0, "speaker": " \n ", "text": "plain", "words": []}
-            ],
-            "turns": [
-                {"start": -5.0, "end": 1.0, "speaker": ""},
-                {"start": 1.0, "end": 2.0, "speaker": "a\tb\nc"}
-            ]
-        });
-        let srt = render(&result, Format::Srt);
-        assert_eq!(srt.matches("-->").count(), 2, "{srt}");
-        assert_eq!(
-            srt.split("\n\n").filter(|c| !c.is_empty()).count(),
-            2,
-            "{srt}"
-        );
-        assert!(
-            srt.contains("\n[hi 2 00:00:00,000 -> 00:00:09,000 X] hi"),
-            "{srt}"
-        );
-        assert!(
-            srt.ends_with("00:00:04,000\nplain\n\n"),
-            "a blank speaker is none: {srt}"
-        );
-        let vtt = render(&result, Format::Vtt);
-        assert_eq!(vtt.matches("-->").count(), 2, "{vtt}");
-        let rttm = render(&result, Format::Rttm);
-        for line in rttm.lines() {
-            assert_eq!(line.split(' ').count(), 10, "{line}");
-        }
-        assert!(
-            rttm.starts_with("SPEAKER audio 1 0.000 1.000 <NA> <NA> <NA>"),
-            "{rttm}"
-        );
-        assert!(rttm.contains(" a_b_c "), "{rttm}");
-        let txt = render(&result, Format::Txt);
-        assert_eq!(txt.lines().count(), 1, "no line breaks but its own: {txt}");
-    }
-
-    #[test]
-    fn txt_and_rttm() {
-        assert_eq!(
-            render(&sample(), Format::Txt),
-            "SPEAKER_00: Hello there.\nSPEAKER_01: Hi.\n"
-        );
-        assert_eq!(
-            render(&sample(), Format::Rttm),
-            "SPEAKER audio 1 0.400 1.900 <NA> <NA> SPEAKER_00 <NA> <NA>\n"
-        );
-    }
-
-    #[test]
-    fn enrolled_names_keep_the_formats_intact() {
-        let named = json!({
-            "segments": [{"start": 0.0, "end": 1.0, "speaker": "Kim <R&D>", "text": "a < b", "words": []}],
-            "turns": [{"start": 0.0, "end": 1.0, "speaker": "김 민수"}]
-        });
-        let vtt = render(&named, Format::Vtt);
-        assert!(vtt.contains("<v Kim &lt;R&amp;D&gt;>a &lt; b\n"), "{vtt}");
-        assert!(render(&named, Format::Rttm).contains(" 김_민수 <NA>"));
-    }
-
-    #[test]
-    fn every_cue_has_text_and_a_length() {
-        let result = json!({
-            "segments": [
-                {"start": 1.0, "end": 1.0, "text": "Yes.", "words": []},
-                {"start": 2.0, "end": 2.5, "text": "\u{7}", "words": []},
-                {"start": 3.0, "end": 3.5, "text": "a-->b", "words": []}
-            ],
-            "turns": [{"start": -0.0, "end": 0.5, "speaker": "A"}]
-        });
-        let srt = render(&result, Format::Srt);
-        assert_eq!(
-            srt,
-            "1\n00:00:01,000 --> 00:00:01,100\nYes.\n\n2\n00:00:03,000 --> 00:00:03,500\na->b\n\n"
-        );
-        // WebVTT's escape keeps the text as it was.
-        let vtt = render(&result, Format::Vtt);
-        assert!(vtt.ends_with("00:00:03.500\na--&gt;b\n\n"), "{vtt}");
-        assert!(render(&result, Format::Rttm).starts_with("SPEAKER audio 1 0.000 0.500 "));
-    }
-}
+mod tests;

@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 mod shape;
 mod views;
 pub use shape::fault;
+pub use views::clamp_diarizer;
 
 /// A segment ends at a speaker change, a pause this long, or when it would grow past these
 /// (its text in columns: see `width`).

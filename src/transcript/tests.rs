@@ -202,3 +202,28 @@ fn whole_words_join_the_pieces_of_a_written_word() {
         ]
     );
 }
+
+#[test]
+fn a_diarizers_own_result_is_kept_inside_the_recording_too() {
+    let mut diarizer = json!({
+        "turns": [
+            {"start": -0.0, "end": 1.0, "speaker": "A", "score": 0.9},
+            {"start": 2.0, "end": 1e300, "speaker": "B"},
+            {"start": 5.0, "end": 6.0, "speaker": "C"}
+        ],
+        "overlaps": [[0.5, 0.8], [4.0, 4.5]],
+        "engine": "overlap"
+    });
+    clamp_diarizer(&mut diarizer, 3.0);
+    assert_eq!(
+        diarizer,
+        json!({
+            "turns": [
+                {"start": 0.0, "end": 1.0, "speaker": "A", "score": 0.9},
+                {"start": 2.0, "end": 3.0, "speaker": "B"}
+            ],
+            "overlaps": [[0.5, 0.8]],
+            "engine": "overlap"
+        })
+    );
+}

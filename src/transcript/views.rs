@@ -46,3 +46,32 @@ impl Transcript {
         self.overlaps.retain(|o| o[1] > o[0]);
     }
 }
+
+/// A diarizer's own result (a pipeline without an ASR: its turns are what `?format=rttm` and the
+/// JSON give) kept inside the recording as [`Transcript::clamp_to`] keeps a transcript: its
+/// turns' and overlaps' times, in place, other fields as they were; a span left empty dropped.
+pub fn clamp_diarizer(diarizer: &mut serde_json::Value, duration: f64) {
+    let within = |t: f64| t.clamp(0.0, duration.max(0.0)) + 0.0;
+    if let Some(turns) = diarizer.get_mut("turns").and_then(|t| t.as_array_mut()) {
+        for turn in turns.iter_mut() {
+            for key in ["start", "end"] {
+                if let Some(t) = turn.get(key).and_then(serde_json::Value::as_f64) {
+                    turn[key] = within(t).into();
+                }
+            }
+        }
+        turns.retain(|t| t["end"].as_f64() > t["start"].as_f64());
+    }
+    if let Some(spans) = diarizer.get_mut("overlaps").and_then(|o| o.as_array_mut()) {
+        for span in spans.iter_mut() {
+            if let Some([a, b]) = span.as_array_mut().map(|s| s.as_mut_slice()) {
+                for t in [a, b] {
+                    if let Some(v) = t.as_f64() {
+                        *t = within(v).into();
+                    }
+                }
+            }
+        }
+        spans.retain(|s| s[1].as_f64() > s[0].as_f64());
+    }
+}
