@@ -86,6 +86,15 @@ impl IntoResponse for OpenAiError {
             self.0.param.as_deref(),
         );
         let mut response = (self.0.status, Json(body)).into_response();
+        // OpenAI's clients retry a 5xx twice by themselves: a worker's own failure or bad
+        // answer would come back alike, each time after a run on the GPU. (A crash, a timeout
+        // or a worker down may go otherwise on a new process: those stay retried.)
+        if matches!(self.0.code, "job_failed" | "bad_output") {
+            response.headers_mut().insert(
+                "x-should-retry",
+                axum::http::HeaderValue::from_static("false"),
+            );
+        }
         if let Some(seconds) = self.0.retry_after {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,

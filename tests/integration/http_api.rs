@@ -464,3 +464,34 @@ async fn translations_go_to_a_multilingual_asr_and_an_english_only_one_refuses_t
     );
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_workers_own_failure_at_v1_is_a_server_error_clients_do_not_retry() {
+    let host = TestHost::start(&format!(
+        "[pipeline]\nstages = [\"asr\"]\n{}",
+        fake_worker("asr", "")
+    ))
+    .await
+    .ready()
+    .await;
+    let ask = |prompt: &str| {
+        let form = reqwest::multipart::Form::new()
+            .text("prompt", prompt.to_string())
+            .part(
+                "file",
+                reqwest::multipart::Part::bytes(wav(0.3, 16000, 1)).file_name("a.wav"),
+            );
+        host.post("/v1/audio/transcriptions").multipart(form).send()
+    };
+    let failed = ask("fake:error").await.unwrap();
+    assert_eq!(failed.status(), 500);
+    assert_eq!(failed.headers()["x-should-retry"], "false");
+    let body: Value = failed.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "server_error", "{body}");
+    assert_eq!(body["error"]["code"], "job_failed", "{body}");
+    // A crash may go otherwise on the new process: left to the client's retries.
+    let crashed = ask("fake:crash").await.unwrap();
+    assert_eq!(crashed.status(), 502);
+    assert!(crashed.headers().get("x-should-retry").is_none());
+    host.stop().await;
+}
