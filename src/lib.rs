@@ -1,6 +1,17 @@
 //! gpuhost: time-share one GPU between many AI models. `app` builds the HTTP router over a
 //! state; `bind` + `Server::run` (or `run`) serve it until the shutdown future resolves.
 
+/// `eprintln!` that never panics. `eprintln!` panics when stderr is a closed pipe
+/// (`gpuhost lease -- cmd 2>&1 | head -1`): the lease client died holding its lease, its
+/// program killed. A line nobody can read is dropped.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        let _ = ::std::writeln!(::std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod app;
 pub mod arbiter;
 pub mod audio;

@@ -72,7 +72,7 @@ pub fn non_blocking<W: Write + Send + 'static>(out: W) -> (NonBlocking, Flush) {
         .name("gpuhost-log".into())
         .spawn(move || write_all(out, &messages, &counted));
     if spawned.is_err() {
-        eprintln!("gpuhost: cannot start the log thread; log lines are dropped");
+        crate::say!("gpuhost: cannot start the log thread; log lines are dropped");
     }
     (
         NonBlocking {

@@ -112,7 +112,7 @@ fn main() -> std::process::ExitCode {
     }
     // Before any thread exists: the orphan guard is forked, and forking is only safe now.
     if let Err(e) = gpuhost::process::guard::install() {
-        eprintln!("gpuhost: warning: cannot start the orphan guard ({e}); worker children may outlive a killed host");
+        gpuhost::say!("gpuhost: warning: cannot start the orphan guard ({e}); worker children may outlive a killed host");
     }
     gpuhost::serve::raise_fd_limit();
     let flush_logs = init_logging(&args);
@@ -129,7 +129,7 @@ fn main() -> std::process::ExitCode {
     match outcome {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gpuhost: {}", causes(&e));
+            gpuhost::say!("gpuhost: {}", causes(&e));
             std::process::ExitCode::FAILURE
         }
     }
@@ -164,11 +164,11 @@ async fn run(
             if let Err(e) = gpuhost::process::adopted::become_subreaper() {
                 tracing::warn!(error = %e, "cannot become a child subreaper; a worker's descendants that leave its process group may outlive it");
             }
-            gpuhost::setup::ensure(&config, &|line| eprintln!("{line}")).await?;
+            gpuhost::setup::ensure(&config, &|line| gpuhost::say!("{line}")).await?;
             let server = gpuhost::bind(config).await?;
             // After the log lines of the start, which go through the log thread.
             tokio::task::block_in_place(|| logs.now());
-            eprintln!("gpuhost listening on http://{}", server.local_addr());
+            gpuhost::say!("gpuhost listening on http://{}", server.local_addr());
             server.run(shutdown_signal()).await?;
             Ok(std::process::ExitCode::SUCCESS)
         }
@@ -184,7 +184,8 @@ async fn run(
         // Answered in `main` before anything else starts.
         Command::DecodeAudio { .. } => Ok(std::process::ExitCode::SUCCESS),
         Command::Setup { workers, force } => {
-            gpuhost::setup::setup(&config, &workers, force, &|line| eprintln!("{line}")).await?;
+            gpuhost::setup::setup(&config, &workers, force, &|line| gpuhost::say!("{line}"))
+                .await?;
             Ok(std::process::ExitCode::SUCCESS)
         }
     }
@@ -200,7 +201,7 @@ fn init_logging(args: &Args) -> gpuhost::logwriter::Flush {
     // A GPUHOST_LOG that does not parse is said, not dropped without a word.
     if let Ok(given) = std::env::var("GPUHOST_LOG") {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&given) {
-            eprintln!("gpuhost: warning: GPUHOST_LOG={given:?} is not a filter ({e}); using the default (e.g. `info`, `warn,gpuhost=debug`)");
+            gpuhost::say!("gpuhost: warning: GPUHOST_LOG={given:?} is not a filter ({e}); using the default (e.g. `info`, `warn,gpuhost=debug`)");
         }
     }
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUHOST_LOG").unwrap_or_else(|_| {

@@ -1,6 +1,6 @@
 //! Integration tests: the real server on port 0, real worker processes, real HTTP.
 #![allow(clippy::unwrap_used, unreachable_pub)] // test and bench code: a panic is the failure report
-#![allow(clippy::disallowed_methods)] // tests start the gpuhost binary and helper processes directly
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)] // tests start the gpuhost binary and helper processes directly
 
 mod integration {
     mod arbiter;

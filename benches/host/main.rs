@@ -6,7 +6,7 @@
 //! the ratio gpuhost/anchor, and each host's overhead above the floor: the same worker driven
 //! over bare pipes with no host at all, measured in the same run. The anchor's Python venv is made under `.bench/` on first use.
 #![allow(clippy::unwrap_used, unreachable_pub)] // test and bench code: a panic is the failure report
-#![allow(clippy::disallowed_methods)] // the benchmark starts both servers as processes
+#![allow(clippy::disallowed_methods, clippy::disallowed_macros)] // the benchmark starts both servers as processes
 
 mod measure;
 mod servers;

@@ -100,7 +100,7 @@ pub fn child_main(input: &Path, output: &Path, max_seconds: f64) -> ExitCode {
     let source = if input == Path::new("-") {
         let mut bytes = Vec::new();
         if let Err(e) = std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes) {
-            eprintln!("gpuhost decode-audio: reading stdin: {e}");
+            crate::say!("gpuhost decode-audio: reading stdin: {e}");
             return ExitCode::FAILURE;
         }
         Source::Memory(bytes.into())
@@ -119,7 +119,7 @@ pub fn child_main(input: &Path, output: &Path, max_seconds: f64) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("gpuhost decode-audio: {e}");
+            crate::say!("gpuhost decode-audio: {e}");
             ExitCode::FAILURE
         }
     }

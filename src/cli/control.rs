@@ -108,29 +108,29 @@ async fn follow_start(name: &str, response: reqwest::Response) -> anyhow::Result
                 GrantEvent::Queued {
                     position,
                     waiting_for,
-                } => eprintln!(
+                } => gpuhost::say!(
                     "{name}: queued, position {position}{}",
                     waiting_for
                         .map(|w| format!(" (waiting for {})", super::shown(&w)))
                         .unwrap_or_default()
                 ),
                 GrantEvent::MakingRoom { action, target } => {
-                    eprintln!(
+                    gpuhost::say!(
                         "{name}: making room: {}",
                         super::shown(&format!("{action} {target}"))
                     )
                 }
-                GrantEvent::Starting { pid } => eprintln!("{name}: starting (pid {pid})"),
-                GrantEvent::Log { line } => eprintln!("{name}| {}", super::shown(&line)),
+                GrantEvent::Starting { pid } => gpuhost::say!("{name}: starting (pid {pid})"),
+                GrantEvent::Log { line } => gpuhost::say!("{name}| {}", super::shown(&line)),
                 GrantEvent::Healthy { pid, seconds } => {
-                    eprintln!(
+                    gpuhost::say!(
                         "{name}: healthy{} after {seconds} s",
                         pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
                     );
                     return Ok(ExitCode::SUCCESS);
                 }
                 GrantEvent::Error { code, message } => {
-                    eprintln!("{name}: failed ({code}): {}", super::shown(&message));
+                    gpuhost::say!("{name}: failed ({code}): {}", super::shown(&message));
                     return Ok(ExitCode::FAILURE);
                 }
                 _ => {}

@@ -60,7 +60,7 @@ enum Stopping {
 impl Stopping {
     /// SIGTERM to the program and everything below it, once; SIGKILL follows after LOST_GRACE.
     fn begin(&mut self, program: &gpuhost::process::Foreground, why: &str) {
-        eprintln!("gpuhost lease: {why}; stopping the program");
+        gpuhost::say!("gpuhost lease: {why}; stopping the program");
         if *self == Stopping::No {
             program.signal(libc::SIGTERM);
             *self = Stopping::Grace(tokio::time::Instant::now() + LOST_GRACE);
@@ -101,7 +101,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         } else {
             ("no such file", 127)
         };
-        eprintln!("gpuhost lease: cannot run `{shown}`: {why}");
+        gpuhost::say!("gpuhost lease: cannot run `{shown}`: {why}");
         return Ok(ExitCode::from(code));
     }
     let remote = super::Remote::new(config, args.server.as_deref(), args.token.as_deref())?;
@@ -143,10 +143,10 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         anyhow::Ok(async move {
             match request.send().await {
                 Ok(r) if r.status().is_success() => {
-                    eprintln!("gpuhost lease: lease {lease_id} released{why}")
+                    gpuhost::say!("gpuhost lease: lease {lease_id} released{why}")
                 }
-                Ok(r) => eprintln!("gpuhost lease: release answered {}", r.status()),
-                Err(e) => eprintln!(
+                Ok(r) => gpuhost::say!("gpuhost lease: release answered {}", r.status()),
+                Err(e) => gpuhost::say!(
                     "gpuhost lease: release failed ({:#}); the server reclaims it after {ttl_s} s",
                     anyhow::Error::from(e)
                 ),
@@ -190,9 +190,9 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
                     match r.send().await {
                         Ok(r) if r.status().is_success() => renewed = tokio::time::Instant::now(),
                         Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => return,
-                        Ok(r) => eprintln!("gpuhost lease: renewal refused ({})", r.status()),
+                        Ok(r) => gpuhost::say!("gpuhost lease: renewal refused ({})", r.status()),
                         // With its causes: "connection refused", not only "error sending request".
-                        Err(e) => eprintln!(
+                        Err(e) => gpuhost::say!(
                             "gpuhost lease: renewal failed: {:#}",
                             anyhow::Error::from(e)
                         ),
@@ -206,14 +206,14 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     };
     // What the program double-forks away comes back to us when its parent exits, to be stopped.
     if let Err(e) = gpuhost::process::adopted::become_subreaper() {
-        eprintln!("gpuhost lease: warning: cannot become a child subreaper ({e}); processes the program detaches may outlive it");
+        gpuhost::say!("gpuhost lease: warning: cannot become a child subreaper ({e}); processes the program detaches may outlive it");
     }
     let mut program = match gpuhost::process::spawn_foreground(&args.command) {
         Ok(program) => program,
         Err(e) => {
             // Given back at once: not held (with the residents unloaded for it) until its TTL.
             release(" (the program could not start)")?.await;
-            eprintln!("gpuhost lease: cannot run {:?}: {e}", args.command);
+            gpuhost::say!("gpuhost lease: cannot run {:?}: {e}", args.command);
             return Ok(ExitCode::from(126));
         }
     };
@@ -234,7 +234,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
             _ = tokio::signal::ctrl_c() => {
                 interrupts += 1;
                 if interrupts == 1 {
-                    eprintln!("gpuhost lease: interrupted; waiting for the program to exit (interrupt again to stop it)");
+                    gpuhost::say!("gpuhost lease: interrupted; waiting for the program to exit (interrupt again to stop it)");
                 } else {
                     stopping.begin(&program, "interrupted twice");
                 }
@@ -257,7 +257,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     };
     let left = program.stop_left_behind(LEFT_GRACE).await;
     if left > 0 {
-        eprintln!("gpuhost lease: stopped {left} process(es) the program left running");
+        gpuhost::say!("gpuhost lease: stopped {left} process(es) the program left running");
     }
     renewer.abort();
     if lost {
@@ -289,20 +289,20 @@ async fn wait_for_grant(response: reqwest::Response) -> anyhow::Result<(u64, f64
                 GrantEvent::Queued {
                     position,
                     waiting_for,
-                } => eprintln!(
+                } => gpuhost::say!(
                     "gpuhost lease: queued, position {position}{}",
                     waiting_for
                         .map(|w| format!(" (waiting for {})", super::shown(&w)))
                         .unwrap_or_default()
                 ),
                 GrantEvent::MakingRoom { action, target } => {
-                    eprintln!(
+                    gpuhost::say!(
                         "gpuhost lease: making room: {}",
                         super::shown(&format!("{action} {target}"))
                     )
                 }
                 GrantEvent::Granted { lease_id, ttl_s } => {
-                    eprintln!("gpuhost lease: granted lease {lease_id} (ttl {ttl_s} s)");
+                    gpuhost::say!("gpuhost lease: granted lease {lease_id} (ttl {ttl_s} s)");
                     return Ok((lease_id, ttl_s));
                 }
                 GrantEvent::Error { code, message } => {

@@ -36,15 +36,17 @@ pub(crate) async fn run(
             }
         }
     }
-    gpuhost::setup::ensure_these(config, &[worker.to_string()], &|line| eprintln!("{line}"))
-        .await?;
+    gpuhost::setup::ensure_these(config, &[worker.to_string()], &|line| {
+        gpuhost::say!("{line}")
+    })
+    .await?;
     let dir = super::job_folder(config)?;
     super::adopt_orphans();
     let (handle, task) = WorkerHandle::spawn(spec);
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     let printer = tokio::spawn(async move {
         while let Some(event) = rx.recv().await {
-            eprintln!("{}", serde_json::to_string(&event).unwrap_or_default());
+            gpuhost::say!("{}", serde_json::to_string(&event).unwrap_or_default());
         }
     });
     let run = handle.run(TaskRequest {

@@ -94,7 +94,7 @@ pub(crate) async fn transcribe(
         None => match local(config, &args, &mut progress).await? {
             Ok(last) => last,
             Err(status) => {
-                eprintln!(
+                gpuhost::say!(
                     "gpuhost: interrupted; the workers are stopped and the job folder removed"
                 );
                 return Ok(ExitCode::from(status));
@@ -136,7 +136,7 @@ async fn local(
     let opts = options(args).validated(config.limits.max_field_bytes)?;
     job::options_for_stages_run(&opts, &config.pipeline.stages, &stages)?;
     // Only the venvs of the stages that run: `--stages asr` needs no diarizer.
-    gpuhost::setup::ensure_these(&config, &stages, &|line| eprintln!("{line}")).await?;
+    gpuhost::setup::ensure_these(&config, &stages, &|line| gpuhost::say!("{line}")).await?;
     super::adopt_orphans();
     let app = gpuhost::App::start_oneshot(config);
     let run = async {

@@ -2469,3 +2469,30 @@ async fn a_query_on_a_control_endpoint_is_refused_by_name() {
     assert_eq!(lease_as(&host, "alice").await.status(), 200);
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_lease_client_whose_stderr_is_closed_still_runs_and_gives_the_lease_back() {
+    // `gpuhost lease -- cmd 2>&1 | head -1`: the reader goes after a line, and the client's
+    // next line panicked it, leaving the lease held for its TTL and the program killed.
+    let gpu = FakeGpu::new(IDLE);
+    let host = arbiter_host(&gpu).await;
+    let mut child = lease_command(&host, &[], &["sh", "-c", "sleep 1; exit 5"])
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take()); // the reader is gone
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(5), "the program's own status");
+    wait_for(
+        "the lease to be given back",
+        Duration::from_secs(10),
+        || {
+            let host = &host;
+            async move { leases(host).await.is_empty() }
+        },
+    )
+    .await;
+    host.stop().await;
+}
