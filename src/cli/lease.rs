@@ -116,11 +116,14 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     if let Some(ttl) = args.ttl {
         body["ttl_s"] = json!(ttl);
     }
-    // SIGTERM and SIGHUP are ours from the start: one that comes while the lease is being
-    // granted must not kill this client with the lease still held (until its TTL).
+    // SIGTERM, SIGHUP and SIGINT are ours from the start: one that comes while the lease is
+    // being granted must not kill this client with the lease still held (until its TTL). One
+    // stream each for the whole run: a Ctrl-C that came while another branch ran was lost with
+    // a listener made afresh at every turn.
     use tokio::signal::unix::{signal, SignalKind};
     let mut terminate = signal(SignalKind::terminate())?;
     let mut hangup = signal(SignalKind::hangup())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
     let url = base.join("gpu/lease")?;
     // Asking is inside the select too: a server that never answers must not keep a SIGTERM
     // waiting.
@@ -133,6 +136,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         // The request goes with us: the server drops the waiting lease.
         Some(()) = terminate.recv() => return Ok(ExitCode::from(128 + libc::SIGTERM as u8)),
         Some(()) = hangup.recv() => return Ok(ExitCode::from(128 + libc::SIGHUP as u8)),
+        Some(()) = interrupt.recv() => return Ok(ExitCode::from(128 + libc::SIGINT as u8)),
     };
     // Bounded: a server that takes the request and never answers must not keep this command
     // (whose program has ended) alive; the lease then expires on the server by itself.
@@ -157,6 +161,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let early = [
         (terminate.recv().now_or_never().flatten(), libc::SIGTERM),
         (hangup.recv().now_or_never().flatten(), libc::SIGHUP),
+        (interrupt.recv().now_or_never().flatten(), libc::SIGINT),
     ];
     if let Some((_, sig)) = early.iter().find(|(got, _)| got.is_some()) {
         release(" before the program started (told to stop)")?.await;
@@ -231,7 +236,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     let status = loop {
         tokio::select! {
             status = program.wait() => break status?,
-            _ = tokio::signal::ctrl_c() => {
+            Some(()) = interrupt.recv() => {
                 interrupts += 1;
                 if interrupts == 1 {
                     gpuhost::say!("gpuhost lease: interrupted; waiting for the program to exit (interrupt again to stop it)");

@@ -2496,3 +2496,29 @@ async fn a_lease_client_whose_stderr_is_closed_still_runs_and_gives_the_lease_ba
     .await;
     host.stop().await;
 }
+
+#[tokio::test]
+async fn an_interrupted_lease_client_that_waits_leaves_the_queue_with_130() {
+    // Ctrl-C while the lease waits behind another holder: the client ends as a shell's
+    // interrupted command does, and nothing of its request stays queued.
+    let gpu = FakeGpu::new(IDLE);
+    let host = arbiter_host(&gpu).await;
+    assert_eq!(lease_as(&host, "alice").await.status(), 200);
+    let mut child = lease_command(&host, &[], &["true"]).spawn().unwrap();
+    wait_for("the lease to wait", Duration::from_secs(10), || async {
+        host.get_json("/status").await["queue"]["waiting"] == 1
+    })
+    .await;
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+    wait_for("the queue to empty", Duration::from_secs(10), || async {
+        host.get_json("/status").await["queue"]["waiting"] == 0
+    })
+    .await;
+    host.stop().await;
+}
