@@ -75,6 +75,22 @@ impl Stopping {
     }
 }
 
+/// The interpreter a script's `#!` line names, when it is an absolute path that does not exist
+/// (exec would fail with "No such file or directory" about a file that is there).
+fn missing_interpreter(script: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(script).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|&b| b == b'\n').next()?;
+    let interpreter = String::from_utf8_lossy(line)
+        .split_whitespace()
+        .next()?
+        .to_string();
+    (interpreter.starts_with('/') && !std::path::Path::new(&interpreter).exists())
+        .then_some(interpreter)
+}
+
 /// Longest wait for the server to answer a release.
 const RELEASE_WITHIN: Duration = Duration::from_secs(10);
 
@@ -92,6 +108,16 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     // resident workers for nothing).
     // Exit 127 and 126, as a shell's for a command not found and one that cannot run.
     let program = &args.command[0];
+    if let Some(interpreter) = gpuhost::process::find_program(program)
+        .as_deref()
+        .and_then(missing_interpreter)
+    {
+        gpuhost::say!(
+            "gpuhost lease: cannot run `{}`: its interpreter {interpreter} (its #! line) does not exist",
+            program.to_string_lossy()
+        );
+        return Ok(ExitCode::from(126));
+    }
     if gpuhost::process::find_program(program).is_none() {
         let shown = program.to_string_lossy();
         let (why, code) = if !shown.contains('/') {
@@ -218,7 +244,10 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         Err(e) => {
             // Given back at once: not held (with the residents unloaded for it) until its TTL.
             release(" (the program could not start)")?.await;
-            gpuhost::say!("gpuhost lease: cannot run {:?}: {e}", args.command);
+            gpuhost::say!(
+                "gpuhost lease: cannot run `{}`: {e}",
+                args.command[0].to_string_lossy()
+            );
             return Ok(ExitCode::from(126));
         }
     };

@@ -1306,11 +1306,28 @@ async fn a_program_that_cannot_start_gives_its_lease_back_at_once() {
     // Not found: said before any lease was asked for (one unloads the resident workers).
     assert!(!err.contains("granted"), "{err}");
     assert!(leases(&host).await.is_empty(), "{err}");
-    // Found but not runnable (its interpreter is missing): the lease is given back at once.
+    // A script whose interpreter is missing: said so (exec's "No such file or directory"
+    // named a file that is there), before any lease.
     let dir = tempfile::tempdir().unwrap();
-    let garbage = dir.path().join("not-a-program");
-    std::fs::write(&garbage, "#!/nonexistent/interpreter\n").unwrap();
     use std::os::unix::fs::PermissionsExt;
+    let script = dir.path().join("script");
+    std::fs::write(&script, "#!/nonexistent/interpreter -u\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = tokio::task::spawn_blocking({
+        let mut command = lease_command(&host, &["--ttl", "600"], &[script.to_str().unwrap()]);
+        move || command.output().unwrap()
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(126), "as a shell's: {err}");
+    assert!(
+        err.contains("interpreter /nonexistent/interpreter") && !err.contains("granted"),
+        "{err}"
+    );
+    // Found but not runnable (its interpreter is no program): the lease is given back at once.
+    let garbage = dir.path().join("not-a-program");
+    std::fs::write(&garbage, "#!/etc/passwd\n").unwrap();
     std::fs::set_permissions(&garbage, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = tokio::task::spawn_blocking({
         let mut command = lease_command(&host, &["--ttl", "600"], &[garbage.to_str().unwrap()]);
