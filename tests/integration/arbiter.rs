@@ -2089,6 +2089,22 @@ async fn a_service_that_dies_loading_tells_why_every_time() {
             "{message}"
         );
     }
+    // A command that detaches (exit 0 at once, its daemon stopped as an orphan) is told how to
+    // run it, not only "exit code 0".
+    let port = free_port();
+    let daemon = format!(
+        "[[services]]\nname = \"daemon\"\ncommand = [\"sh\", \"-c\", \"exit 0\"]\nhealth_url = \"http://127.0.0.1:{port}/health\"\npoll_interval_s = 0.1\n"
+    );
+    let other = TestHost::start(&arbiter_config(&gpu, &daemon))
+        .await
+        .ready()
+        .await;
+    let events = start_service(&other, "daemon").await;
+    let Some(GrantEvent::Error { message, .. }) = events.last() else {
+        panic!("{events:?}");
+    };
+    assert!(message.contains("daemonizes"), "{message}");
+    other.stop().await;
     // Stopped by hand, it reads stopped, its last error kept; `gpuhost stop` succeeds (it said
     // the stop had failed, for a service that had failed before).
     let (code, err, _) = cli(&host, &["stop", "oom"]).await;

@@ -82,9 +82,19 @@ impl Actor {
                     }
                 }
                 status = running.group.wait() => {
+                    // Exit 0 before healthy is most often a command that detaches (a daemon):
+                    // what it left is stopped as an orphan, and the message said only "exit 0".
+                    let detached = matches!(&status, Ok(s) if s.success());
                     let exit = status.map(|s| describe_exit(&s)).unwrap_or_else(|e| e.to_string());
                     self.drain(running, true).await;
-                    return Err(("service_failed", format!("exited before it was healthy ({exit}); last lines:\n{}", self.tail_text())));
+                    let hint = if detached {
+                        " (a command that daemonizes or detaches ends this way: gpuhost runs a \
+                         service in the foreground and stops what it leaves behind; give it its \
+                         foreground option, such as `--no-daemon`)"
+                    } else {
+                        ""
+                    };
+                    return Err(("service_failed", format!("exited before it was healthy ({exit}){hint}; last lines:\n{}", self.tail_text())));
                 }
                 Some(line) = next_line(&mut running.stdout) => self.log(line, true),
                 Some(line) = next_line(&mut running.stderr) => self.log(line, true),
