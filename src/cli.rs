@@ -71,7 +71,11 @@ where
             STREAM_SILENCE.as_secs()
         ),
         Ok(None) => Ok(None),
-        Ok(Some(chunk)) => Ok(Some(chunk.context("reading the event stream")?)),
+        // Cut off mid-stream: the server stopped, restarted or was killed (reqwest's words
+        // were "error decoding response body: unexpected EOF during chunk size line").
+        Ok(Some(chunk)) => Ok(Some(chunk.context(
+            "the server closed the connection before the end (it stopped, restarted or was killed)",
+        )?)),
     }
 }
 

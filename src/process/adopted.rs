@@ -143,7 +143,7 @@ pub fn sweep(proc: &ProcFs) -> Vec<u32> {
         let command = proc.cmdline(pid).unwrap_or_default();
         if group == pid || !started.contains(&group) {
             // Its own group, or one gpuhost never started (a daemon's double fork).
-            tracing::warn!(pid, %command, "killing an orphan a worker or service left outside its process group");
+            tracing::warn!(pid, %command, "killing an orphan left outside its process group (detached by a program gpuhost started)");
         } else {
             // In the group of a worker that has exited (a helper still ending at its stop):
             // the group kill's anyway.
