@@ -1310,33 +1310,31 @@ async fn a_program_that_cannot_start_gives_its_lease_back_at_once() {
     // named a file that is there), before any lease.
     let dir = tempfile::tempdir().unwrap();
     use std::os::unix::fs::PermissionsExt;
-    let script = dir.path().join("script");
-    std::fs::write(&script, "#!/nonexistent/interpreter -u\n").unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let out = tokio::task::spawn_blocking({
+    // A script of `text`, run under a lease: its exit code and the client's stderr.
+    let run_script = |name: &str, text: &str| {
+        let script = dir.path().join(name);
+        std::fs::write(&script, text).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         let mut command = lease_command(&host, &["--ttl", "600"], &[script.to_str().unwrap()]);
-        move || command.output().unwrap()
-    })
-    .await
-    .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(126), "as a shell's: {err}");
+        tokio::task::spawn_blocking(move || {
+            let out = command.output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr).into_owned();
+            (out.status.code(), err)
+        })
+    };
+    let (code, err) = run_script("script", "#!/nonexistent/interpreter -u\n")
+        .await
+        .unwrap();
+    assert_eq!(code, Some(126), "as a shell's: {err}");
     assert!(
         err.contains("interpreter /nonexistent/interpreter") && !err.contains("granted"),
         "{err}"
     );
     // Found but not runnable (its interpreter is no program): the lease is given back at once.
-    let garbage = dir.path().join("not-a-program");
-    std::fs::write(&garbage, "#!/etc/passwd\n").unwrap();
-    std::fs::set_permissions(&garbage, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let out = tokio::task::spawn_blocking({
-        let mut command = lease_command(&host, &["--ttl", "600"], &[garbage.to_str().unwrap()]);
-        move || command.output().unwrap()
-    })
-    .await
-    .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(126), "as a shell's: {err}");
+    let (code, err) = run_script("not-a-program", "#!/etc/passwd\n")
+        .await
+        .unwrap();
+    assert_eq!(code, Some(126), "as a shell's: {err}");
     assert!(
         err.contains("granted") && err.contains("cannot run"),
         "{err}"

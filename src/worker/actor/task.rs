@@ -23,32 +23,8 @@ impl Actor {
             let _ = reply.send(Err(cancelled));
             return Ok(());
         }
-        if matches!(self.life, Life::Down { .. }) {
-            // Someone is waiting: load now rather than at the backoff deadline.
-            if let Err(stop) = self.load().await {
-                let _ = reply.send(Err(TaskError::ShuttingDown {
-                    worker: self.spec.name.clone(),
-                }));
-                return Err(stop);
-            }
-            if let Life::Down { .. } = self.life {
-                let error = self
-                    .load_error
-                    .clone()
-                    .unwrap_or_else(|| TaskError::Unavailable {
-                        worker: self.spec.name.clone(),
-                        reason: "it is not running".into(),
-                    });
-                let _ = reply.send(Err(error));
-                return Ok(());
-            }
-        }
-        // Called off while it loaded: a oneshot process loaded for it ends unused (left up, it
-        // held the GPU with no permit, beside the next job's other model).
-        if let Some(cancelled) = self.called_off(&request) {
-            self.task_ended(oneshot_fallback).await;
-            let _ = reply.send(Err(cancelled));
-            return Ok(());
+        if let Err(instead) = self.up_for(&request, oneshot_fallback).await {
+            return instead.answer(reply, &self.spec.name);
         }
         let (mut ran, mut stop) = self.run_loaded(&request).await;
         if let (Ran::Undelivered(e), None) = (&ran, &stop) {
@@ -56,21 +32,8 @@ impl Actor {
             // one takes the task, which was no one's fault but the worker's.
             tracing::warn!(worker = %self.spec.name, error = %e, "the task did not reach the worker; restarting it and sending the task again");
             self.went_down(e.to_string());
-            if let Err(stop) = self.load().await {
-                let _ = reply.send(Err(TaskError::ShuttingDown {
-                    worker: self.spec.name.clone(),
-                }));
-                return Err(stop);
-            }
-            if let Life::Down { .. } = self.life {
-                let error = self.load_error.clone().unwrap_or_else(|| e.clone());
-                let _ = reply.send(Err(error));
-                return Ok(());
-            }
-            if let Some(cancelled) = self.called_off(&request) {
-                self.task_ended(oneshot_fallback).await;
-                let _ = reply.send(Err(cancelled));
-                return Ok(());
+            if let Err(instead) = self.up_for(&request, oneshot_fallback).await {
+                return instead.answer(reply, &self.spec.name);
             }
             (ran, stop) = self.run_loaded(&request).await;
         }
@@ -125,6 +88,35 @@ impl Actor {
             self.task_ended(oneshot_fallback).await;
         }
         let _ = reply.send(outcome);
+        Ok(())
+    }
+
+    /// A process up for `request`: loaded now if it is down (someone is waiting: not at the
+    /// backoff deadline); `Err` with what the task gets instead when the load failed, a `Stop`
+    /// came, or its client left meanwhile (a oneshot process loaded for it then ends unused:
+    /// left up, it held the GPU with no permit, beside the next job's other model).
+    async fn up_for(
+        &mut self,
+        request: &TaskRequest,
+        oneshot_fallback: bool,
+    ) -> Result<(), Instead> {
+        if matches!(self.life, Life::Down { .. }) {
+            self.load().await.map_err(Instead::Stop)?;
+            if let Life::Down { .. } = self.life {
+                let error = self
+                    .load_error
+                    .clone()
+                    .unwrap_or_else(|| TaskError::Unavailable {
+                        worker: self.spec.name.clone(),
+                        reason: "it is not running".into(),
+                    });
+                return Err(Instead::Answer(error));
+            }
+        }
+        if let Some(cancelled) = self.called_off(request) {
+            self.task_ended(oneshot_fallback).await;
+            return Err(Instead::Answer(cancelled));
+        }
         Ok(())
     }
 
@@ -212,5 +204,30 @@ impl Actor {
             worker: self.spec.name.clone(),
             killed: false,
         })
+    }
+}
+
+/// What a task gets instead of a run.
+enum Instead {
+    /// This answer (the load's failure, or the client gone).
+    Answer(TaskError),
+    /// A `Stop` came: the task is answered that the worker is shutting down.
+    Stop(Interrupted),
+}
+
+impl Instead {
+    fn answer(self, reply: Reply, worker: &str) -> Result<(), Interrupted> {
+        match self {
+            Instead::Answer(error) => {
+                let _ = reply.send(Err(error));
+                Ok(())
+            }
+            Instead::Stop(stop) => {
+                let _ = reply.send(Err(TaskError::ShuttingDown {
+                    worker: worker.to_string(),
+                }));
+                Err(stop)
+            }
+        }
     }
 }
