@@ -32,6 +32,10 @@ pub struct LeaseView {
     pub expires_in_s: f64,
 }
 
+/// The header of a lease's release (`DELETE /gpu/lease/{id}`) that says how many milliseconds
+/// ago the program under it exited: only a sample taken after that may show its memory back.
+pub const PROGRAM_ENDED: &str = "gpuhost-program-ended-ms-ago";
+
 struct Lease {
     view: LeaseView,
     ttl: Duration,
@@ -50,7 +54,7 @@ impl Lease {
     /// not gpuhost's to stop, so only the memory is checked; when it never comes back the
     /// queue is blocked until it does (a program that outlives its lease holds the memory the
     /// next holder was promised).
-    fn end(self) {
+    fn end(self, program_ended: Option<Instant>) {
         let gone = Gone {
             what: match self.view.purpose.as_str() {
                 "" => format!("the lease of {}", self.view.holder),
@@ -66,7 +70,7 @@ impl Lease {
         let (core, permit) = (self.core, self.permit);
         // Mostly the program has ended before its lease (`gpuhost lease -- CMD`), and the
         // last sample shows its memory back: the next holder need not wait for another.
-        if core.seen_gone(&gone) {
+        if core.seen_gone(&gone, program_ended) {
             return drop(permit);
         }
         tokio::spawn(async move {
@@ -229,7 +233,7 @@ impl Leases {
         if events.send(granted).await.is_err() {
             // The client left before it heard of its lease: nobody would release it.
             tracing::info!(lease = id, "the lease's client left before the grant");
-            self.release(id);
+            self.release(id, None);
         }
     }
 
@@ -242,13 +246,15 @@ impl Leases {
     }
 
     /// Ends the lease: the GPU goes to the next waiter. `false` when it did not exist.
-    pub fn release(&self, id: u64) -> bool {
+    /// Ends lease `id`; `program_ended`: when the program under it exited, when the client
+    /// says (`gpuhost lease` does): only a sample taken after that may show its memory back.
+    pub fn release(&self, id: u64, program_ended: Option<Instant>) -> bool {
         let removed = self.lock().remove(&id);
         let Some(lease) = removed else {
             return false;
         };
         tracing::info!(lease = id, holder = %lease.view.holder, held_s = lease.granted.elapsed().as_secs_f64(), "lease released");
-        lease.end();
+        lease.end(program_ended);
         true
     }
 
@@ -266,7 +272,7 @@ impl Leases {
         };
         for lease in expired {
             tracing::warn!(lease = lease.view.id, holder = %lease.view.holder, "lease expired without a renewal; GPU reclaimed");
-            lease.end();
+            lease.end(None);
         }
     }
 

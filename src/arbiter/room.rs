@@ -43,10 +43,16 @@ impl Core {
 
     /// Whether the latest sample already shows `gone` done (taken before it ended: only for a
     /// holder whose end gpuhost does not cause, a lease whose program has exited already).
-    pub fn seen_gone(&self, gone: &Gone) -> bool {
+    /// `after`: a sample taken before it cannot tell (memory a program took, or handed to a
+    /// server, in its last moments would go unseen).
+    pub fn seen_gone(&self, gone: &Gone, after: Option<Instant>) -> bool {
+        let snapshot = self.snapshot();
+        if after.is_some_and(|t| !snapshot.taken.is_some_and(|taken| taken > t)) {
+            return !self.observed;
+        }
         !self.observed
             || teardown::check(
-                &self.snapshot(),
+                &snapshot,
                 self.device,
                 gone,
                 self.config.teardown_tolerance_mib,

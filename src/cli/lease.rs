@@ -166,9 +166,18 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     };
     // Bounded: a server that takes the request and never answers must not keep this command
     // (whose program has ended) alive; the lease then expires on the server by itself.
-    let release = |why: &str| {
-        let request = authed(client.delete(base.join(&format!("gpu/lease/{lease_id}"))?))
+    // `ended`: when the program (and what it left running) was gone. The server then checks
+    // the memory on a sample taken after it, not on one that may predate the program's last
+    // moments.
+    let release = |why: &str, ended: Option<std::time::Instant>| {
+        let mut request = authed(client.delete(base.join(&format!("gpu/lease/{lease_id}"))?))
             .timeout(RELEASE_WITHIN);
+        if let Some(ended) = ended {
+            request = request.header(
+                gpuhost::arbiter::leases::PROGRAM_ENDED,
+                ended.elapsed().as_millis().to_string(),
+            );
+        }
         let why = why.to_string();
         anyhow::Ok(async move {
             match request.send().await {
@@ -190,7 +199,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         (interrupt.recv().now_or_never().flatten(), libc::SIGINT),
     ];
     if let Some((_, sig)) = early.iter().find(|(got, _)| got.is_some()) {
-        release(" before the program started (told to stop)")?.await;
+        release(" before the program started (told to stop)", None)?.await;
         return Ok(ExitCode::from(128 + *sig as u8));
     }
     // Renew at a third of the TTL, so two missed renewals still keep the lease.
@@ -243,7 +252,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         Ok(program) => program,
         Err(e) => {
             // Given back at once: not held (with the residents unloaded for it) until its TTL.
-            release(" (the program could not start)")?.await;
+            release(" (the program could not start)", None)?.await;
             gpuhost::say!(
                 "gpuhost lease: cannot run `{}`: {e}",
                 args.command[0].to_string_lossy()
@@ -290,6 +299,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
         }
     };
     let left = program.stop_left_behind(LEFT_GRACE).await;
+    let ended = std::time::Instant::now();
     if left > 0 {
         gpuhost::say!("gpuhost lease: stopped {left} process(es) the program left running");
     }
@@ -297,7 +307,7 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     if lost {
         return Ok(ExitCode::from(LOST_EXIT));
     }
-    release("")?.await;
+    release("", Some(ended))?.await;
     use std::os::unix::process::ExitStatusExt;
     let code = status
         .code()

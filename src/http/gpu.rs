@@ -144,19 +144,42 @@ pub(super) async fn renew(
         .ok_or_else(|| no_lease(id))
 }
 
-/// Ends a lease: the GPU goes to the next waiter.
-#[utoipa::path(delete, path = "/gpu/lease/{id}", params(("id" = u64, Path, description = "Lease id")), responses(
+/// Ends a lease: the GPU goes to the next waiter once the lease's memory is back.
+#[utoipa::path(delete, path = "/gpu/lease/{id}", params(
+    ("id" = u64, Path, description = "Lease id"),
+    ("gpuhost-program-ended-ms-ago" = Option<u64>, Header, description = "Milliseconds since the program under the lease exited (0 to 3600000): its memory is then checked on a sample taken after that"),
+), responses(
     (status = 200, description = "Released", body = Object),
-    (status = 400, description = "Bad id", body = ErrorBody),
+    (status = 400, description = "Bad id, or a gpuhost-program-ended-ms-ago that is no number of milliseconds", body = ErrorBody),
     (status = 404, description = "No such lease (released or expired)", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
 pub(super) async fn release(
     State(app): State<AppState>,
     id: Result<Path<u64>, axum::extract::rejection::PathRejection>,
+    headers: axum::http::HeaderMap,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let Path(id) = id.map_err(|_| bad_id())?;
-    if app.arbiter.leases.release(id) {
+    // How long ago the program under the lease exited (`gpuhost lease` says): only a sample
+    // taken after that may show its memory back. Relative, so no clock need agree.
+    let program_ended = match headers.get(crate::arbiter::leases::PROGRAM_ENDED) {
+        None => None,
+        Some(value) => {
+            let ms: u64 = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .filter(|ms| *ms <= 3_600_000)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "{} must be the milliseconds since the program exited (0 to 3600000)",
+                        crate::arbiter::leases::PROGRAM_ENDED
+                    ))
+                })?;
+            std::time::Instant::now().checked_sub(std::time::Duration::from_millis(ms))
+        }
+    };
+    if app.arbiter.leases.release(id, program_ended) {
         Ok(Json(json!({ "released": id })))
     } else {
         Err(no_lease(id))

@@ -2553,3 +2553,42 @@ async fn an_interrupted_lease_client_that_waits_leaves_the_queue_with_130() {
     .await;
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_lease_whose_program_just_ended_is_checked_on_a_later_sample() {
+    // Memory taken in a lease's last moments (its program handing work to a server as it
+    // exits) was missed: the last sample, taken before, looked free, and the next holder was
+    // granted at once beside it. A release that says when its program ended (as `gpuhost
+    // lease` does) is checked on a sample taken after that.
+    let gpu = FakeGpu::new(IDLE);
+    let host = arbiter_host(&gpu).await;
+    let granted: Value = lease_as(&host, "alice").await.json().await.unwrap();
+    let id = granted["lease_id"].as_u64().expect("a lease id");
+    gpu.set_state("gpu: NVIDIA GeForce RTX 5090, 0, 9512, 32607, 41, 28.5\n");
+    let ended = host
+        .client()
+        .delete(format!("{}/gpu/lease/{id}", host.url))
+        .header("gpuhost-program-ended-ms-ago", "0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ended.status(), 200);
+    let next = lease_as(&host, "bob").await;
+    assert_ne!(next.status(), 200, "granted beside 9 GB nobody gave back");
+    // Given back, the GPU goes on.
+    gpu.set_state(IDLE);
+    wait_for("bob's grant", Duration::from_secs(20), || async {
+        lease_as(&host, "bob").await.status() == 200
+    })
+    .await;
+    // A header that is no number of milliseconds is refused by name.
+    let refused = host
+        .client()
+        .delete(format!("{}/gpu/lease/1", host.url))
+        .header("gpuhost-program-ended-ms-ago", "soon")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    host.stop().await;
+}
