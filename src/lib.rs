@@ -31,6 +31,7 @@ pub mod setup;
 pub mod speakers;
 pub mod stats;
 pub mod supervisor;
+pub mod text;
 pub mod transcript;
 pub mod worker;
 pub mod wyoming;

@@ -146,14 +146,7 @@ impl Signal {
                     };
                 }
                 // It goes to the client and into `/workers`: a worker's 64 KiB line is a dump.
-                let count = failure.message.chars().count();
-                if count > FAILURE_MESSAGE_MAX {
-                    let kept: String = failure.message.chars().take(FAILURE_MESSAGE_MAX).collect();
-                    failure.message = format!(
-                        "{kept} … ({} characters left out)",
-                        count - FAILURE_MESSAGE_MAX
-                    );
-                }
+                failure.message = crate::text::cut(failure.message, FAILURE_MESSAGE_MAX);
                 Signal::Error(failure)
             }
             _ => Signal::Other { line: line.into() },

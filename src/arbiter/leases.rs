@@ -65,12 +65,14 @@ impl Lease {
             baseline_used_mib: self.baseline_used_mib,
             listed_before: self.listed_before,
             watch: None,
-            after: Instant::now(),
+            // Told when the program ended (`gpuhost lease` says), only a sample after that
+            // shows its memory back: one before may predate memory it took, or handed to a
+            // server, in its last moments. Not told, any sample since the grant does: mostly
+            // the program ended before its lease, and the next holder need not wait.
+            after: program_ended.unwrap_or(self.granted),
         };
         let (core, permit) = (self.core, self.permit);
-        // Mostly the program has ended before its lease (`gpuhost lease -- CMD`), and the
-        // last sample shows its memory back: the next holder need not wait for another.
-        if core.seen_gone(&gone, program_ended) {
+        if core.seen_gone(&gone) {
             return drop(permit);
         }
         tokio::spawn(async move {

@@ -41,23 +41,20 @@ impl Core {
         }
     }
 
-    /// Whether the latest sample already shows `gone` done (taken before it ended: only for a
-    /// holder whose end gpuhost does not cause, a lease whose program has exited already).
-    /// `after`: a sample taken before it cannot tell (memory a program took, or handed to a
-    /// server, in its last moments would go unseen).
-    pub fn seen_gone(&self, gone: &Gone, after: Option<Instant>) -> bool {
+    /// Whether the latest sample already shows `gone` done: a sample taken after `gone.after`
+    /// (which a lease sets to when its program ended, as it is told, else to its grant: its
+    /// end is not gpuhost's doing, and a program mostly ends before its lease does).
+    pub fn seen_gone(&self, gone: &Gone) -> bool {
         let snapshot = self.snapshot();
-        if after.is_some_and(|t| !snapshot.taken.is_some_and(|taken| taken > t)) {
-            return !self.observed;
-        }
         !self.observed
-            || teardown::check(
-                &snapshot,
-                self.device,
-                gone,
-                self.config.teardown_tolerance_mib,
-            )
-            .is_ok()
+            || (snapshot.taken.is_some_and(|t| t > gone.after)
+                && teardown::check(
+                    &snapshot,
+                    self.device,
+                    gone,
+                    self.config.teardown_tolerance_mib,
+                )
+                .is_ok())
     }
 
     /// After a teardown that never completed: block the queue (nothing is granted; `/status`

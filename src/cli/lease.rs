@@ -108,17 +108,15 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
     // resident workers for nothing).
     // Exit 127 and 126, as a shell's for a command not found and one that cannot run.
     let program = &args.command[0];
-    if let Some(interpreter) = gpuhost::process::find_program(program)
-        .as_deref()
-        .and_then(missing_interpreter)
-    {
+    let found = gpuhost::process::find_program(program);
+    if let Some(interpreter) = found.as_deref().and_then(missing_interpreter) {
         gpuhost::say!(
             "gpuhost lease: cannot run `{}`: its interpreter {interpreter} (its #! line) does not exist",
             program.to_string_lossy()
         );
         return Ok(ExitCode::from(126));
     }
-    if gpuhost::process::find_program(program).is_none() {
+    if found.is_none() {
         let shown = program.to_string_lossy();
         let (why, code) = if !shown.contains('/') {
             ("no executable of that name on PATH", 127)

@@ -41,7 +41,7 @@ pub(super) fn describe(
                     .unwrap_or_default(),
                 used_memory_mib: p.used_memory_mib.unwrap_or(0),
                 // Matched whole above, shown cut.
-                command: shown(cmd.command),
+                command: crate::text::cut(cmd.command, COMMAND_MAX),
                 command_pid: cmd.from_pid,
                 command_note: cmd.note,
                 gpu_index: p.gpu_index,
@@ -97,16 +97,6 @@ pub(super) fn reconcile(gpus: &mut [GpuInfo], processes: &[GpuProcess]) {
 /// The longest command line shown, in characters: `/status` is fetched every few seconds (a
 /// process with an 8 MiB command line made it 8 MB), and a command line that long is data.
 const COMMAND_MAX: usize = 8192;
-
-/// `command`, at most [`COMMAND_MAX`] characters of it.
-fn shown(command: String) -> String {
-    let count = command.chars().count();
-    if count <= COMMAND_MAX {
-        return command;
-    }
-    let kept: String = command.chars().take(COMMAND_MAX).collect();
-    format!("{kept} … ({} characters left out)", count - COMMAND_MAX)
-}
 
 #[cfg(test)]
 mod tests {

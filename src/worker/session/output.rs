@@ -105,7 +105,8 @@ impl Session {
             if self.tail.len() == TAIL_LINES {
                 self.tail.pop_front();
             }
-            self.tail.push_back(shortened(message));
+            self.tail
+                .push_back(crate::text::cut_middle(message, TAIL_LINE_MAX));
             tracing::debug!(worker = %self.name, "{message}");
         }
         if let Some(events) = events {
@@ -167,22 +168,6 @@ fn kind_of(value: &Value) -> &'static str {
 /// The longest stderr line kept for a crash's message, in characters.
 const TAIL_LINE_MAX: usize = 1000;
 
-/// `line`, its middle left out when it is longer than [`TAIL_LINE_MAX`]: the start says what it
-/// is, the end how it ended.
-fn shortened(line: &str) -> String {
-    let count = line.chars().count();
-    if count <= TAIL_LINE_MAX {
-        return line.to_string();
-    }
-    let half = TAIL_LINE_MAX / 2;
-    let head: String = line.chars().take(half).collect();
-    let tail: String = line.chars().skip(count - half).collect();
-    format!(
-        "{head} … ({} characters left out) … {tail}",
-        count - 2 * half
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,13 +194,16 @@ mod tests {
     #[test]
     fn a_long_stderr_line_is_kept_by_its_ends() {
         let line = format!("Error: {}the end", "é".repeat(70_000));
-        let kept = super::shortened(&line);
+        let kept = crate::text::cut_middle(&line, super::TAIL_LINE_MAX);
         assert!(
             kept.starts_with("Error: ") && kept.ends_with("the end"),
             "{kept}"
         );
         assert!(kept.chars().count() < 1100, "{}", kept.len());
         assert!(kept.contains("characters left out"));
-        assert_eq!(super::shortened("short"), "short");
+        assert_eq!(
+            crate::text::cut_middle("short", super::TAIL_LINE_MAX),
+            "short"
+        );
     }
 }

@@ -54,12 +54,6 @@ impl Ran {
     }
 }
 
-/// Whether a failed task reached the process.
-enum Sent {
-    Yes(TaskError),
-    Not(TaskError),
-}
-
 impl Session {
     /// Sends one task and follows it to `done`, `error`, a crash or the timeout. When `cancel`
     /// fires, a worker that supports cancelling gets `SIGINT` and `cancel_grace` to give the task up.
@@ -71,10 +65,9 @@ impl Session {
         limits: TaskLimits<'_>,
     ) -> Ran {
         match self.follow(task, output, events, limits).await {
-            Err(Sent::Not(e)) => Ran::Undelivered(e),
             // `done` with no result at all: a stray `done` (an earlier task's, said twice) or a
             // worker that lost track. Every answer after it would end the task after its own.
-            Err(Sent::Yes(TaskError::BadOutput { worker, reason })) if !output.exists() => {
+            Ran::Answered(Err(TaskError::BadOutput { worker, reason })) if !output.exists() => {
                 self.group.kill().await;
                 Ran::OutOfStep(TaskError::BadOutput {
                     worker,
@@ -84,8 +77,7 @@ impl Session {
                     ),
                 })
             }
-            Err(Sent::Yes(e)) => Ran::Answered(Err(e)),
-            Ok(result) => Ran::Answered(Ok(result)),
+            ran => ran,
         }
     }
 
@@ -95,7 +87,7 @@ impl Session {
         output: &Path,
         events: &mpsc::Sender<WorkerEvent>,
         limits: TaskLimits<'_>,
-    ) -> Result<Value, Sent> {
+    ) -> Ran {
         // The cancel marker: SIGINT alone can land before the worker has read the task line.
         let cancel_marker = output.with_extension("cancel");
         let cancel_path = self.ready.cancel.then(|| {
@@ -121,23 +113,24 @@ impl Session {
                 // task is not lost with it.
                 self.group.kill().await;
                 let exit = self.collect_exit().await;
-                return Err(Sent::Not(self.crashed(format!(
+                return Ran::Undelivered(self.crashed(format!(
                     "{exit}; it no longer read its stdin, so the task never reached it ({e})"
-                ))));
+                )));
             }
             None => {
                 tracing::warn!(worker = %self.name, "the worker did not read its task line within the task's timeout; killed");
                 self.group.kill().await;
-                return Err(Sent::Yes(TaskError::Timeout {
+                return Ran::Answered(Err(TaskError::Timeout {
                     worker: self.name.clone(),
                     seconds: limits.timeout.as_secs_f64(),
                     unread: String::new(),
                 }));
             }
         }
-        self.answer(output, events, limits, &cancel_marker, deadline)
-            .await
-            .map_err(Sent::Yes)
+        Ran::Answered(
+            self.answer(output, events, limits, &cancel_marker, deadline)
+                .await,
+        )
     }
 
     /// Follows a task sent to `done`, `error`, a crash, the timeout at `deadline`, or a cancel.
