@@ -1,6 +1,7 @@
 //! Subcommands that act as clients or one-off runners (the server itself lives in the library).
 
 pub(crate) mod control;
+pub(crate) mod grant;
 pub(crate) mod lease;
 pub(crate) mod progress;
 pub(crate) mod run;
@@ -127,20 +128,6 @@ pub(crate) fn said_again<E: Clone + PartialEq>(last: &mut Option<E>, event: &E) 
     }
     *last = Some(event.clone());
     false
-}
-
-/// Whether `event` says again where a grant stream is (its queue place, the room being made,
-/// the service starting): a heartbeat, shown once.
-pub(crate) fn grant_state_again(
-    last: &mut Option<gpuhost::protocol::GrantEvent>,
-    event: &gpuhost::protocol::GrantEvent,
-) -> bool {
-    use gpuhost::protocol::GrantEvent;
-    let state = matches!(
-        event,
-        GrantEvent::Queued { .. } | GrantEvent::MakingRoom { .. } | GrantEvent::Starting { .. }
-    );
-    state && said_again(last, event)
 }
 
 /// How long a request that only reads state (status, the list of voices) may take in all.

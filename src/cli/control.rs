@@ -91,50 +91,24 @@ pub(crate) async fn control(
 
 /// Prints the start's events on stderr until `healthy` (exit 0) or `error` (exit 1).
 async fn follow_start(name: &str, response: reqwest::Response) -> anyhow::Result<ExitCode> {
-    let mut stream = response.bytes_stream();
-    let mut buf = Vec::new();
-    // The server says the queue place again while the wait lasts: shown once.
-    let mut queued: Option<GrantEvent> = None;
     // A caller that joins a start under way hears where it is at once, then every heartbeat.
-    while let Some(chunk) = super::next_chunk(&mut stream).await? {
-        buf.extend_from_slice(&chunk);
-        while let Some(end) = buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=end).collect();
-            let event: GrantEvent = serde_json::from_slice(&line).context("a malformed event")?;
-            if super::grant_state_again(&mut queued, &event) {
-                continue;
+    let mut events = super::grant::GrantEvents::new(response, name);
+    while let Some(event) = events.next().await? {
+        match event {
+            GrantEvent::Starting { pid } => gpuhost::say!("{name}: starting (pid {pid})"),
+            GrantEvent::Log { line } => gpuhost::say!("{name}| {}", super::shown(&line)),
+            GrantEvent::Healthy { pid, seconds } => {
+                gpuhost::say!(
+                    "{name}: healthy{} after {seconds} s",
+                    pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+                );
+                return Ok(ExitCode::SUCCESS);
             }
-            match event {
-                GrantEvent::Queued {
-                    position,
-                    waiting_for,
-                } => gpuhost::say!(
-                    "{name}: queued, position {position}{}",
-                    waiting_for
-                        .map(|w| format!(" (waiting for {})", super::shown(&w)))
-                        .unwrap_or_default()
-                ),
-                GrantEvent::MakingRoom { action, target } => {
-                    gpuhost::say!(
-                        "{name}: making room: {}",
-                        super::shown(&format!("{action} {target}"))
-                    )
-                }
-                GrantEvent::Starting { pid } => gpuhost::say!("{name}: starting (pid {pid})"),
-                GrantEvent::Log { line } => gpuhost::say!("{name}| {}", super::shown(&line)),
-                GrantEvent::Healthy { pid, seconds } => {
-                    gpuhost::say!(
-                        "{name}: healthy{} after {seconds} s",
-                        pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
-                    );
-                    return Ok(ExitCode::SUCCESS);
-                }
-                GrantEvent::Error { code, message } => {
-                    gpuhost::say!("{name}: failed ({code}): {}", super::shown(&message));
-                    return Ok(ExitCode::FAILURE);
-                }
-                _ => {}
+            GrantEvent::Error { code, message } => {
+                gpuhost::say!("{name}: failed ({code}): {}", super::shown(&message));
+                return Ok(ExitCode::FAILURE);
             }
+            _ => {}
         }
     }
     bail!("the server ended the stream before {name} was healthy")

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use futures_util::FutureExt;
 use gpuhost::protocol::GrantEvent;
 use serde_json::json;
@@ -315,43 +315,17 @@ pub(crate) async fn lease(config: &gpuhost::Config, args: LeaseArgs) -> anyhow::
 }
 
 async fn wait_for_grant(response: reqwest::Response) -> anyhow::Result<(u64, f64)> {
-    let mut stream = response.bytes_stream();
-    let mut buf = Vec::new();
-    // The server says the queue place again while the wait lasts: shown once.
-    let mut queued: Option<GrantEvent> = None;
-    while let Some(chunk) = super::next_chunk(&mut stream).await? {
-        buf.extend_from_slice(&chunk);
-        while let Some(end) = buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=end).collect();
-            let event: GrantEvent = serde_json::from_slice(&line).context("a malformed event")?;
-            if super::grant_state_again(&mut queued, &event) {
-                continue;
+    let mut events = super::grant::GrantEvents::new(response, "gpuhost lease");
+    while let Some(event) = events.next().await? {
+        match event {
+            GrantEvent::Granted { lease_id, ttl_s } => {
+                gpuhost::say!("gpuhost lease: granted lease {lease_id} (ttl {ttl_s} s)");
+                return Ok((lease_id, ttl_s));
             }
-            match event {
-                GrantEvent::Queued {
-                    position,
-                    waiting_for,
-                } => gpuhost::say!(
-                    "gpuhost lease: queued, position {position}{}",
-                    waiting_for
-                        .map(|w| format!(" (waiting for {})", super::shown(&w)))
-                        .unwrap_or_default()
-                ),
-                GrantEvent::MakingRoom { action, target } => {
-                    gpuhost::say!(
-                        "gpuhost lease: making room: {}",
-                        super::shown(&format!("{action} {target}"))
-                    )
-                }
-                GrantEvent::Granted { lease_id, ttl_s } => {
-                    gpuhost::say!("gpuhost lease: granted lease {lease_id} (ttl {ttl_s} s)");
-                    return Ok((lease_id, ttl_s));
-                }
-                GrantEvent::Error { code, message } => {
-                    bail!("the lease was refused ({code}): {}", super::shown(&message))
-                }
-                _ => {}
+            GrantEvent::Error { code, message } => {
+                bail!("the lease was refused ({code}): {}", super::shown(&message))
             }
+            _ => {}
         }
     }
     bail!("the server ended the stream without a grant")
