@@ -302,3 +302,16 @@ def test_a_failure_says_whether_it_is_a_refusal_or_a_full_disk():
     assert failure(OSError(errno.EDQUOT, "Disk quota exceeded"))["kind"] == "no_space"
     assert failure(OSError(errno.EACCES, "Permission denied"))["kind"] == "PermissionError"
     assert failure(ValueError("bad")) == {"message": "ValueError: bad", "kind": "ValueError"}
+
+
+def test_a_huge_failure_message_is_cut_so_its_line_keeps_the_kind():
+    # The host cuts lines at 64 KiB: an exception quoting its whole input (here 100 000
+    # characters, each 6 bytes as JSON escapes) lost its kind, and a refusal became a 500.
+    from gpuhost_worker import TaskRefused
+    from gpuhost_worker.runner import failure
+
+    refused = failure(TaskRefused("\u0007" * 100_000))
+    assert refused["kind"] == "refused"
+    assert refused["message"].endswith("(96000 characters left out)")
+    line = "error " + json.dumps(refused, separators=(",", ":"))
+    assert len(line.encode()) < 64 * 1024

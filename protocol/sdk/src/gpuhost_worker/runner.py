@@ -35,15 +35,29 @@ class TaskRefused(ValueError):
     failure."""
 
 
+# The host keeps this many characters of a failure's message; the whole `error` line must stay
+# under its 64 KiB line limit, or the JSON is cut and the kind (a refusal's 400) is lost.
+MESSAGE_MAX = 4000
+
+
+def _cut(message: str) -> str:
+    if len(message) <= MESSAGE_MAX:
+        return message
+    return f"{message[:MESSAGE_MAX]} … ({len(message) - MESSAGE_MAX} characters left out)"
+
+
 def failure(e: BaseException) -> dict:
     """The `error` signal's payload for an exception out of `Worker.run`: kind `refused` for a
     `TaskRefused`, `no_space` for a full disk or quota (the host answers 507, not 500), else the
-    exception's class name."""
+    exception's class name. A message past `MESSAGE_MAX` characters (an exception quoting its
+    whole input) is cut, as the host would."""
     if isinstance(e, TaskRefused):
-        return {"message": str(e), "kind": "refused"}
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return {"message": f"{type(e).__name__}: {e}", "kind": "no_space"}
-    return {"message": f"{type(e).__name__}: {e}", "kind": type(e).__name__}
+        kind, message = "refused", str(e)
+    elif isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        kind, message = "no_space", f"{type(e).__name__}: {e}"
+    else:
+        kind, message = type(e).__name__, f"{type(e).__name__}: {e}"
+    return {"message": _cut(message), "kind": kind}
 
 
 class _Task:
