@@ -7,6 +7,7 @@
 pub mod footprints;
 pub mod history;
 pub mod leases;
+mod loading;
 pub mod queue;
 mod residents;
 mod room;
@@ -15,9 +16,9 @@ pub mod sharing;
 pub mod teardown;
 pub mod watched;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -45,10 +46,16 @@ pub struct Core {
     pub http: reqwest::Client,
     /// Configured and measured VRAM of every worker and service.
     pub footprints: Arc<Footprints>,
-    /// `[[gpu.watch]]` servers that can be asked to free their memory.
+    /// `[[gpu.watch]]` programs: held for while they load, asked to free their memory when
+    /// they have a `release`.
     watches: Vec<WatchConfig>,
     /// Where service actors say which process group is theirs (for `/status`).
     pub service_pids: Arc<crate::gpu::ServicePids>,
+    /// Teardowns that blocked the queue so far: each block's key.
+    teardowns: std::sync::atomic::AtomicU64,
+    /// Watched programs seen loading on this device, since when (see `hold_while_loading`).
+    /// std Mutex: a few instructions, never across `.await`.
+    loading: Mutex<BTreeMap<String, Instant>>,
 }
 
 pub struct Arbiter {
@@ -63,9 +70,10 @@ pub struct Arbiter {
 }
 
 impl Core {
-    /// Why this device must read busy whatever the sample shows: an exclusive grant, a block.
+    /// Why this device must read busy whatever the sample shows: an exclusive grant, memory a
+    /// holder left behind (a watched program that loads reads `loading` as sampled).
     pub fn busy_reason(&self) -> Option<String> {
-        if let Some(why) = self.queue.blocked() {
+        if let Some(why) = self.queue.blocked_on_memory() {
             return Some(why);
         }
         let held: Vec<String> = self
@@ -168,13 +176,7 @@ impl Arbiter {
             .no_proxy()
             .build()
             .unwrap_or_default();
-        let watches: Vec<WatchConfig> = config
-            .gpu
-            .watch
-            .iter()
-            .filter(|w| w.release.is_some())
-            .cloned()
-            .collect();
+        let watches: Vec<WatchConfig> = config.gpu.watch.clone();
         let cores: Vec<Arc<Core>> = queues
             .iter()
             .map(|queue| {
@@ -190,6 +192,8 @@ impl Arbiter {
                     footprints: Arc::clone(&footprints),
                     watches: watches.clone(),
                     service_pids: Arc::clone(&gpu.services),
+                    teardowns: Default::default(),
+                    loading: Default::default(),
                 });
                 core.queue.set_room(sharing::RoomSource(Box::new({
                     let core = Arc::downgrade(&core);
@@ -254,6 +258,7 @@ impl Arbiter {
                         self.core_for(device).map_or(0, |c| c.queue.waiting())
                     });
                     for core in &self.cores {
+                        core.hold_while_loading(&snap);
                         core.queue.redispatch();
                     }
                 }
@@ -263,7 +268,9 @@ impl Arbiter {
             self.services.stop_idle();
             for core in &self.cores {
                 if let Some(head) = core.queue.head() {
-                    self.services.yield_to(core.device, &head.label);
+                    if core.queue.head_waits_for_room() {
+                        self.services.yield_to(core.device, &head.label);
+                    }
                 }
                 core.observe_workers();
                 core.reload_if_free();

@@ -221,7 +221,7 @@ pub fn render(app: &App) -> String {
     scrape.gauge(
         "gpuhost_gpu_blocked",
         "1 while nothing is granted because a holder's memory did not come back",
-        flag(app.queue.blocked().is_some()),
+        flag(app.queue.blocked_on_memory().is_some()),
     );
 
     let service_state = scrape.gauges(

@@ -3,7 +3,7 @@
 #![allow(clippy::disallowed_methods, clippy::disallowed_macros)] // tests start the gpuhost binary and helper processes directly
 
 mod integration {
-    mod arbiter;
+    pub mod arbiter;
     pub mod support;
 
     mod audio_formats;
@@ -25,5 +25,6 @@ mod integration {
     mod slow_clients;
     mod speakers;
     mod style;
+    mod watched;
     mod wyoming;
 }

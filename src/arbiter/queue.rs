@@ -64,6 +64,15 @@ impl Ticket {
     }
 }
 
+/// Why nothing is granted for now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Block {
+    /// The memory of a holder that ended did not come back (the n-th such teardown).
+    Teardown(u64),
+    /// A watched program (`[[gpu.watch]]`, by name) is loading.
+    Loading(String),
+}
+
 #[derive(Debug)]
 pub struct GpuQueue {
     /// Short critical sections only (`.await` rule): std Mutex.
@@ -85,6 +94,9 @@ struct Holding {
     id: u64,
     ticket: Ticket,
     since: Instant,
+    /// The device's used memory outside the residents' footprints at the grant (`None`
+    /// without a sample): how much of its reservation a holder has taken is read against it.
+    base_mib: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -101,10 +113,21 @@ struct QueueState {
     /// Ordered by priority (high first), then arrival.
     waiting: Vec<Waiting>,
     next_id: u64,
-    /// While set, nothing is granted (a teardown that never completed): the reason.
-    blocked: Option<String>,
+    /// While any is set, nothing is granted: each block with its reason. Each is lifted on its
+    /// own: one holder's memory coming back says nothing of another's.
+    blocks: Vec<(Block, String)>,
     /// gpuhost is shutting down: nothing is granted again, and every waiter is told so.
     closed: bool,
+}
+
+impl QueueState {
+    fn blocked(&self) -> Option<String> {
+        if self.closed {
+            return Some("gpuhost is shutting down".into());
+        }
+        let reasons: Vec<&str> = self.blocks.iter().map(|(_, why)| why.as_str()).collect();
+        (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
 }
 
 impl GpuQueue {
@@ -173,17 +196,20 @@ impl GpuQueue {
         let (tx, grant) = oneshot::channel();
         let id = {
             let mut state = self.lock();
-            // A request that would be granted at once never counts as waiting.
-            if !self.grantable(&state, &ticket) && state.waiting.len() >= max_waiting {
-                return None;
-            }
-            let id = state.next_id;
-            state.next_id += 1;
             let at = state
                 .waiting
                 .iter()
                 .position(|w| w.ticket.priority < ticket.priority)
                 .unwrap_or(state.waiting.len());
+            // A request that would be granted at once never counts as waiting: one that fits,
+            // and that no waiter stands before (the waiters are those that do not fit), unless
+            // what fits may go ahead (`allow_backfill`).
+            let at_once = (at == 0 || self.backfills()) && self.grantable(&state, &ticket);
+            if !at_once && state.waiting.len() >= max_waiting {
+                return None;
+            }
+            let id = state.next_id;
+            state.next_id += 1;
             state.waiting.insert(
                 at,
                 Waiting {
@@ -227,19 +253,58 @@ impl GpuQueue {
         self.lock().holding.iter().any(|h| h.ticket.exclusive())
     }
 
-    /// Stops granting until `unblock`: the last holder's memory never came back.
-    pub fn block(&self, reason: String) {
-        self.lock().blocked = Some(reason);
+    /// Stops granting until `unblock(block)` (and every other block is lifted): a holder's
+    /// memory never came back, a watched program loads. The same block again changes its reason.
+    pub fn block(&self, block: Block, reason: String) {
+        {
+            let mut state = self.lock();
+            match state.blocks.iter_mut().find(|(b, _)| *b == block) {
+                Some((_, why)) if *why == reason => return,
+                Some((_, why)) => *why = reason,
+                None => state.blocks.push((block, reason)),
+            }
+        }
         self.bump();
+    }
+
+    /// Lifts `block` (not set: nothing happens).
+    pub fn unblock(&self, block: &Block) {
+        {
+            let mut state = self.lock();
+            let before = state.blocks.len();
+            state.blocks.retain(|(b, _)| b != block);
+            if state.blocks.len() == before {
+                return;
+            }
+            self.dispatch(&mut state);
+        }
+        self.bump();
+    }
+
+    /// Whether `block` is set.
+    pub fn blocked_by(&self, block: &Block) -> bool {
+        self.lock().blocks.iter().any(|(b, _)| b == block)
+    }
+
+    /// Why nothing is granted because memory a holder left behind has not come back (or
+    /// gpuhost shuts down); a watched program's loading is not counted: it ends by itself.
+    pub fn blocked_on_memory(&self) -> Option<String> {
+        let state = self.lock();
+        if state.closed {
+            return state.blocked();
+        }
+        let reasons: Vec<&str> = state
+            .blocks
+            .iter()
+            .filter(|(b, _)| matches!(b, Block::Teardown(_)))
+            .map(|(_, why)| why.as_str())
+            .collect();
+        (!reasons.is_empty()).then(|| reasons.join("; "))
     }
 
     /// Grants nothing more, ever (gpuhost shuts down): each waiter is told [`Turn::Closed`].
     pub fn close(&self) {
-        {
-            let mut state = self.lock();
-            state.closed = true;
-            state.blocked = Some("gpuhost is shutting down".into());
-        }
+        self.lock().closed = true;
         self.bump();
     }
 
@@ -247,20 +312,28 @@ impl GpuQueue {
         self.lock().closed
     }
 
-    pub fn unblock(&self) {
-        {
-            let mut state = self.lock();
-            if state.closed {
-                return;
-            }
-            state.blocked = None;
-            self.dispatch(&mut state);
-        }
-        self.bump();
+    /// Why nothing is granted now, if so: the blocks' reasons, or the shutdown.
+    pub fn blocked(&self) -> Option<String> {
+        self.lock().blocked()
     }
 
-    pub fn blocked(&self) -> Option<String> {
-        self.lock().blocked.clone()
+    /// Whether the first waiter waits for room that a service could give (its memory, or the
+    /// GPU it holds alone), not only for a place among jobs (`max_concurrent_jobs`): a
+    /// service stops to make room only for the first kind.
+    pub fn head_waits_for_room(&self) -> bool {
+        let state = self.lock();
+        let Some(head) = state.waiting.first() else {
+            return false;
+        };
+        if head.ticket.exclusive() || state.blocked().is_some() {
+            return true;
+        }
+        let jobs = state
+            .holding
+            .iter()
+            .filter(|h| h.ticket.kind == HolderKind::Job)
+            .count();
+        jobs < self.max_running
     }
 
     /// A receiver that changes whenever the queue does.

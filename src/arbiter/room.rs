@@ -9,6 +9,7 @@ use crate::config::{Mode, WatchConfig};
 use crate::protocol::GrantEvent;
 use crate::worker::WorkerState;
 
+use super::queue::Block;
 use super::teardown::{self, Gone};
 use super::{history, watched, Core};
 
@@ -61,7 +62,11 @@ impl Core {
     /// says busy with the reason) until a later sample shows the memory back.
     pub fn block_until_freed(self: &Arc<Self>, gone: Gone, reason: String) {
         tracing::error!(%reason, "GPU blocked: teardown not verified");
-        self.queue.block(reason);
+        let n = self
+            .teardowns
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let block = Block::Teardown(n);
+        self.queue.block(block.clone(), reason);
         let core = Arc::clone(self);
         tokio::spawn(async move {
             let mut snapshots = core.snapshots.clone();
@@ -79,7 +84,7 @@ impl Core {
                 .is_ok()
                 {
                     tracing::info!(what = %gone.what, "memory came back; GPU unblocked");
-                    core.queue.unblock();
+                    core.queue.unblock(&block);
                     return;
                 }
             }
@@ -148,7 +153,12 @@ impl Core {
                 self.queue.history.end_event(event);
             }
         }
-        for watch in &self.watches {
+        let releasable: Vec<&WatchConfig> = self
+            .watches
+            .iter()
+            .filter(|w| w.release.is_some())
+            .collect();
+        for watch in &releasable {
             if enough(self) {
                 return Ok(());
             }
@@ -157,7 +167,7 @@ impl Core {
         match (need_mib, self.free_mib()) {
             (Some(need), Some(free)) if free < need => Err(format!(
                 "{need} MiB are needed but only {free} MiB are free after unloading every idle worker{}; {}",
-                if self.watches.is_empty() { "" } else { " and releasing every watched server" },
+                if releasable.is_empty() { "" } else { " and releasing every watched server" },
                 self.memory_holders()
             )),
             _ => Ok(()),

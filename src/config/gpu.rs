@@ -76,6 +76,16 @@ pub struct WatchConfig {
     /// grant needs room; followed by the same teardown check as gpuhost's own holders.
     #[serde(default)]
     pub release: Option<WatchRelease>,
+    /// While it loads (running, its `health_url` not answering yet), nothing is granted on its
+    /// GPU: its memory is not what it will be (a vLLM at 200 MiB while it loads looked idle, and
+    /// a second model started beside it ran out of memory). After this long loading, grants go
+    /// on by memory alone; 0 never holds them.
+    #[serde(default = "default_load_timeout_s")]
+    pub load_timeout_s: f64,
+}
+
+fn default_load_timeout_s() -> f64 {
+    600.0
 }
 
 /// A "free your memory" call for a server gpuhost did not start.
@@ -116,6 +126,11 @@ impl WatchConfig {
         }
         if let Some(url) = &self.health_url {
             super::service::http_url(&at, "health_url", url)?;
+        }
+        if !(self.load_timeout_s.is_finite() && self.load_timeout_s >= 0.0) {
+            return Err(format!(
+                "{at}: load_timeout_s must be a number of seconds, 0 or more"
+            ));
         }
         match &self.release {
             Some(WatchRelease::Ollama { url }) => super::service::http_url(&at, "release.url", url),

@@ -98,7 +98,7 @@ pub(super) async fn ready(
     for core in &app.arbiter.cores {
         // Why it is blocked names the processes on the GPU and their command lines: not for an
         // open endpoint (`/status` and `/gpu/leases` say it to a caller with the token).
-        if core.queue.blocked().is_some() {
+        if core.queue.blocked_on_memory().is_some() {
             reasons.push(format!(
                 "the GPU {} queue is blocked: memory a holder left behind has not come back \
                  (/status or /gpu/leases says whose)",

@@ -62,7 +62,7 @@ async fn lease_as(host: &TestHost, holder: &str) -> reqwest::Response {
         .unwrap()
 }
 
-async fn grant_events(response: reqwest::Response) -> Vec<GrantEvent> {
+pub(super) async fn grant_events(response: reqwest::Response) -> Vec<GrantEvent> {
     assert_eq!(response.status(), 200);
     let text = response.text().await.unwrap();
     let events: Vec<GrantEvent> = text
@@ -88,7 +88,7 @@ fn assert_healthy(events: &[GrantEvent]) {
 
 /// Asserts that a grant stream ended with the GPU granted.
 #[track_caller]
-fn assert_granted(events: &[GrantEvent]) {
+pub(super) fn assert_granted(events: &[GrantEvent]) {
     assert!(
         matches!(events.last(), Some(GrantEvent::Granted { .. })),
         "{events:?}"

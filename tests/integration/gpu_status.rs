@@ -110,7 +110,7 @@ async fn wait_status(host: &TestHost, what: &str, pred: impl Fn(&Value) -> bool)
     }
 }
 
-async fn wait_decision(host: &TestHost, want: &str) -> Value {
+pub(super) async fn wait_decision(host: &TestHost, want: &str) -> Value {
     wait_status(host, want, |s| s["decision"] == want).await
 }
 
@@ -163,7 +163,7 @@ async fn idle_gpu_keeps_the_original_fields() {
 }
 
 /// A health endpoint that answers 503 until switched on.
-async fn health_server(ready: Arc<AtomicBool>) -> String {
+pub(super) async fn health_server(ready: Arc<AtomicBool>) -> String {
     let app = axum::Router::new().route(
         "/health",
         axum::routing::get(move || {

@@ -106,11 +106,11 @@ async fn priority_orders_waiters_without_preemption() {
 #[tokio::test]
 async fn a_block_stops_every_grant() {
     let q = GpuQueue::new(1);
-    q.block("memory of vllm never came back".into());
+    q.block(Block::Teardown(0), "memory of vllm never came back".into());
     let w = q.enqueue();
     assert_eq!(w.position(), Some(1));
     assert!(q.waiting_for().unwrap().contains("never came back"));
-    q.unblock();
+    q.unblock(&Block::Teardown(0));
     let _p = w.granted().await;
 }
 
@@ -165,7 +165,7 @@ async fn a_closed_queue_grants_nothing_and_tells_its_waiters() {
     drop(held);
     assert_eq!(waiting.position(), Some(1), "granted after the close");
     assert!(waiting.granted().await.is_none());
-    q.unblock();
+    q.unblock(&Block::Teardown(0));
     assert!(
         q.enqueue().granted().await.is_none(),
         "an unblock reopened it"
@@ -253,12 +253,152 @@ async fn a_waiter_is_told_when_what_it_waits_for_changes() {
     assert_eq!(told(&mut mine).await.as_deref(), Some("lease 1 (alice)"));
     // The lease ends and its memory does not come back: the same place in the queue, but
     // another reason to wait (it said "lease 1" while no lease was left).
-    q.block("the memory of lease 1 did not come back".into());
+    q.block(
+        Block::Teardown(0),
+        "the memory of lease 1 did not come back".into(),
+    );
     drop(held);
     assert_eq!(
         told(&mut mine).await.as_deref(),
         Some("the memory of lease 1 did not come back")
     );
-    q.unblock();
+    q.unblock(&Block::Teardown(0));
     assert!(matches!(mine.next().await, Turn::Granted(_)));
+}
+
+#[tokio::test]
+async fn each_block_is_lifted_on_its_own() {
+    let q = GpuQueue::new(1);
+    q.block(
+        Block::Teardown(1),
+        "the memory of lease 1 did not come back".into(),
+    );
+    q.block(
+        Block::Loading("vllm".into()),
+        "the memory of lease 2 did not come back".into(),
+    );
+    let w = q.enqueue();
+    // Lease 2's memory came back, lease 1's did not: still nothing is granted (one unblock
+    // lifted every block).
+    q.unblock(&Block::Loading("vllm".into()));
+    assert_eq!(w.position(), Some(1));
+    assert_eq!(
+        q.blocked().as_deref(),
+        Some("the memory of lease 1 did not come back")
+    );
+    assert!(q.blocked_by(&Block::Teardown(1)) && !q.blocked_by(&Block::Loading("vllm".into())));
+    q.unblock(&Block::Teardown(1));
+    let _p = w.granted().await;
+    assert!(q.blocked().is_none());
+}
+
+/// A queue sharing by memory over a device whose memory the test sets.
+fn shared(
+    max_running: usize,
+    headroom_mib: u64,
+) -> (
+    Arc<GpuQueue>,
+    Arc<std::sync::Mutex<super::super::sharing::Room>>,
+) {
+    use super::super::sharing::Room;
+    let q = GpuQueue::with_sharing(
+        max_running,
+        Arc::new(History::new(std::time::Duration::from_secs(60))),
+        Sharing {
+            mode: ShareMode::Vram,
+            headroom_mib,
+            allow_backfill: false,
+        },
+        0,
+    );
+    let room = Arc::new(std::sync::Mutex::new(Room {
+        total_mib: 32_607,
+        free_mib: 12_095,
+        residents_mib: 0,
+        unloaded_residents_mib: 0,
+    }));
+    let source = Arc::clone(&room);
+    q.set_room(RoomSource(Box::new(move || Some(*source.lock().unwrap()))));
+    (q, room)
+}
+
+fn sized(name: &str, mib: u64) -> Ticket {
+    Ticket {
+        need_mib: Some(mib),
+        ..lease(name, 0)
+    }
+}
+
+#[tokio::test]
+async fn what_a_holder_reserved_and_has_not_taken_is_not_free() {
+    // 12 095 MiB free (someone outside uses 20 512), 1 024 kept free. A reserves 8 000: B's
+    // 8 000 and C's 3 500 were granted beside it while A had allocated nothing yet.
+    let (q, _) = shared(1, 1_024);
+    let _a = q.try_enqueue(sized("A", 8_000), 9).unwrap().granted().await;
+    for (name, mib) in [("B", 8_000), ("C", 3_500)] {
+        let w = q.try_enqueue(sized(name, mib), 9).unwrap();
+        assert_eq!(
+            w.position(),
+            Some(1),
+            "{name} granted beside A's reservation"
+        );
+    }
+    // What is left (3 000 + 1 024 ≤ 12 095 − 8 000) is granted.
+    let (q, room) = shared(1, 1_024);
+    let _a = q.try_enqueue(sized("A", 8_000), 9).unwrap().granted().await;
+    let d = q.try_enqueue(sized("D", 3_000), 9).unwrap().granted().await;
+    // Once A has taken its memory, the 4 095 MiB the sample shows free are not counted
+    // short again: E's 3 000 beside A alone fits as D's did.
+    drop(d);
+    room.lock().unwrap().free_mib = 4_095;
+    let _e = q.try_enqueue(sized("E", 3_000), 9).unwrap().granted().await;
+}
+
+#[tokio::test]
+async fn a_request_that_fits_behind_a_waiter_counts_as_waiting() {
+    // limits.max_queue was passed by small leases that fit beside the holders but stood in
+    // line behind a big one: each counted as "granted at once".
+    let (q, _room) = shared(1, 0);
+    let _big = q
+        .try_enqueue(sized("big1", 12_000), 2)
+        .unwrap()
+        .granted()
+        .await;
+    let _big2 = q.try_enqueue(sized("big2", 20_000), 2).unwrap();
+    let _small = q.try_enqueue(sized("small1", 10), 2).unwrap();
+    assert!(
+        q.try_enqueue(sized("small2", 10), 2).is_none(),
+        "a third waiter past max_waiting 2"
+    );
+}
+
+#[tokio::test]
+async fn a_job_waiting_only_for_a_job_slot_waits_for_no_service() {
+    // share = "vram": a service and a job hold the GPU; the next job waits for the job's slot
+    // (max_concurrent_jobs 1), not for the service's memory.
+    let (q, _room) = shared(1, 0);
+    let service = Ticket {
+        kind: HolderKind::Service,
+        ..sized("service llm", 1_000)
+    };
+    let _svc = q.try_enqueue(service, 9).unwrap().granted().await;
+    let _job = q.enqueue().granted().await;
+    let next = q.enqueue();
+    assert_eq!(next.position(), Some(1));
+    assert!(!q.head_waits_for_room());
+    // Exclusive: a job behind a service waits for the service itself.
+    let q = GpuQueue::new(1);
+    let _svc = q
+        .try_enqueue(
+            Ticket {
+                kind: HolderKind::Service,
+                ..lease("service llm", 0)
+            },
+            9,
+        )
+        .unwrap()
+        .granted()
+        .await;
+    let _next = q.enqueue();
+    assert!(q.head_waits_for_room());
 }

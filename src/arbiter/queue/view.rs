@@ -52,8 +52,8 @@ impl GpuQueue {
     /// What the first waiter waits for, in words (holders, or the block).
     pub fn waiting_for(&self) -> Option<String> {
         let state = self.lock();
-        if let Some(why) = &state.blocked {
-            return Some(why.clone());
+        if let Some(why) = state.blocked() {
+            return Some(why);
         }
         let labels: Vec<&str> = state
             .holding

@@ -116,6 +116,7 @@ mod tests {
             pattern: "org.vllm.Server".into(),
             health_url: None,
             release: None,
+            load_timeout_s: 600.0,
         }];
         let empty = HashMap::new();
         let owners = Owners {

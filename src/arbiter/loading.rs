@@ -1,0 +1,67 @@
+//! Holding grants while a watched program loads: a `[[gpu.watch]]` server that runs but does
+//! not answer its health URL yet has not taken the memory it will take (vLLM reads 200 MiB
+//! while it loads), so what the sample shows free is not free. Nothing is granted on its GPU
+//! until it answers, ends, or has loaded for its `load_timeout_s`.
+
+use std::time::Instant;
+
+use crate::gpu::Snapshot;
+
+use super::queue::Block;
+use super::Core;
+
+fn key(name: &str) -> Block {
+    Block::Loading(name.to_string())
+}
+
+impl Core {
+    /// Blocks or unblocks this device's queue for each watched program as `snap` shows it.
+    /// A program is this device's when its processes are listed on it, or, before it has
+    /// touched any GPU (nothing listed yet), on every device.
+    pub fn hold_while_loading(&self, snap: &Snapshot) {
+        if snap.taken.is_none() {
+            return;
+        }
+        let now = Instant::now();
+        let mut loading = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        for watch in &self.watches {
+            let state = snap.watched.iter().find(|w| w.name == watch.name);
+            let here = state.is_some_and(|w| {
+                let devices: Vec<u32> = snap
+                    .processes
+                    .iter()
+                    .filter(|p| w.pids.contains(&p.pid) || p.watch.as_deref() == Some(&w.name))
+                    .map(|p| p.gpu_index)
+                    .collect();
+                !w.pids.is_empty()
+                    && w.healthy == Some(false)
+                    && (devices.is_empty() || devices.contains(&self.device))
+            });
+            if !here {
+                if loading.remove(&watch.name).is_some() {
+                    self.queue.unblock(&key(&watch.name));
+                }
+                continue;
+            }
+            let since = *loading.entry(watch.name.clone()).or_insert(now);
+            let waited = now.duration_since(since).as_secs_f64();
+            if waited >= watch.load_timeout_s {
+                if self.queue.blocked_by(&key(&watch.name)) {
+                    tracing::warn!(watch = %watch.name, seconds = waited.round(), "a watched program still loads after its load_timeout_s; grants go on by memory alone");
+                    self.queue.unblock(&key(&watch.name));
+                }
+                continue;
+            }
+            let health = watch.health_url.as_deref().unwrap_or("its health URL");
+            self.queue.block(
+                key(&watch.name),
+                format!(
+                    "{} loads ({health} does not answer yet; its memory is not taken yet): \
+                     grants wait until it answers, ends, or has loaded for {} s \
+                     (load_timeout_s)",
+                    watch.name, watch.load_timeout_s
+                ),
+            );
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Programs gpuhost did not start (`[[gpu.watch]]`): one that loads holds every grant on its
+//! GPU until it answers its health URL, or until its `load_timeout_s`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use gpuhost::protocol::GrantEvent;
+use serde_json::json;
+
+use super::arbiter::{assert_granted, grant_events};
+use super::gpu_status::{health_server, wait_decision, FakeGpu};
+use super::support::*;
+
+const IDLE: &str = "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\n";
+
+/// A watched vLLM whose health URL answers once `ready` is set.
+async fn watched_vllm(load_timeout_s: f64) -> (FakeGpu, TestHost, Arc<AtomicBool>) {
+    let gpu = FakeGpu::new(IDLE);
+    let ready = Arc::new(AtomicBool::new(false));
+    let health = health_server(ready.clone()).await;
+    let watch = format!(
+        "[[gpu.watch]]\nname = \"vllm\"\npattern = \"vllm.entrypoints\"\nhealth_url = {health:?}\nload_timeout_s = {load_timeout_s}\n"
+    );
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}\n{}",
+        fake_worker("w", ""),
+        gpu.config(&watch)
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    (gpu, host, ready)
+}
+
+/// The next event of a grant stream.
+async fn next_event(
+    stream: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+) -> GrantEvent {
+    let chunk = tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .expect("an event within 30 s")
+        .unwrap()
+        .unwrap();
+    let line = String::from_utf8_lossy(&chunk);
+    serde_json::from_str(line.lines().next().unwrap()).expect(&line)
+}
+
+#[tokio::test]
+async fn a_loading_watched_program_holds_grants_until_it_answers() {
+    let (gpu, host, ready) = watched_vllm(600.0).await;
+    // vLLM starts outside gpuhost: 200 MiB used, the rest of its 20 GB still to come.
+    gpu.process(
+        4242,
+        1,
+        &["python3", "-m", "vllm.entrypoints.openai.api_server"],
+    );
+    gpu.set_state(&format!("{IDLE}proc: 4242, python3, 200\n"));
+    wait_decision(&host, "loading").await;
+    // A lease that the memory shown free would take was granted at once.
+    let response = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "bob", "vram_mib": 16_000, "wait": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream();
+    match next_event(&mut stream).await {
+        GrantEvent::Queued {
+            waiting_for: Some(why),
+            ..
+        } => assert!(why.contains("vllm loads"), "{why}"),
+        other => panic!("not held while vllm loads: {other:?}"),
+    }
+    // Without waiting: refused, saying why.
+    let now = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "carol", "vram_mib": 1_000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(now.status(), 409);
+    // It answers: its memory is taken, and the lease is granted.
+    gpu.set_state(&format!("{IDLE}proc: 4242, python3, 9000\n"));
+    ready.store(true, Ordering::SeqCst);
+    loop {
+        match next_event(&mut stream).await {
+            GrantEvent::Granted { .. } => break,
+            GrantEvent::Queued { .. } | GrantEvent::MakingRoom { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    drop(stream);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_program_loading_past_its_load_timeout_holds_nothing_more() {
+    let (gpu, host, _ready) = watched_vllm(1.0).await;
+    gpu.process(
+        4242,
+        1,
+        &["python3", "-m", "vllm.entrypoints.openai.api_server"],
+    );
+    gpu.set_state(&format!("{IDLE}proc: 4242, python3, 200\n"));
+    wait_decision(&host, "loading").await;
+    // It never answers: after its second of loading, grants go on by memory.
+    let events = grant_events(
+        host.post("/gpu/lease")
+            .json(&json!({"holder": "bob", "vram_mib": 1_000, "wait": true}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_granted(&events);
+    host.stop().await;
+}
