@@ -157,15 +157,12 @@ fn cues(transcript: &Transcript, vtt: bool, duration: Option<f64>) -> String {
             // A blank line would end the cue before its text.
             continue;
         }
-        let start_ms = millis(seg.start);
-        let room = [
+        let (start_ms, end_ms) = cue_times(
+            millis(seg.start),
+            millis(seg.end),
             segments.get(i + 1).map(|next| millis(next.start)),
             duration.map(millis),
-        ]
-        .into_iter()
-        .flatten()
-        .fold(start_ms + MIN_CUE_MS, u64::min);
-        let end_ms = millis(seg.end).max(room);
+        );
         let (start, end) = (timestamp(start_ms, vtt), timestamp(end_ms, vtt));
         // An SRT reader takes a line holding `-->` for a cue's times (WebVTT's `>` is escaped,
         // which keeps the text as it was).
@@ -183,6 +180,24 @@ fn cues(transcript: &Transcript, vtt: bool, duration: Option<f64>) -> String {
         }
     }
     out
+}
+
+/// A cue's start and end (ms) for a segment of `start`–`end`: at least [`MIN_CUE_MS`] long where
+/// that does not run into the next cue or past the audio's end, and never of no length (players
+/// skip such a cue, validators flag it). A segment that starts with the next one (three words the
+/// aligner put at one instant, then a reply) gets its tenth of a second beside it, overlapping
+/// as overlapped speech does; one of no length at the very end ends there and starts earlier.
+fn cue_times(start: u64, end: u64, next: Option<u64>, duration: Option<u64>) -> (u64, u64) {
+    let limit = duration.unwrap_or(u64::MAX);
+    let cap = match next {
+        Some(next) if next > start => next.min(limit),
+        _ => limit,
+    };
+    let end = end.max((start + MIN_CUE_MS).min(cap));
+    if end > start {
+        return (start, end);
+    }
+    (end.saturating_sub(MIN_CUE_MS), end.max(1))
 }
 
 /// Text of an SRT cue. SRT has no escapes, and players read `<i>`, `<font …>` and `{\\an8}` in

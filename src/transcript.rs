@@ -126,8 +126,10 @@ pub fn build(stages: &Map<String, Value>) -> Option<Transcript> {
         .filter(|a| a.get("segments").is_some())
         .unwrap_or(asr);
     let mut words = words_of(source);
+    let mut previous: Option<String> = None;
     for w in &mut words {
-        w.speaker = speaker_for(w, &turns);
+        w.speaker = speaker_for(w, &turns, previous.as_deref());
+        previous.clone_from(&w.speaker);
     }
     let segments = group(words);
     let mut speakers: Vec<String> = Vec::new();
@@ -200,13 +202,18 @@ fn words_of(result: &Value) -> Vec<Word> {
     out
 }
 
-/// The turn overlapping the word most; when none overlaps, the nearest one.
-fn speaker_for(word: &Word, turns: &[Turn]) -> Option<String> {
+/// The turn overlapping the word most; when none overlaps, the nearest one. A word that two
+/// turns overlap as much (inside both: overlapped speech) goes to the speaker of the word before
+/// it when that is one of them, else to the longer turn: it went to whichever was listed last,
+/// and "He was not an old-sposed young man" came out as three lines, "an" the other speaker's.
+fn speaker_for(word: &Word, turns: &[Turn], previous: Option<&str>) -> Option<String> {
     let overlap = |t: &Turn| (word.end.min(t.end) - word.start.max(t.start)).max(0.0);
-    let best = turns
-        .iter()
-        .max_by(|a, b| overlap(a).total_cmp(&overlap(b)))?;
-    if overlap(best) > 0.0 {
+    let most = turns.iter().map(overlap).fold(0.0, f64::max);
+    if most > 0.0 {
+        let tied = || turns.iter().filter(|t| overlap(t) >= most - 1e-9);
+        let best = tied()
+            .find(|t| previous == Some(t.speaker.as_str()))
+            .or_else(|| tied().max_by(|a, b| (a.end - a.start).total_cmp(&(b.end - b.start))))?;
         return Some(best.speaker.clone());
     }
     let mid = (word.start + word.end) / 2.0;

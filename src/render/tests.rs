@@ -136,6 +136,23 @@ fn every_cue_has_text_and_a_length() {
         srt.contains("00:00:02,000 --> 00:00:02,050\nThree."),
         "{srt}"
     );
+    // A segment of no length that starts with the next (the aligner put "yeah, yeah, yeah." at
+    // one instant of a real meeting): its tenth of a second beside the next, not 5,570 --> 5,570.
+    // One of no length at the recording's very end ends there.
+    let together = json!({
+        "duration": 9.0,
+        "segments": [
+            {"start": 5.57, "end": 5.57, "text": "yeah, yeah, yeah.", "words": []},
+            {"start": 5.57, "end": 7.2, "text": "So the remote.", "words": []},
+            {"start": 9.0, "end": 9.0, "text": "Bye.", "words": []}
+        ]
+    });
+    for format in [Format::Srt, Format::Vtt] {
+        let cues = render(&together, format).replace('.', ",");
+        assert!(cues.contains("00:00:05,570 --> 00:00:05,670\n"), "{cues}");
+        assert!(cues.contains("00:00:05,570 --> 00:00:07,200\n"), "{cues}");
+        assert!(cues.contains("00:00:08,900 --> 00:00:09,000\n"), "{cues}");
+    }
     // WebVTT's escape keeps the text as it was.
     let vtt = render(&result, Format::Vtt);
     assert!(vtt.ends_with("00:00:03.500\na--&gt;b\n\n"), "{vtt}");

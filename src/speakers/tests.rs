@@ -98,6 +98,15 @@ fn limits_and_models_are_kept() {
 #[test]
 fn names_are_checked() {
     assert_eq!(check_name("  Alice ").unwrap(), "Alice");
+    // Names that look alike are one name: no-break, double and ideographic spaces.
+    for alike in [
+        "Bob\u{A0}Smith",
+        "Bob  Smith",
+        "Bob\u{3000}Smith",
+        "\u{2007}Bob \u{2009}Smith\n",
+    ] {
+        assert_eq!(check_name(alike).unwrap(), "Bob Smith", "{alike:?}");
+    }
     assert!(check_name("").is_err());
     assert!(check_name("SPEAKER_00").is_err());
     assert!(check_name("a\nb").is_err());

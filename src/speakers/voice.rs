@@ -55,7 +55,7 @@ pub(super) fn sound(voice: &Voice) -> Result<(), String> {
     // listed but never deleted, since DELETE looks the normalized name up.
     if check_name(&voice.name).map_err(|e| e.to_string())? != voice.name {
         return Err(format!(
-            "its name {:?} is not written as names are kept (trimmed, NFC)",
+            "its name {:?} is not written as names are kept (trimmed, one space between words, NFC)",
             voice.name
         ));
     }
@@ -82,14 +82,21 @@ fn check_vector(vector: &[f32]) -> Result<(), String> {
     Ok(())
 }
 
-/// A name as it is kept and looked up: trimmed, in Unicode NFC (so "민수" typed on any system is
-/// one name).
+/// A name as it is kept and looked up: trimmed, each run of spaces of any kind one plain space
+/// ("Bob\u{A0}Smith" and "Bob  Smith" are "Bob Smith": they look alike, and RTTM wrote both as
+/// `Bob_Smith`), in Unicode NFC (so "민수" typed on any system is one name).
 pub fn normal_name(name: &str) -> String {
     use unicode_normalization::UnicodeNormalization;
-    name.trim().nfc().collect()
+    // Control characters (a newline, a tab) are left for `check_name` to refuse.
+    let spaced: Vec<&str> = name
+        .trim()
+        .split(|c: char| c.is_whitespace() && !c.is_control())
+        .filter(|word| !word.is_empty())
+        .collect();
+    spaced.join(" ").nfc().collect()
 }
 
-/// A voice's name as given, trimmed and NFC-normalized; refused when empty, too long, with control characters, or
+/// A voice's name as given, normalized ([`normal_name`]); refused when empty, too long, with control characters, or
 /// shaped like the labels of unknown speakers.
 pub fn check_name(name: &str) -> Result<String, SpeakerError> {
     let name = normal_name(name);

@@ -33,6 +33,36 @@ fn overlapped_speech_is_carried_into_the_transcript() {
 }
 
 #[test]
+fn a_word_inside_two_turns_stays_with_the_speaker_of_the_word_before() {
+    // A real call: SPEAKER_01's short interjection lies inside SPEAKER_00's turn, and "an"
+    // lies inside both. It went to the turn listed last, cutting the sentence in three.
+    let stages = json!({
+        "diarizer": {"turns": [
+            {"start": 10.105, "end": 12.67, "speaker": "SPEAKER_00"},
+            {"start": 11.017, "end": 11.354, "speaker": "SPEAKER_01"}
+        ]},
+        "asr": {"segments": [{"start": 10.2, "end": 12.5, "text": "He was not an old man.",
+            "words": [w("He", 10.2, 10.4), w("was", 10.45, 10.7), w("not", 10.75, 11.0),
+                      w("an", 11.04, 11.23), w("old", 11.4, 11.8), w("man.", 11.9, 12.5)]}]}
+    });
+    let out = build(stages.as_object().unwrap()).unwrap();
+    assert_eq!(out.segments.len(), 1, "{:?}", out.segments);
+    assert_eq!(out.segments[0].speaker.as_deref(), Some("SPEAKER_00"));
+    // The first word of a recording inside two turns goes to the longer one.
+    let first = json!({
+        "diarizer": {"turns": [
+            {"start": 0.0, "end": 0.5, "speaker": "SPEAKER_01"},
+            {"start": 0.0, "end": 3.0, "speaker": "SPEAKER_00"},
+            {"start": 0.1, "end": 0.4, "speaker": "SPEAKER_02"}
+        ]},
+        "asr": {"segments": [{"start": 0.1, "end": 0.3, "text": "Hi.",
+            "words": [w("Hi.", 0.15, 0.3)]}]}
+    });
+    let out = build(first.as_object().unwrap()).unwrap();
+    assert_eq!(out.segments[0].speaker.as_deref(), Some("SPEAKER_00"));
+}
+
+#[test]
 fn words_get_speakers_by_overlap_and_split_at_changes() {
     let stages = json!({
         "diarizer": {"turns": [
