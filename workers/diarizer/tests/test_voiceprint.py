@@ -113,6 +113,19 @@ def test_spans_lose_what_overlaps_and_cut_into_pieces():
     assert voiceprint.union([(0, 1.2)] * 10 + [(1, 2), (3, 4)]) == [(0, 2), (3, 4)]
 
 
+def test_a_sample_gives_the_speech_of_its_one_voice_or_is_refused():
+    def turns(*spans):
+        return {"turns": [{"speaker": who, "start": s, "end": e} for who, s, e in spans]}
+
+    # Someone else's short reply is left out, and what they say over the voice with it.
+    alone = voiceprint.one_voice(turns(("A", 0, 6), ("B", 5.5, 6.5), ("A", 7, 12)))
+    assert alone == [(0, 5.5), (7, 12)]
+    # Two people who both talk (a meeting given as one person's sample): refused.
+    with pytest.raises(voiceprint.EnrollError, match="holds 2 voices"):
+        voiceprint.one_voice(turns(("A", 0, 6), ("B", 6, 11), ("A", 11, 12)))
+    assert voiceprint.one_voice({"turns": []}) == []
+
+
 def test_renamed_turns_join_and_the_overlaps_follow():
     turns = [
         {"start": 0.0, "end": 2.0, "speaker": "SPEAKER_00"},
@@ -147,6 +160,14 @@ def test_protocol_enrol_then_identify(tmp_path, voices):
         stdout.append(line)
     refused = json.loads(line[len("error ") :])
     assert refused["kind"] == "refused" and "at least 2 s" in refused["message"], refused
+    # A conversation given as one voice's sample: refused, not one voiceprint of both.
+    both = {**enroll, "audio_path": voices["conversation"]}
+    proc.stdin.write(json.dumps(both) + "\n")
+    proc.stdin.flush()
+    while not (line := proc.stdout.readline().strip()).startswith("error"):
+        assert line != "done" and line, "a sample of two voices was enrolled"
+    refused = json.loads(line[len("error ") :])
+    assert refused["kind"] == "refused" and "holds 2 voices" in refused["message"], refused
     proc.stdin.write(json.dumps(enroll) + "\n")
     proc.stdin.flush()
     while True:

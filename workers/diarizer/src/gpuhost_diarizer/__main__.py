@@ -20,7 +20,6 @@ class DiarizerWorker(Worker):
         self.device = getattr(self.engine, "device", "cuda")
         own = getattr(self.engine, "embedder", None)
         self._embedder = own if isinstance(own, SpeakerEmbedder) else None
-        self._vad = getattr(self.engine, "vad", None)
         # The host enrols voices through this worker and hands it the voiceprints.
         return {"voiceprints": VOICEPRINT_MODEL}
 
@@ -60,17 +59,15 @@ class DiarizerWorker(Worker):
         return result
 
     def enroll(self, audio, segments):
-        """A voiceprint from `segments` ([start, end] seconds), or from the speech the VAD finds."""
-        if not segments:
-            if self._vad is None:
-                from .embed import Vad
-
-                self._vad = Vad()
-            segments = self._vad.regions(audio)
+        """A voiceprint from `segments` ([start, end] seconds), or from the speech of the one
+        voice the diarizer hears in the sample."""
         try:
+            if not segments:
+                segments = voiceprint.one_voice(self.engine.diarize(audio))
             made = voiceprint.enroll(self.embedder(), audio, segments)
         except voiceprint.EnrollError as e:
-            # Too little speech: the client's to change (422), not a failure of the worker.
+            # Too little speech, or several voices: the client's to change (400), not a
+            # failure of the worker.
             raise TaskRefused(str(e)) from e
         return {"model": VOICEPRINT_MODEL, **made}
 

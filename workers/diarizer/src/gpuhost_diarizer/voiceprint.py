@@ -85,6 +85,38 @@ def embed_spans(embedder: SpeakerEmbedder, audio: np.ndarray, spans: list) -> tu
     return mean / (np.linalg.norm(mean) + 1e-12), float(sum(weights))
 
 
+def one_voice(diarization: dict) -> list:
+    """The spans of a sample's one voice, from its diarization: the speaker with the most
+    speech, less what others say over it. Refused (`EnrollError`) when another voice has at
+    least `MIN_ENROLL_S` and a fifth as much speech: a voiceprint of two people names both
+    (a meeting given as one person's sample named two of its speakers after them). A short
+    reply or a cough of someone else is left out, not refused."""
+    turns = diarization.get("turns") or []
+    speech: dict = {}
+    for t in turns:
+        speech.setdefault(t["speaker"], []).append((t["start"], t["end"]))
+    if not speech:
+        return []
+    seconds = {who: _speech(union(spans)) for who, spans in speech.items()}
+    main = max(seconds, key=seconds.get)
+    others = sorted(
+        (
+            s
+            for who, s in seconds.items()
+            if who != main and s >= max(MIN_ENROLL_S, seconds[main] / 5)
+        ),
+        reverse=True,
+    )
+    if others:
+        heard = ", ".join(f"{s:.0f} s" for s in [seconds[main], *others])
+        raise EnrollError(
+            f"the sample holds {1 + len(others)} voices ({heard} of speech): send audio of this "
+            "voice alone, or say where it speaks (`segments`, or a transcript and its `speaker`)"
+        )
+    rest = [span for who, spans in speech.items() if who != main for span in spans]
+    return _minus(union(speech[main]), union(rest))
+
+
 def enroll(embedder: SpeakerEmbedder, audio: np.ndarray, spans: list | None) -> dict:
     """A voiceprint from `spans` of `audio` (all of it when None). Silence adds nothing: the
     caller passes speech spans (the worker finds them with its VAD when none are given)."""
