@@ -90,6 +90,10 @@ pub struct Transcript {
     /// The language the ASR used or detected.
     #[serde(default)]
     pub language: Option<String>,
+    /// What the ASR says the reader should know of its output (speech that does not sound
+    /// like the English an English-only model assumed); absent when nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// All segments' text, space-separated.
     #[serde(default)]
     pub text: String,
@@ -153,8 +157,25 @@ pub fn build(stages: &Map<String, Value>) -> Option<Transcript> {
             .get("language")
             .and_then(Value::as_str)
             .map(String::from),
+        warnings: warnings_of(asr),
         text,
     })
+}
+
+/// A stage's `warnings`: its strings, at most 8, each cut to 1000 characters (a worker's
+/// words reach every client).
+fn warnings_of(result: &Value) -> Vec<String> {
+    result
+        .get("warnings")
+        .and_then(Value::as_array)
+        .map(|all| {
+            all.iter()
+                .filter_map(Value::as_str)
+                .take(8)
+                .map(|w| crate::text::cut(w.to_string(), 1000))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn number(v: &Value, key: &str) -> Option<f64> {

@@ -257,3 +257,19 @@ fn a_diarizers_own_result_is_kept_inside_the_recording_too() {
         })
     );
 }
+
+#[test]
+fn the_asrs_warnings_reach_the_transcript_bounded() {
+    let stages = json!({"asr": {"language": "en", "segments": [],
+        "warnings": ["this may not be English", 7, "x".repeat(5000)]}});
+    let out = build(stages.as_object().unwrap()).unwrap();
+    assert_eq!(out.warnings.len(), 2);
+    assert_eq!(out.warnings[0], "this may not be English");
+    assert!(out.warnings[1].ends_with("(4000 characters left out)"));
+    let json = serde_json::to_value(&out).unwrap();
+    assert_eq!(json["warnings"][0], "this may not be English");
+    // None: the field stays out of the result.
+    let plain = json!({"asr": {"segments": []}});
+    let out = serde_json::to_value(build(plain.as_object().unwrap()).unwrap()).unwrap();
+    assert!(out.get("warnings").is_none(), "{out}");
+}

@@ -24,6 +24,7 @@ def test_bundled_model_transcribes_offline_with_word_times(transcriber, speech_w
     # the rest of the sentence holds either way.
     assert "world" in text and "test" in text and "worker" in text, text
     assert result["language"] == "en"
+    assert "warnings" not in result, "English speech taken for another language"
     words = [w for s in result["segments"] for w in s["words"]]
     assert len(words) >= 8
     assert all(0 <= w["start"] <= w["end"] <= result["duration"] + 0.5 for w in words)

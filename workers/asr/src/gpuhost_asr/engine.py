@@ -207,6 +207,34 @@ def segment_of(seg, duration: float, on_segment) -> dict:
     return item
 
 
+# An English-only model given no `language` assumes English. Speech in another language comes
+# out as confident-looking English ("Guten Tag, it must avoid a new mass meter"), but the model
+# scores its own words low: the mean log-probability of its segments, weighted by their length.
+# Chosen on real voices (docs/benchmarks.md, "Speech that is not English"): tune split, English
+# recordings -0.54 at the lowest, Spanish/French/Italian/Russian prompts -0.86 at the highest.
+DOUBT_LOGPROB = -0.7
+DOUBT_MIN_S = 3.0  # less decoded speech than this says too little either way
+
+
+def not_english_warnings(model_name: str, segments: list) -> list:
+    """The warning for a transcript an English-only model made of speech that does not sound
+    like English to it (empty when it does, or when there is too little to tell)."""
+    spoken = [(s["end"] - s["start"], s.get("avg_logprob")) for s in segments]
+    spoken = [(d, lp) for d, lp in spoken if d > 0 and lp is not None]
+    seconds = sum(d for d, _ in spoken)
+    if seconds < DOUBT_MIN_S:
+        return []
+    mean = sum(d * lp for d, lp in spoken) / seconds
+    if mean >= DOUBT_LOGPROB:
+        return []
+    return [
+        f"this may not be English: the model {model_name} is English-only and assumed English, "
+        f"and it scores its own words low (mean log-probability {mean:.2f} over {seconds:.0f} s); "
+        'for another language configure [workers.asr] engine = "base" (multilingual) and give '
+        "`language`, or leave it out to have it detected"
+    ]
+
+
 def speech_in(clip) -> list:
     """(start, end) sample offsets of speech in `clip` by faster-whisper's silero VAD."""
     from faster_whisper.vad import VadOptions, get_speech_timestamps
@@ -313,7 +341,7 @@ class Transcriber:
         out = [segment_of(seg, info.duration, on_segment) for seg in segments]
         if self.settings.recover_gaps:
             out = self._recover(audio, out, info, decoding, on_segment)
-        return {
+        result = {
             "language": info.language,
             "language_probability": round(info.language_probability, 4),
             "duration": round(duration, 3),
@@ -321,6 +349,11 @@ class Transcriber:
             "task": "translate" if translate else "transcribe",
             "segments": out,
         }
+        if self.english_only and not language:
+            warnings = not_english_warnings(self.model_name, out)
+            if warnings:
+                result["warnings"] = warnings
+        return result
 
     def _decode_clips(self, audio, clips, info, decoding, on_segment=None) -> list:
         """The segments of `audio` within `clips` ((start, end) seconds) alone."""
