@@ -131,9 +131,12 @@ pub(super) fn decode_with_symphonia(
         writer.write(&out)?;
     }
     let Some((mut resampler, rate, channels)) = resampler else {
-        return Err(AudioError::Undecodable(format!(
-            "no audio could be decoded ({decode_errors} corrupt packets)"
-        )));
+        // A valid file of no samples (a 44-byte WAV) is no corrupt one.
+        return Err(AudioError::Undecodable(if decode_errors == 0 {
+            "the audio track is empty (no samples)".into()
+        } else {
+            format!("no audio could be decoded ({decode_errors} corrupt packets)")
+        }));
     };
     out.clear();
     resampler.finish(&mut out);

@@ -83,6 +83,17 @@ async fn ffmpeg_reads_no_playlists_and_counts_only_the_samples() {
     empty[40..44].copy_from_slice(&0u32.to_le_bytes());
     let refused = host.post_body("/transcribe", empty).await;
     assert_eq!(refused.status(), 415);
+    // The same with no data at all, as a recorder stopped at once writes it: empty, not corrupt
+    // (it said "no audio could be decoded (0 corrupt packets)").
+    let mut bare = wav(0.5, 44100, 2);
+    bare.truncate(44);
+    bare[4..8].copy_from_slice(&36u32.to_le_bytes());
+    bare[40..44].copy_from_slice(&0u32.to_le_bytes());
+    let refused = host.post_body("/transcribe", bare).await;
+    assert_eq!(refused.status(), 415);
+    let err: serde_json::Value = refused.json().await.unwrap();
+    let message = err["message"].as_str().unwrap();
+    assert!(message.contains("empty") && !message.contains("corrupt"), "{err}");
     // A Sun AU file (ffmpeg's, not symphonia's) declaring 1 Hz: 20 KB would be 3 hours.
     let mut au = b".snd".to_vec();
     for field in [24u32, 20_000, 3, 1, 1] {
