@@ -104,6 +104,17 @@ impl Core {
             // and nobody is unloaded under a holder's feet.
             return Ok(());
         }
+        // A GPU whose sample failed cannot tell what is free, nor when an unloaded worker's
+        // memory is back: unloading for it only fails later, with the residents gone.
+        let snapshot = self.snapshot();
+        let failed = snapshot.error.is_some()
+            || (snapshot.taken.is_some() && !snapshot.gpus.iter().any(|g| g.index == self.device));
+        if self.observed && failed {
+            return Err(format!(
+                "the GPU's status is unknown ({}): gpuhost cannot tell what memory is free, so                  nothing was unloaded; /status says more",
+                snapshot.error.as_deref().unwrap_or("no sample of this GPU")
+            ));
+        }
         let enough = |core: &Core| match (need_mib, core.free_mib()) {
             (Some(need), Some(free)) => free >= need,
             (_, None) => false,

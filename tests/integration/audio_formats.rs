@@ -93,7 +93,10 @@ async fn ffmpeg_reads_no_playlists_and_counts_only_the_samples() {
     assert_eq!(refused.status(), 415);
     let err: serde_json::Value = refused.json().await.unwrap();
     let message = err["message"].as_str().unwrap();
-    assert!(message.contains("empty") && !message.contains("corrupt"), "{err}");
+    assert!(
+        message.contains("empty") && !message.contains("corrupt"),
+        "{err}"
+    );
     // A Sun AU file (ffmpeg's, not symphonia's) declaring 1 Hz: 20 KB would be 3 hours.
     let mut au = b".snd".to_vec();
     for field in [24u32, 20_000, 3, 1, 1] {

@@ -1,5 +1,6 @@
-//! Programs gpuhost did not start (`[[gpu.watch]]`): one that loads holds every grant on its
-//! GPU until it answers its health URL, or until its `load_timeout_s`.
+//! Grants that hang on what the GPU sample shows: a program gpuhost did not start
+//! (`[[gpu.watch]]`) that loads holds every grant on its GPU until it answers its health URL, or
+//! until its `load_timeout_s`; a sample that failed unloads nothing for a grant.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use futures_util::StreamExt;
 use gpuhost::protocol::GrantEvent;
 use serde_json::json;
 
-use super::arbiter::{assert_granted, grant_events};
+use super::arbiter::{arbiter_config, assert_granted, grant_events};
 use super::gpu_status::{health_server, wait_decision, FakeGpu};
 use super::support::*;
 
@@ -114,5 +115,30 @@ async fn a_program_loading_past_its_load_timeout_holds_nothing_more() {
     )
     .await;
     assert_granted(&events);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_failed_sample_unloads_nothing_for_a_grant() {
+    let gpu = FakeGpu::new(IDLE);
+    let host = TestHost::start(&arbiter_config(&gpu, ""))
+        .await
+        .ready()
+        .await;
+    gpu.set_flag("fail", true);
+    wait_decision(&host, "unknown").await;
+    // It unloaded the worker, waited out the teardown deadline and then said the worker's
+    // memory did not come back.
+    let refused = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "bob", "vram_mib": 1_000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 409);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("status is unknown"), "{body}");
+    assert_eq!(host.worker("w").await["state"], "ready");
     host.stop().await;
 }
