@@ -18,7 +18,7 @@ pub mod watched;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -53,9 +53,9 @@ pub struct Core {
     pub service_pids: Arc<crate::gpu::ServicePids>,
     /// Teardowns that blocked the queue so far: each block's key.
     teardowns: std::sync::atomic::AtomicU64,
-    /// Watched programs seen loading on this device, since when (see `hold_while_loading`).
+    /// What the samples told of each watched program (see `hold_while_loading`).
     /// std Mutex: a few instructions, never across `.await`.
-    loading: Mutex<BTreeMap<String, Instant>>,
+    loading: Mutex<BTreeMap<String, loading::Seen>>,
 }
 
 pub struct Arbiter {

@@ -1,14 +1,30 @@
 //! Holding grants while a watched program loads: a `[[gpu.watch]]` server that runs but does
 //! not answer its health URL yet has not taken the memory it will take (vLLM reads 200 MiB
-//! while it loads), so what the sample shows free is not free. Nothing is granted on its GPU
-//! until it answers, ends, or has loaded for its `load_timeout_s`.
+//! while it loads), so what the sample shows free is not free. Nothing that takes memory is
+//! granted on its GPU until it answers, ends, or has loaded for its `load_timeout_s`.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::gpu::Snapshot;
 
 use super::queue::Block;
 use super::Core;
+
+/// A program that ends while it loads and is started again within this long (a service
+/// manager's restart) loads on from the first start: `load_timeout_s` bounds the whole.
+const RESTART_WINDOW: Duration = Duration::from_secs(30);
+
+/// What the samples told of one watched program.
+#[derive(Debug, Default)]
+pub(super) struct Seen {
+    /// When it began loading (kept over a quick restart).
+    since: Option<Instant>,
+    /// When it was last seen loading.
+    last: Option<Instant>,
+    /// The processes that answered its health URL once: when they stop answering they are a
+    /// server in trouble, not one that loads (its memory is taken).
+    served: Vec<u32>,
+}
 
 fn key(name: &str) -> Block {
     Block::Loading(name.to_string())
@@ -23,9 +39,13 @@ impl Core {
             return;
         }
         let now = Instant::now();
-        let mut loading = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.loading.lock().unwrap_or_else(|e| e.into_inner());
         for watch in &self.watches {
+            let seen = seen.entry(watch.name.clone()).or_default();
             let state = snap.watched.iter().find(|w| w.name == watch.name);
+            if let Some(w) = state.filter(|w| w.healthy == Some(true)) {
+                seen.served.clone_from(&w.pids);
+            }
             let here = state.is_some_and(|w| {
                 let devices: Vec<u32> = snap
                     .processes
@@ -35,15 +55,19 @@ impl Core {
                     .collect();
                 !w.pids.is_empty()
                     && w.healthy == Some(false)
+                    && !w.pids.iter().any(|p| seen.served.contains(p))
                     && (devices.is_empty() || devices.contains(&self.device))
             });
             if !here {
-                if loading.remove(&watch.name).is_some() {
-                    self.queue.unblock(&key(&watch.name));
+                let restarted_soon = seen.last.is_some_and(|t| now - t < RESTART_WINDOW);
+                if state.is_some_and(|w| w.healthy == Some(true)) || !restarted_soon {
+                    seen.since = None;
                 }
+                self.queue.unblock(&key(&watch.name));
                 continue;
             }
-            let since = *loading.entry(watch.name.clone()).or_insert(now);
+            let since = *seen.since.get_or_insert(now);
+            seen.last = Some(now);
             let waited = now.duration_since(since).as_secs_f64();
             if waited >= watch.load_timeout_s {
                 if self.queue.blocked_by(&key(&watch.name)) {

@@ -94,9 +94,9 @@ struct Holding {
     id: u64,
     ticket: Ticket,
     since: Instant,
-    /// The device's used memory outside the residents' footprints at the grant (`None`
-    /// without a sample): how much of its reservation a holder has taken is read against it.
-    base_mib: Option<u64>,
+    /// How much of its reservation it has taken, as far as the samples tell (`share = "vram"`;
+    /// see `dispatch::settle`).
+    taken_mib: u64,
 }
 
 #[derive(Debug)]
@@ -116,6 +116,9 @@ struct QueueState {
     /// While any is set, nothing is granted: each block with its reason. Each is lifted on its
     /// own: one holder's memory coming back says nothing of another's.
     blocks: Vec<(Block, String)>,
+    /// `share = "vram"`: the used memory outside the residents before the holders took theirs
+    /// (`None` while nobody holds the GPU).
+    taken_from: Option<u64>,
     /// gpuhost is shutting down: nothing is granted again, and every waiter is told so.
     closed: bool,
 }
@@ -325,7 +328,18 @@ impl GpuQueue {
         let Some(head) = state.waiting.first() else {
             return false;
         };
-        if head.ticket.exclusive() || state.blocked().is_some() {
+        if state
+            .blocks
+            .iter()
+            .any(|(b, _)| matches!(b, Block::Teardown(_)))
+        {
+            return true;
+        }
+        // Held while a watched program loads: no service's room would change that.
+        if self.held_by_loading(&state, &head.ticket) {
+            return false;
+        }
+        if head.ticket.exclusive() {
             return true;
         }
         let jobs = state

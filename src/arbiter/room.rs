@@ -105,13 +105,14 @@ impl Core {
             return Ok(());
         }
         // A GPU whose sample failed cannot tell what is free, nor when an unloaded worker's
-        // memory is back: unloading for it only fails later, with the residents gone.
+        // memory is back: unloading for it only fails later, with the residents gone. (A
+        // sample whose process reads alone failed still has the memory figures.)
         let snapshot = self.snapshot();
-        let failed = snapshot.error.is_some()
-            || (snapshot.taken.is_some() && !snapshot.gpus.iter().any(|g| g.index == self.device));
-        if self.observed && failed {
+        let unmeasured = snapshot.taken.is_some() || snapshot.error.is_some();
+        if self.observed && unmeasured && self.free_mib().is_none() {
             return Err(format!(
-                "the GPU's status is unknown ({}): gpuhost cannot tell what memory is free, so                  nothing was unloaded; /status says more",
+                "the GPU's status is unknown ({}): gpuhost cannot tell what memory is free, so \
+                 nothing was unloaded; /status says more",
                 snapshot.error.as_deref().unwrap_or("no sample of this GPU")
             ));
         }

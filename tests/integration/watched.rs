@@ -57,6 +57,14 @@ async fn a_loading_watched_program_holds_grants_until_it_answers() {
     );
     gpu.set_state(&format!("{IDLE}proc: 4242, python3, 200\n"));
     wait_decision(&host, "loading").await;
+    // A speech job whose worker is loaded takes no memory beyond it: not held.
+    let events = tokio::time::timeout(
+        Duration::from_secs(30),
+        host.transcribe("", wav(1.0, 16000, 1)),
+    )
+    .await
+    .expect("a job of loaded workers held while vllm loads");
+    result_of(&events);
     // A lease that the memory shown free would take was granted at once.
     let response = host
         .post("/gpu/lease")
@@ -105,7 +113,8 @@ async fn a_program_loading_past_its_load_timeout_holds_nothing_more() {
     );
     gpu.set_state(&format!("{IDLE}proc: 4242, python3, 200\n"));
     wait_decision(&host, "loading").await;
-    // It never answers: after its second of loading, grants go on by memory.
+    // It never answers: held at first, then after its second of loading grants go on by
+    // memory.
     let events = grant_events(
         host.post("/gpu/lease")
             .json(&json!({"holder": "bob", "vram_mib": 1_000, "wait": true}))
@@ -114,6 +123,13 @@ async fn a_program_loading_past_its_load_timeout_holds_nothing_more() {
             .unwrap(),
     )
     .await;
+    assert!(
+        events.iter().any(
+            |e| matches!(e, GrantEvent::Queued { waiting_for: Some(why), .. }
+            if why.contains("vllm loads"))
+        ),
+        "never held: {events:?}"
+    );
     assert_granted(&events);
     host.stop().await;
 }

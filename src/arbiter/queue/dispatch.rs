@@ -4,11 +4,15 @@
 use std::time::Instant;
 
 use super::super::sharing::{fits, Room};
-use super::{GpuQueue, HolderKind, Holding, QueueState, Ticket, Waiting};
+use super::{Block, GpuQueue, HolderKind, Holding, QueueState, Ticket, Waiting};
 
 impl GpuQueue {
     pub(super) fn grantable(&self, state: &QueueState, ticket: &Ticket) -> bool {
-        if state.blocked().is_some() {
+        let teardown = state
+            .blocks
+            .iter()
+            .any(|(b, _)| matches!(b, Block::Teardown(_)));
+        if state.closed || teardown || self.held_by_loading(state, ticket) {
             return false;
         }
         let exclusive_held = state.holding.iter().any(|h| h.ticket.exclusive());
@@ -44,10 +48,28 @@ impl GpuQueue {
         // What the holders reserved and have not taken yet is not free for this one: a lease
         // granted a moment ago has allocated nothing, and its memory still reads free.
         let room = room.map(|r| Room {
-            free_mib: r.free_mib.saturating_sub(untaken(state, &r)),
+            free_mib: r.free_mib.saturating_sub(untaken(state)),
             ..r
         });
         fits(&self.sharing, room, holders_mib, need)
+    }
+
+    /// Whether a watched program's loading holds `ticket` back: everything that takes memory,
+    /// not a speech job whose workers are loaded already (a voice command waited out every
+    /// vLLM restart).
+    pub(super) fn held_by_loading(&self, state: &QueueState, ticket: &Ticket) -> bool {
+        if !state
+            .blocks
+            .iter()
+            .any(|(b, _)| matches!(b, Block::Loading(_)))
+        {
+            return false;
+        }
+        if ticket.kind != HolderKind::Job {
+            return true;
+        }
+        let room = self.room.get().and_then(|r| (r.0)());
+        room.map_or(true, |r| r.unloaded_residents_mib > 0)
     }
 
     /// Whether a later waiter that fits may go before one that does not.
@@ -58,6 +80,10 @@ impl GpuQueue {
     /// Grants the GPU to the heads of the queue while they fit; never past a head that does not
     /// (unless `allow_backfill` with `share = "vram"`).
     pub(super) fn dispatch(&self, state: &mut QueueState) {
+        let room = self.vram_room();
+        if let Some(room) = &room {
+            settle(state, room);
+        }
         let backfill = self.backfills();
         let mut i = 0;
         while i < state.waiting.len() {
@@ -77,16 +103,15 @@ impl GpuQueue {
             if tx.send(()).is_ok() {
                 self.history
                     .granted(id, self.device, ticket.kind, &ticket.label, since.elapsed());
-                let base_mib = self
-                    .shares_vram()
-                    .then(|| self.room.get().and_then(|r| (r.0)()))
-                    .flatten()
-                    .map(|r| outside(&r));
+                if state.holding.is_empty() {
+                    // The memory used outside the residents before this holder takes any.
+                    state.taken_from = room.as_ref().map(outside);
+                }
                 state.holding.push(Holding {
                     id,
                     ticket,
                     since: Instant::now(),
-                    base_mib,
+                    taken_mib: 0,
                 });
             }
         }
@@ -99,10 +124,27 @@ impl GpuQueue {
             state.holding.retain(|h| h.id != id);
             if state.holding.len() != before {
                 self.history.released(self.device, id);
+                // Its memory is back (a holder's permit goes only then): what is used now is
+                // what was there before the holders, and what those left have taken.
+                let kept: u64 = state.holding.iter().map(|h| h.taken_mib).sum();
+                state.taken_from = match self.vram_room() {
+                    Some(room) if !state.holding.is_empty() => {
+                        Some(outside(&room).saturating_sub(kept))
+                    }
+                    _ => None,
+                };
             }
             self.dispatch(&mut state);
         }
         self.bump();
+    }
+
+    /// The device's memory now, when holders share it by memory.
+    fn vram_room(&self) -> Option<Room> {
+        if !self.shares_vram() {
+            return None;
+        }
+        self.room.get().and_then(|r| (r.0)())
     }
 
     pub(super) fn bump(&self) {
@@ -117,20 +159,30 @@ fn outside(room: &Room) -> u64 {
         .saturating_sub(room.residents_mib)
 }
 
-/// How much of their reservations (`need_mib`) the holders have not taken yet: all of them,
-/// less what the used memory (outside the residents) grew by since the earliest grant among
-/// them. A holder of unknown size reserves nothing here (nothing is granted beside it).
-fn untaken(state: &QueueState, room: &Room) -> u64 {
-    let reserved = state
+/// How much of their reservations (`need_mib`) the holders have not taken yet.
+fn untaken(state: &QueueState) -> u64 {
+    state
         .holding
         .iter()
-        .filter_map(|h| h.ticket.need_mib)
-        .fold(0u64, u64::saturating_add);
-    let grown = state
-        .holding
-        .iter()
-        .filter_map(|h| h.base_mib)
-        .min()
-        .map_or(0, |base| outside(room).saturating_sub(base));
-    reserved.saturating_sub(grown)
+        .map(|h| h.ticket.need_mib.unwrap_or(0).saturating_sub(h.taken_mib))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Brings each holder's `taken_mib` up to date with `room`: what the used memory (outside the
+/// residents) grew by since before the holders took theirs, given to them in the order they were
+/// granted, each up to its reservation. Memory is not told apart by process (WSL's driver does
+/// not say per process), so what an outside program takes meanwhile counts as the holders'; what
+/// outside programs free lowers the start, and what a holder that ends took leaves with it
+/// (`release`).
+fn settle(state: &mut QueueState, room: &Room) {
+    let now = outside(room);
+    let from = state.taken_from.get_or_insert(now);
+    if now < *from {
+        *from = now;
+    }
+    let mut grown = now - *from;
+    for h in &mut state.holding {
+        h.taken_mib = grown.min(h.ticket.need_mib.unwrap_or(0));
+        grown -= h.taken_mib;
+    }
 }

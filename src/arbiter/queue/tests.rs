@@ -402,3 +402,63 @@ async fn a_job_waiting_only_for_a_job_slot_waits_for_no_service() {
     let _next = q.enqueue();
     assert!(q.head_waits_for_room());
 }
+
+#[tokio::test]
+async fn what_a_holder_that_ends_had_taken_leaves_with_it() {
+    // 80 000 MiB, 1 000 kept free. a and b take 30 000 each; a ends. b's 30 000 were counted
+    // short a second time (it had taken them before a ended), and 25 000 beside b waited.
+    let (q, room) = shared(1, 1_000);
+    *room.lock().unwrap() = super::super::sharing::Room {
+        total_mib: 80_000,
+        free_mib: 80_000,
+        residents_mib: 0,
+        unloaded_residents_mib: 0,
+    };
+    let a = q
+        .try_enqueue(sized("a", 30_000), 9)
+        .unwrap()
+        .granted()
+        .await;
+    room.lock().unwrap().free_mib = 50_000;
+    q.redispatch();
+    let _b = q
+        .try_enqueue(sized("b", 30_000), 9)
+        .unwrap()
+        .granted()
+        .await;
+    room.lock().unwrap().free_mib = 20_000;
+    q.redispatch();
+    // a's memory is back, then its permit goes.
+    room.lock().unwrap().free_mib = 50_000;
+    drop(a);
+    let c = q.try_enqueue(sized("c", 25_000), 9).unwrap();
+    assert_eq!(
+        c.position(),
+        None,
+        "c waits beside b's 30 000 counted twice"
+    );
+}
+
+#[tokio::test]
+async fn memory_an_outside_server_gives_back_is_no_holders() {
+    // The first holder's room was made by a watched server freeing 20 000 MiB (Ollama asked to
+    // unload): that drop is not the holder's memory coming and going.
+    let (q, room) = shared(1, 1_000);
+    *room.lock().unwrap() = super::super::sharing::Room {
+        total_mib: 80_000,
+        free_mib: 60_000,
+        residents_mib: 0,
+        unloaded_residents_mib: 0,
+    };
+    let _a = q
+        .try_enqueue(sized("a", 30_000), 9)
+        .unwrap()
+        .granted()
+        .await;
+    room.lock().unwrap().free_mib = 80_000; // the server's 20 000 are back
+    q.redispatch();
+    room.lock().unwrap().free_mib = 50_000; // a takes its 30 000
+    q.redispatch();
+    let b = q.try_enqueue(sized("b", 40_000), 9).unwrap();
+    assert_eq!(b.position(), None, "b waits for memory a never had");
+}

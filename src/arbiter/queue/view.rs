@@ -52,8 +52,23 @@ impl GpuQueue {
     /// What the first waiter waits for, in words (holders, or the block).
     pub fn waiting_for(&self) -> Option<String> {
         let state = self.lock();
-        if let Some(why) = state.blocked() {
-            return Some(why);
+        if state.closed {
+            return state.blocked();
+        }
+        // The blocks that hold the first waiter (a watched program's loading holds no job whose
+        // workers are loaded).
+        let loading = state
+            .waiting
+            .first()
+            .is_some_and(|w| self.held_by_loading(&state, &w.ticket));
+        let reasons: Vec<&str> = state
+            .blocks
+            .iter()
+            .filter(|(b, _)| loading || matches!(b, super::Block::Teardown(_)))
+            .map(|(_, why)| why.as_str())
+            .collect();
+        if !reasons.is_empty() {
+            return Some(reasons.join("; "));
         }
         let labels: Vec<&str> = state
             .holding
