@@ -98,7 +98,11 @@ async fn status(host: &TestHost) -> Value {
     r.json().await.unwrap()
 }
 
-async fn wait_status(host: &TestHost, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+pub(super) async fn wait_status(
+    host: &TestHost,
+    what: &str,
+    pred: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let s = status(host).await;

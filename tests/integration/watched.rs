@@ -11,7 +11,7 @@ use gpuhost::protocol::GrantEvent;
 use serde_json::json;
 
 use super::arbiter::{arbiter_config, assert_granted, grant_events};
-use super::gpu_status::{health_server, wait_decision, FakeGpu};
+use super::gpu_status::{health_server, wait_decision, wait_status, FakeGpu};
 use super::support::*;
 
 const IDLE: &str = "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\n";
@@ -156,5 +156,37 @@ async fn a_failed_sample_unloads_nothing_for_a_grant() {
     let message = body["message"].as_str().unwrap();
     assert!(message.contains("status is unknown"), "{body}");
     assert_eq!(host.worker("w").await["state"], "ready");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_server_that_answered_and_stops_answering_holds_nothing() {
+    let (gpu, host, ready) = watched_vllm(600.0).await;
+    gpu.process(
+        4242,
+        1,
+        &["python3", "-m", "vllm.entrypoints.openai.api_server"],
+    );
+    gpu.set_state(&format!("{IDLE}proc: 4242, python3, 9000\n"));
+    ready.store(true, Ordering::SeqCst);
+    // Serving for a few samples, as a server does (each one taken after the one before).
+    let first = wait_decision(&host, "busy").await["sampled_at"]
+        .as_f64()
+        .unwrap();
+    wait_status(&host, "three samples of it serving", |s| {
+        s["decision"] == "busy" && s["sampled_at"].as_f64().unwrap() > first + 0.25
+    })
+    .await;
+    // Its engine died, the process lives on and the health URL fails: its memory is taken,
+    // nothing loads, and a lease that fits is granted (it was held for the 600 s).
+    ready.store(false, Ordering::SeqCst);
+    wait_decision(&host, "loading").await;
+    let granted = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "bob", "vram_mib": 1_000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(granted.status(), 200, "{:?}", granted.text().await);
     host.stop().await;
 }
