@@ -109,6 +109,7 @@ impl Speakers {
             let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700));
         }
         let mut inner = Inner::default();
+        let mut old_names = Vec::new();
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => Some(entries),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -142,15 +143,57 @@ impl Speakers {
                 Ok(voice) => {
                     inner.voices.insert(voice.name.clone(), voice);
                 }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable voiceprint file")
-                }
+                Err(e) => match renamed(&path, &name) {
+                    Some(voice) => old_names.push((path, voice)),
+                    None => {
+                        tracing::warn!(path = %path.display(), error = %e, "ignoring an unreadable voiceprint file")
+                    }
+                },
             }
         }
-        Speakers {
+        let speakers = Speakers {
             dir,
             inner: Arc::new(Mutex::new(inner)),
             writer: Mutex::new(()),
+        };
+        speakers.rename_old(old_names);
+        speakers
+    }
+
+    /// Voices an older build kept under a name written otherwise than names are kept now
+    /// (`Bob\u{A0}Smith`): kept under the name as it is written now (joining a voice of that
+    /// name and model), the old file removed. Left as they were, they were neither listed nor
+    /// deletable, and `DELETE` left personal data on disk.
+    fn rename_old(&self, old: Vec<(PathBuf, Voice)>) {
+        for (path, voice) in old {
+            let joined = {
+                let mut inner = self.lock();
+                match inner.voices.get_mut(&voice.name) {
+                    Some(known) if known.model != voice.model => None,
+                    Some(known) => {
+                        known.samples.extend(voice.samples);
+                        Some(known.clone())
+                    }
+                    None => {
+                        inner.voices.insert(voice.name.clone(), voice.clone());
+                        Some(voice)
+                    }
+                }
+            };
+            let Some(joined) = joined else {
+                tracing::warn!(path = %path.display(), "a voiceprint file kept under an older spelling of a name enrolled with another model; left as it is");
+                continue;
+            };
+            let _guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            match self.write(&joined) {
+                Ok(()) => {
+                    let _ = std::fs::remove_file(&path);
+                    tracing::info!(name = %joined.name, "a voice kept under an older spelling of its name is kept under this one now");
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot keep a voice under its name as written now")
+                }
+            }
         }
     }
 
@@ -363,6 +406,23 @@ fn file_name(name: &str) -> String {
 /// The voice in the file `name` at `path`, when it is one the API could have made.
 /// The most a voice file may hold (one is about 6 KB: a 256-number vector and a few fields).
 const VOICE_MAX: u64 = 1 << 20;
+
+/// The voice in the file `name` at `path` under its name as written now, when the file is that
+/// voice's under an older spelling (a name an older build kept unnormalized) and sound otherwise.
+fn renamed(path: &Path, name: &str) -> Option<Voice> {
+    let bytes = crate::files::read_regular(path, VOICE_MAX).ok()?;
+    let mut voice: Voice = serde_json::from_slice(&bytes).ok()?;
+    if file_name(&voice.name) != name {
+        return None;
+    }
+    let now = check_name(&voice.name).ok()?;
+    if now == voice.name {
+        return None;
+    }
+    voice.name = now;
+    sound(&voice).ok()?;
+    Some(voice)
+}
 
 fn read_voice(path: &Path, name: &str) -> Result<Voice, String> {
     let bytes = crate::files::read_regular(path, VOICE_MAX).map_err(|e| e.to_string())?;

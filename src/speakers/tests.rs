@@ -54,7 +54,7 @@ fn a_voice_file_that_cannot_be_read_is_still_deleted_for_good() {
     store
         .add("Hal", "m", sample(1.0), &store.enrolment(), (10, 2))
         .unwrap();
-    // Eve's file cut in half; Hal's rewritten with a name as the API never keeps it.
+    // Eve's file cut in half; Hal's rewritten with a name as the API no longer keeps it.
     let eve = store.file("Eve");
     let bytes = std::fs::read(&eve).unwrap();
     std::fs::write(&eve, &bytes[..bytes.len() / 2]).unwrap();
@@ -62,7 +62,11 @@ fn a_voice_file_that_cannot_be_read_is_still_deleted_for_good() {
     std::fs::write(store.file(" Hal"), hal.replace("\"Hal\"", "\" Hal\"")).unwrap();
     std::fs::remove_file(store.file("Hal")).unwrap();
     let again = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
-    assert!(again.list().is_empty(), "{:?}", again.list());
+    // Hal's is kept under its name as written now (see below); Eve's is not listed.
+    let listed = again.list();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["name"], "Hal");
+    assert!(!store.file(" Hal").exists());
     // Not listed, yet DELETE removes the voiceprint left on disk; then it is gone.
     again.delete("Eve").unwrap();
     assert!(!eve.exists());
@@ -243,4 +247,36 @@ fn broken_files_and_leftovers_are_not_voices() {
     );
     // Decomposed Hangul (NFD, as some systems type it) is the same name.
     assert_eq!(check_name("\u{1106}\u{1175}\u{11AB}").unwrap(), "민");
+}
+
+#[test]
+fn a_voice_kept_under_an_older_spelling_of_its_name_is_renamed_not_lost() {
+    // An older build kept "Bob\u{A0}Smith" as written; now names are kept with plain spaces,
+    // and such a file was ignored: not listed, and DELETE left it on disk.
+    let dir = tempfile::tempdir().unwrap();
+    let old = Voice {
+        name: "Bob\u{A0}Smith".into(),
+        model: "m".into(),
+        samples: vec![sample(1.0)],
+    };
+    let old_file = dir.path().join(file_name(&old.name));
+    std::fs::write(&old_file, serde_json::to_vec(&old).unwrap()).unwrap();
+    // Another sample under the name as written now joins it.
+    let now = Voice {
+        name: "Bob Smith".into(),
+        ..old.clone()
+    };
+    std::fs::write(
+        dir.path().join(file_name("Bob Smith")),
+        serde_json::to_vec(&now).unwrap(),
+    )
+    .unwrap();
+    let store = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
+    let listed = store.list();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["name"], "Bob Smith");
+    assert_eq!(listed[0]["samples"], 2);
+    assert!(!old_file.exists(), "the old file stays");
+    store.delete("Bob Smith").unwrap();
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
