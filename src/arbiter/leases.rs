@@ -75,6 +75,7 @@ impl Lease {
         if core.seen_gone(&gone) {
             return drop(permit);
         }
+        permit.ended();
         tokio::spawn(async move {
             if let Err(why) = core.verify_teardown(&gone).await {
                 core.block_until_freed(gone, why);

@@ -2036,9 +2036,19 @@ async fn a_start_whose_callers_all_left_leaves_the_queue() {
         .await
         .unwrap();
     assert_eq!(released.status(), 200);
-    // The GPU is free for the next one: the service did not start for nobody.
-    let granted = lease_as(&host, "bob").await;
-    assert_eq!(granted.status(), 200);
+    // The GPU goes to the next one (once a sample shows alice's memory back, so it waits):
+    // the service did not start for nobody.
+    let granted = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "bob", "wait": true}))
+        .send()
+        .await
+        .unwrap();
+    let events = grant_events(granted).await;
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Granted { .. })),
+        "{events:?}"
+    );
     assert_eq!(starts(&gpu), 0);
     host.stop().await;
 }
@@ -2575,6 +2585,12 @@ async fn a_lease_whose_program_just_ended_is_checked_on_a_later_sample() {
     assert_eq!(ended.status(), 200);
     let next = lease_as(&host, "bob").await;
     assert_ne!(next.status(), 200, "granted beside 9 GB nobody gave back");
+    // Refused for what it is: a lease that ended whose memory is awaited, not one held.
+    let why = next.text().await.unwrap();
+    assert!(
+        why.contains("ended: waiting for a sample") || why.contains("did not come back"),
+        "{why}"
+    );
     // Given back, the GPU goes on.
     gpu.set_state(IDLE);
     wait_for("bob's grant", Duration::from_secs(20), || async {

@@ -132,6 +132,25 @@ impl Drop for Waiter {
     }
 }
 
+impl GpuPermit {
+    /// Says, on the holder's label, that it ended and only its memory's return is awaited: a
+    /// released lease holds the GPU until a sample shows its memory back, and "taken by lease
+    /// 7 (alice)" after alice released it reads as a bug.
+    pub fn ended(&self) {
+        let mut state = self.queue.lock();
+        if let Some(h) = state.holding.iter_mut().find(|h| h.id == self.id) {
+            if !h.ticket.label.ends_with(ENDED) {
+                h.ticket.label.push_str(ENDED);
+            }
+        }
+        drop(state);
+        self.queue.bump();
+    }
+}
+
+/// What [`GpuPermit::ended`] adds to a holder's label.
+const ENDED: &str = ", ended: waiting for a sample to show its memory back";
+
 impl Drop for GpuPermit {
     fn drop(&mut self) {
         self.queue.release(self.id);

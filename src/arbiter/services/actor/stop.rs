@@ -52,6 +52,7 @@ impl Actor {
             watch: None,
             after: stopped_at,
         };
+        running.permit.ended();
         // (Not waited for once the queue is closed: see `verify_teardown`.)
         let verified = self.core.verify_teardown(&gone).await;
         // Gone, or given up on: a process that outlives its group's kill is the block's to name.
