@@ -146,6 +146,7 @@ pub(super) async fn stop(
 #[utoipa::path(post, path = "/services/{name}/touch", params(("name" = String, Path, description = "Service name")), responses(
     (status = 200, description = "Touched", body = Object),
     (status = 404, description = "No such service", body = ErrorBody),
+    (status = 409, description = "The service is stopped or failed", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
 pub(super) async fn touch(
@@ -153,6 +154,19 @@ pub(super) async fn touch(
     PathName(name): PathName,
 ) -> Result<Json<Value>, ApiError> {
     let handle = service(&app, &name)?;
+    let state = handle.status().state;
+    if matches!(state, ServiceState::Stopped | ServiceState::Failed) {
+        // A caller that marks use of a service that does not run is about to call a dead URL:
+        // 200 would tell it all is well.
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_running",
+            format!(
+                "service {name} is {}: nothing to mark as used; POST /services/{name}/start starts it",
+                if state == ServiceState::Stopped { "stopped" } else { "failed" }
+            ),
+        ));
+    }
     handle.touch();
     Ok(Json(view(&handle.status())))
 }

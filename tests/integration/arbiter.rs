@@ -2608,3 +2608,38 @@ async fn a_lease_whose_program_just_ended_is_checked_on_a_later_sample() {
     assert_eq!(refused.status(), 400);
     host.stop().await;
 }
+
+#[tokio::test]
+async fn touch_marks_a_running_service_used_and_refuses_a_stopped_one() {
+    let gpu = FakeGpu::new(IDLE);
+    let config = arbiter_config(&gpu, &service(&gpu, "vllm", "--load-s 0.1 --mib 2000", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    // Stopped: a 200 would tell a caller about to use it that all is well.
+    let refused = host.post("/services/vllm/touch").send().await.unwrap();
+    assert_eq!(refused.status(), 409);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"], "not_running", "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("stopped") && message.contains("/services/vllm/start"),
+        "{message}"
+    );
+    assert_healthy(&start_service(&host, "vllm").await);
+    let idle_for = |s: &Value| -> f64 {
+        s["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "vllm")
+            .and_then(|v| v["last_use_s_ago"].as_f64())
+            .unwrap_or(0.0)
+    };
+    wait_status(&host, "the service to sit unused a while", |s| {
+        idle_for(s) >= 0.5
+    })
+    .await;
+    let touched = host.post("/services/vllm/touch").send().await.unwrap();
+    assert_eq!(touched.status(), 200);
+    wait_status(&host, "the touch to count as use", |s| idle_for(s) < 0.5).await;
+    host.stop().await;
+}
