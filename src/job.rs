@@ -138,7 +138,7 @@ pub fn start_job(
     let waiter = app
         .queue
         .try_enqueue(
-            crate::arbiter::queue::Ticket::job(job.priority),
+            ticket(&app, app.arbiter.core(), &job.stages, job.priority),
             app.config.limits.max_queue,
         )
         .ok_or_else(|| QueueFull::now(&app))?;
@@ -202,7 +202,7 @@ async fn run_job(
     for core in pinned_cores(&app, &job.stages) {
         let waiter = core
             .queue
-            .try_enqueue(crate::arbiter::queue::Ticket::job(job.priority), usize::MAX)
+            .try_enqueue(ticket(&app, &core, &job.stages, job.priority), usize::MAX)
             .expect("an unbounded queue is never full");
         if let Some(position) = waiter.position() {
             let _ = tx.try_send(ClientEvent::Queued {
@@ -306,6 +306,31 @@ pub fn finish_result(mut result: Value, job: &PreparedJob) -> Value {
 
 /// The cores of the GPUs other than `[gpu] device` that `stages`' workers are pinned to, by
 /// index.
+/// A job's ticket on `core`'s queue. Its one-shot stages there load their model for the job:
+/// no residents, so their memory is the job's own need (unknown when one's footprint is), and a
+/// watched program that loads holds the job back as it does a lease.
+fn ticket(
+    app: &AppState,
+    core: &crate::arbiter::Core,
+    stages: &[String],
+    priority: i32,
+) -> crate::arbiter::queue::Ticket {
+    let mut ticket = crate::arbiter::queue::Ticket::job(priority);
+    for stage in stages {
+        let Some(status) = app.supervisor.get(stage).map(|w| w.status()) else {
+            continue;
+        };
+        if status.device != core.device || status.mode != crate::config::Mode::Oneshot {
+            continue;
+        }
+        let need = core
+            .footprints
+            .need(&crate::arbiter::worker_key(stage), status.vram_mib);
+        ticket.need_mib = ticket.need_mib.zip(need).map(|(a, b)| a.saturating_add(b));
+    }
+    ticket
+}
+
 fn pinned_cores(app: &AppState, stages: &[String]) -> Vec<std::sync::Arc<crate::arbiter::Core>> {
     let main = app.arbiter.core().device;
     let mut devices: Vec<u32> = stages

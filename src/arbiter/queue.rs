@@ -53,7 +53,8 @@ impl Ticket {
             kind: HolderKind::Job,
             label: "speech job".into(),
             priority,
-            // Its workers' memory is counted as resident; see `Room`.
+            // Its resident workers' memory is counted in `Room`; one-shot stages add theirs
+            // (`job::ticket`).
             need_mib: Some(0),
         }
     }

@@ -146,7 +146,7 @@ pub(super) async fn stop(
 #[utoipa::path(post, path = "/services/{name}/touch", params(("name" = String, Path, description = "Service name")), responses(
     (status = 200, description = "Touched", body = Object),
     (status = 404, description = "No such service", body = ErrorBody),
-    (status = 409, description = "The service is stopped or failed", body = ErrorBody),
+    (status = 409, description = "The service is stopped, stopping or failed", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
 pub(super) async fn touch(
@@ -155,7 +155,10 @@ pub(super) async fn touch(
 ) -> Result<Json<Value>, ApiError> {
     let handle = service(&app, &name)?;
     let state = handle.status().state;
-    if matches!(state, ServiceState::Stopped | ServiceState::Failed) {
+    if matches!(
+        state,
+        ServiceState::Stopped | ServiceState::Failed | ServiceState::Stopping
+    ) {
         // A caller that marks use of a service that does not run is about to call a dead URL:
         // 200 would tell it all is well.
         return Err(ApiError::new(
@@ -163,7 +166,11 @@ pub(super) async fn touch(
             "not_running",
             format!(
                 "service {name} is {}: nothing to mark as used; POST /services/{name}/start starts it",
-                if state == ServiceState::Stopped { "stopped" } else { "failed" }
+                match state {
+                    ServiceState::Stopped => "stopped",
+                    ServiceState::Stopping => "stopping",
+                    _ => "failed",
+                }
             ),
         ));
     }

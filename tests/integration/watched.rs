@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use gpuhost::protocol::GrantEvent;
+use gpuhost::protocol::{ClientEvent, GrantEvent};
 use serde_json::json;
 
 use super::arbiter::{arbiter_config, assert_granted, grant_events};
@@ -188,5 +188,50 @@ async fn a_server_that_answered_and_stops_answering_holds_nothing() {
         .await
         .unwrap();
     assert_eq!(granted.status(), 200, "{:?}", granted.text().await);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_job_whose_stage_loads_a_model_waits_for_a_loading_program() {
+    // A one-shot stage loads its model for the job: beside a vLLM that is still taking its
+    // memory, that is the double load this arbiter exists to prevent.
+    let gpu = FakeGpu::new(IDLE);
+    let ready = Arc::new(AtomicBool::new(false));
+    let health = health_server(ready.clone()).await;
+    let watch = format!(
+        "[[gpu.watch]]\nname = \"vllm\"\npattern = \"vllm.entrypoints\"\nhealth_url = {health:?}\n"
+    );
+    let config = format!(
+        "[pipeline]\nstages = [\"o\"]\n{}\n{}",
+        fake_worker("o", "mode = \"oneshot\"\nvram_mib = 2000"),
+        gpu.config(&watch)
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    gpu.process(
+        4242,
+        1,
+        &["python3", "-m", "vllm.entrypoints.openai.api_server"],
+    );
+    gpu.set_state(&format!("{IDLE}proc: 4242, python3, 200\n"));
+    wait_decision(&host, "loading").await;
+    let response = host.post_body("/transcribe", wav(1.0, 16000, 1)).await;
+    assert_eq!(response.status(), 200);
+    let job = tokio::spawn(read_events(response));
+    wait_status(&host, "the job to wait", |s| s["queue"]["waiting"] == 1).await;
+    // vLLM answers: the job goes on.
+    gpu.set_state(&format!("{IDLE}proc: 4242, python3, 9000\n"));
+    ready.store(true, Ordering::SeqCst);
+    let events = tokio::time::timeout(Duration::from_secs(30), job)
+        .await
+        .expect("the job granted once vllm answered")
+        .unwrap();
+    assert!(
+        events.iter().any(
+            |e| matches!(e, ClientEvent::Queued { waiting_for: Some(why), .. }
+            if why.contains("vllm loads"))
+        ),
+        "{events:?}"
+    );
+    result_of(&events);
     host.stop().await;
 }

@@ -56,7 +56,7 @@ impl GpuQueue {
 
     /// Whether a watched program's loading holds `ticket` back: everything that takes memory,
     /// not a speech job whose workers are loaded already (a voice command waited out every
-    /// vLLM restart).
+    /// vLLM restart); a job with a one-shot stage (`need_mib` not 0) loads one.
     pub(super) fn held_by_loading(&self, state: &QueueState, ticket: &Ticket) -> bool {
         if !state
             .blocks
@@ -69,7 +69,7 @@ impl GpuQueue {
             return true;
         }
         let room = self.room.get().and_then(|r| (r.0)());
-        room.map_or(true, |r| r.unloaded_residents_mib > 0)
+        ticket.need_mib != Some(0) || room.map_or(true, |r| r.unloaded_residents_mib > 0)
     }
 
     /// Whether a later waiter that fits may go before one that does not.
@@ -124,15 +124,15 @@ impl GpuQueue {
             state.holding.retain(|h| h.id != id);
             if state.holding.len() != before {
                 self.history.released(self.device, id);
-                // Its memory is back (a holder's permit goes only then): what is used now is
-                // what was there before the holders, and what those left have taken.
-                let kept: u64 = state.holding.iter().map(|h| h.taken_mib).sum();
-                state.taken_from = match self.vram_room() {
-                    Some(room) if !state.holding.is_empty() => {
-                        Some(outside(&room).saturating_sub(kept))
-                    }
-                    _ => None,
-                };
+                // Its memory is back (a holder's permit goes only then): the start stays what
+                // was used before the holders, and `dispatch`'s `settle` gives what is used
+                // beyond it to those left. (Not rebuilt from their `taken_mib`: `settle` gives
+                // memory in grant order, so a sample taken after this holder's program exited
+                // but before its permit went credited it with the next holders' memory, and
+                // they read as having taken nothing, their reservations counted twice.)
+                if state.holding.is_empty() {
+                    state.taken_from = None;
+                }
             }
             self.dispatch(&mut state);
         }
@@ -173,7 +173,7 @@ fn untaken(state: &QueueState) -> u64 {
 /// granted, each up to its reservation. Memory is not told apart by process (WSL's driver does
 /// not say per process), so what an outside program takes meanwhile counts as the holders'; what
 /// outside programs free lowers the start, and what a holder that ends took leaves with it
-/// (`release`).
+/// (its memory is back when its permit goes: the next `settle` gives the rest to those left).
 fn settle(state: &mut QueueState, room: &Room) {
     let now = outside(room);
     let from = state.taken_from.get_or_insert(now);

@@ -440,6 +440,43 @@ async fn what_a_holder_that_ends_had_taken_leaves_with_it() {
 }
 
 #[tokio::test]
+async fn a_sample_between_a_holders_exit_and_its_release_credits_it_nothing_of_the_next() {
+    // As above, but the sample that shows a's memory back is dispatched on before a's permit
+    // goes (the usual order: the teardown check waits for that sample). Grant order gave a the
+    // 30 000 b uses, and b read as having taken nothing until it ended.
+    let (q, room) = shared(1, 1_000);
+    *room.lock().unwrap() = super::super::sharing::Room {
+        total_mib: 80_000,
+        free_mib: 80_000,
+        residents_mib: 0,
+        unloaded_residents_mib: 0,
+    };
+    let a = q
+        .try_enqueue(sized("a", 30_000), 9)
+        .unwrap()
+        .granted()
+        .await;
+    room.lock().unwrap().free_mib = 50_000;
+    q.redispatch();
+    let _b = q
+        .try_enqueue(sized("b", 30_000), 9)
+        .unwrap()
+        .granted()
+        .await;
+    room.lock().unwrap().free_mib = 20_000;
+    q.redispatch();
+    room.lock().unwrap().free_mib = 50_000;
+    q.redispatch();
+    drop(a);
+    let c = q.try_enqueue(sized("c", 25_000), 9).unwrap();
+    assert_eq!(
+        c.position(),
+        None,
+        "c waits beside b's 30 000 counted twice"
+    );
+}
+
+#[tokio::test]
 async fn memory_an_outside_server_gives_back_is_no_holders() {
     // The first holder's room was made by a watched server freeing 20 000 MiB (Ollama asked to
     // unload): that drop is not the holder's memory coming and going.
@@ -461,4 +498,46 @@ async fn memory_an_outside_server_gives_back_is_no_holders() {
     q.redispatch();
     let b = q.try_enqueue(sized("b", 40_000), 9).unwrap();
     assert_eq!(b.position(), None, "b waits for memory a never had");
+}
+
+#[tokio::test]
+async fn a_job_that_loads_a_model_fits_beside_a_lease_only_with_room_for_it() {
+    // A one-shot stage's model is the job's own need: a job of loaded residents (0) goes beside
+    // a lease that leaves little free; one whose stage loads 6 GB there waits for the lease.
+    use super::super::sharing::Room;
+    let q = GpuQueue::with_sharing(
+        2,
+        Arc::new(History::new(std::time::Duration::from_secs(60))),
+        Sharing {
+            mode: ShareMode::Vram,
+            headroom_mib: 0,
+            allow_backfill: true,
+        },
+        0,
+    );
+    q.set_room(RoomSource(Box::new(|| {
+        Some(Room {
+            total_mib: 10_000,
+            free_mib: 10_000,
+            residents_mib: 0,
+            unloaded_residents_mib: 0,
+        })
+    })));
+    let lease = Ticket {
+        need_mib: Some(6_000),
+        ..lease("notebook", 0)
+    };
+    let _held = q.try_enqueue(lease, 9).unwrap().granted().await;
+    let loads = Ticket {
+        need_mib: Some(6_000),
+        ..Ticket::job(0)
+    };
+    let loading = q.try_enqueue(loads, 9).unwrap();
+    assert_eq!(
+        loading.position(),
+        Some(1),
+        "granted beside a lease it cannot fit beside"
+    );
+    let resident = q.try_enqueue(Ticket::job(0), 9).unwrap();
+    assert_eq!(resident.position(), None, "a job of loaded workers waited");
 }
