@@ -156,22 +156,34 @@ impl Speakers {
             inner: Arc::new(Mutex::new(inner)),
             writer: Mutex::new(()),
         };
-        speakers.rename_old(old_names);
+        // Only the server writes here: a one-shot command beside it reads the old spellings
+        // under their names as written now and leaves the files to the server.
+        speakers.rename_old(old_names, leftovers == Leftovers::All);
         speakers
     }
 
     /// Voices an older build kept under a name written otherwise than names are kept now
     /// (`Bob\u{A0}Smith`): kept under the name as it is written now (joining a voice of that
     /// name and model), the old file removed. Left as they were, they were neither listed nor
-    /// deletable, and `DELETE` left personal data on disk.
-    fn rename_old(&self, old: Vec<(PathBuf, Voice)>) {
+    /// deletable, and `DELETE` left personal data on disk. Samples the voice has already are
+    /// not added again (a crash after the write and before the old file's removal migrates it
+    /// twice). With `write` false (a one-shot command beside a server) in memory only.
+    fn rename_old(&self, old: Vec<(PathBuf, Voice)>, write: bool) {
         for (path, voice) in old {
             let joined = {
                 let mut inner = self.lock();
                 match inner.voices.get_mut(&voice.name) {
                     Some(known) if known.model != voice.model => None,
                     Some(known) => {
-                        known.samples.extend(voice.samples);
+                        for sample in voice.samples {
+                            let had = known
+                                .samples
+                                .iter()
+                                .any(|k| k.added == sample.added && k.vector == sample.vector);
+                            if !had {
+                                known.samples.push(sample);
+                            }
+                        }
                         Some(known.clone())
                     }
                     None => {
@@ -181,13 +193,17 @@ impl Speakers {
                 }
             };
             let Some(joined) = joined else {
-                tracing::warn!(path = %path.display(), "a voiceprint file kept under an older spelling of a name enrolled with another model; left as it is");
+                tracing::warn!(path = %path.display(), "a voiceprint file kept under an older spelling of a name enrolled with another model; left as it is (DELETE of the name removes it too)");
                 continue;
             };
+            if !write {
+                continue;
+            }
             let _guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
             match self.write(&joined) {
                 Ok(()) => {
                     let _ = std::fs::remove_file(&path);
+                    synced(&self.dir);
                     tracing::info!(name = %joined.name, "a voice kept under an older spelling of its name is kept under this one now");
                 }
                 Err(e) => {
@@ -307,6 +323,9 @@ impl Speakers {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => known,
             Err(e) => return Err(SpeakerError::Io(io_kind(&e))),
         };
+        // A file an older build kept under another spelling of this name that could not join
+        // it (another model): the name's personal data too.
+        let found = self.remove_old_spellings(name) || found;
         // What a crash left mid-write may hold this voice's print: none is a write in
         // progress (this server's writes wait for `writer`, and nothing else writes here).
         let swept = self.remove_leftovers();
@@ -330,6 +349,25 @@ impl Speakers {
             (false, 0) => Err(SpeakerError::NotFound(name.into())),
             (false, _) => Err(SpeakerError::NotYet(name.into())),
         }
+    }
+
+    /// Removes the files kept under an older spelling of `name` (`renamed`); whether there was
+    /// one.
+    fn remove_old_spellings(&self, name: &str) -> bool {
+        let mut any = false;
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            if !file.ends_with(".json") || file.starts_with(TMP_PREFIX) {
+                continue;
+            }
+            let path = entry.path();
+            if renamed(&path, &file).is_some_and(|v| v.name == name)
+                && std::fs::remove_file(&path).is_ok()
+            {
+                any = true;
+            }
+        }
+        any
     }
 
     /// Removes every temporary file in the folder; whether there was one.

@@ -264,6 +264,7 @@ fn a_voice_kept_under_an_older_spelling_of_its_name_is_renamed_not_lost() {
     // Another sample under the name as written now joins it.
     let now = Voice {
         name: "Bob Smith".into(),
+        samples: vec![sample(2.0)],
         ..old.clone()
     };
     std::fs::write(
@@ -279,4 +280,74 @@ fn a_voice_kept_under_an_older_spelling_of_its_name_is_renamed_not_lost() {
     assert!(!old_file.exists(), "the old file stays");
     store.delete("Bob Smith").unwrap();
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn a_migration_cut_short_is_not_counted_twice_and_one_shot_commands_leave_it_to_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = Voice {
+        name: "Bob\u{A0}Smith".into(),
+        model: "m".into(),
+        samples: vec![sample(1.0)],
+    };
+    let old_file = dir.path().join(file_name(&old.name));
+    std::fs::write(&old_file, serde_json::to_vec(&old).unwrap()).unwrap();
+    // A crash after the migrated file was written and before the old one went.
+    let migrated = Voice {
+        name: "Bob Smith".into(),
+        samples: vec![sample(1.0), sample(2.0)],
+        ..old.clone()
+    };
+    std::fs::write(
+        dir.path().join(file_name("Bob Smith")),
+        serde_json::to_vec(&migrated).unwrap(),
+    )
+    .unwrap();
+    // A one-shot command beside the server reads it under its name, and writes nothing.
+    let beside = Speakers::load(dir.path().to_path_buf(), Leftovers::Stale);
+    assert_eq!(beside.list()[0]["samples"], 2);
+    assert!(old_file.exists(), "a command beside the server migrated");
+    let store = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
+    let listed = store.list();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["samples"], 2, "a sample migrated twice");
+    assert!(!old_file.exists());
+}
+
+#[test]
+fn deleting_a_name_removes_its_older_spelling_kept_for_another_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = Voice {
+        name: "Bob\u{A0}Smith".into(),
+        model: "old-model".into(),
+        samples: vec![sample(1.0)],
+    };
+    std::fs::write(
+        dir.path().join(file_name(&old.name)),
+        serde_json::to_vec(&old).unwrap(),
+    )
+    .unwrap();
+    let now = Voice {
+        name: "Bob Smith".into(),
+        model: "m".into(),
+        samples: vec![sample(2.0)],
+    };
+    std::fs::write(
+        dir.path().join(file_name("Bob Smith")),
+        serde_json::to_vec(&now).unwrap(),
+    )
+    .unwrap();
+    let store = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
+    assert_eq!(store.list().len(), 1);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        2,
+        "left as it is"
+    );
+    store.delete("Bob Smith").unwrap();
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "personal data left on disk"
+    );
 }
