@@ -267,6 +267,7 @@ impl Arbiter {
             self.leases.expire();
             self.services.stop_idle();
             for core in &self.cores {
+                core.expire_loading();
                 if let Some(head) = core.queue.head() {
                     if core.queue.head_waits_for_room() {
                         self.services.yield_to(core.device, &head.label);

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::config::WatchConfig;
 use crate::gpu::Snapshot;
 
 use super::queue::Block;
@@ -68,12 +69,7 @@ impl Core {
             }
             let since = *seen.since.get_or_insert(now);
             seen.last = Some(now);
-            let waited = now.duration_since(since).as_secs_f64();
-            if waited >= watch.load_timeout_s {
-                if self.queue.blocked_by(&key(&watch.name)) {
-                    tracing::warn!(watch = %watch.name, seconds = waited.round(), "a watched program still loads after its load_timeout_s; grants go on by memory alone");
-                    self.queue.unblock(&key(&watch.name));
-                }
+            if self.loaded_too_long(watch, since, now) {
                 continue;
             }
             let health = watch.health_url.as_deref().unwrap_or("its health URL");
@@ -87,5 +83,31 @@ impl Core {
                 ),
             );
         }
+    }
+
+    /// Lifts the hold of each program that has loaded past its `load_timeout_s`, sample or not:
+    /// samples that stop, or keep failing, must not hold every grant for ever.
+    pub fn expire_loading(&self) {
+        let now = Instant::now();
+        let seen = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        for watch in &self.watches {
+            if let Some(since) = seen.get(&watch.name).and_then(|s| s.since) {
+                self.loaded_too_long(watch, since, now);
+            }
+        }
+    }
+
+    /// Whether `watch`, loading since `since`, is past its `load_timeout_s`; lifts its hold
+    /// (once, with a warning) when it is.
+    fn loaded_too_long(&self, watch: &WatchConfig, since: Instant, now: Instant) -> bool {
+        let waited = now.duration_since(since).as_secs_f64();
+        if waited < watch.load_timeout_s {
+            return false;
+        }
+        if self.queue.blocked_by(&key(&watch.name)) {
+            tracing::warn!(watch = %watch.name, seconds = waited.round(), "a watched program still loads after its load_timeout_s; grants go on by memory alone");
+            self.queue.unblock(&key(&watch.name));
+        }
+        true
     }
 }

@@ -448,4 +448,7 @@ fn a_watched_server_is_checked_as_a_service_is() {
         let err = watch(body);
         assert!(err.contains(says), "{body}: {err}");
     }
+    let twice =
+        watch("name = \"vllm\"\npattern = \"a\"\n[[gpu.watch]]\nname = \"vllm\"\npattern = \"b\"");
+    assert!(twice.contains("`vllm` is defined twice"), "{twice}");
 }

@@ -191,8 +191,17 @@ impl Config {
             .map_err(ConfigError::Invalid)?;
         positive_seconds("[setup]", &[("timeout_s", self.setup.timeout_s)])
             .map_err(ConfigError::Invalid)?;
+        let mut watched = std::collections::BTreeSet::new();
         for w in &self.gpu.watch {
             w.validate().map_err(ConfigError::Invalid)?;
+            // Its name keys what the samples told of it and its hold on the queue: a second
+            // entry of that name was never looked at.
+            if !watched.insert(w.name.as_str()) {
+                return Err(ConfigError::Invalid(format!(
+                    "[[gpu.watch]] `{}` is defined twice",
+                    w.name
+                )));
+            }
         }
         for (name, w) in &self.workers {
             positive_seconds(

@@ -191,15 +191,15 @@ async fn a_server_that_answered_and_stops_answering_holds_nothing() {
     host.stop().await;
 }
 
-#[tokio::test]
-async fn a_job_whose_stage_loads_a_model_waits_for_a_loading_program() {
-    // A one-shot stage loads its model for the job: beside a vLLM that is still taking its
-    // memory, that is the double load this arbiter exists to prevent.
+/// A server whose one stage is a one-shot worker, beside a watched vLLM that has begun to load.
+async fn oneshot_beside_a_loading_vllm(
+    load_timeout_s: f64,
+) -> (FakeGpu, TestHost, Arc<AtomicBool>) {
     let gpu = FakeGpu::new(IDLE);
     let ready = Arc::new(AtomicBool::new(false));
     let health = health_server(ready.clone()).await;
     let watch = format!(
-        "[[gpu.watch]]\nname = \"vllm\"\npattern = \"vllm.entrypoints\"\nhealth_url = {health:?}\n"
+        "[[gpu.watch]]\nname = \"vllm\"\npattern = \"vllm.entrypoints\"\nhealth_url = {health:?}\nload_timeout_s = {load_timeout_s}\n"
     );
     let config = format!(
         "[pipeline]\nstages = [\"o\"]\n{}\n{}",
@@ -214,6 +214,14 @@ async fn a_job_whose_stage_loads_a_model_waits_for_a_loading_program() {
     );
     gpu.set_state(&format!("{IDLE}proc: 4242, python3, 200\n"));
     wait_decision(&host, "loading").await;
+    (gpu, host, ready)
+}
+
+#[tokio::test]
+async fn a_job_whose_stage_loads_a_model_waits_for_a_loading_program() {
+    // A one-shot stage loads its model for the job: beside a vLLM that is still taking its
+    // memory, that is the double load this arbiter exists to prevent.
+    let (gpu, host, ready) = oneshot_beside_a_loading_vllm(600.0).await;
     let response = host.post_body("/transcribe", wav(1.0, 16000, 1)).await;
     assert_eq!(response.status(), 200);
     let job = tokio::spawn(read_events(response));
@@ -231,6 +239,30 @@ async fn a_job_whose_stage_loads_a_model_waits_for_a_loading_program() {
             if why.contains("vllm loads"))
         ),
         "{events:?}"
+    );
+    result_of(&events);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn failing_samples_keep_the_hold_until_the_load_timeout() {
+    // nvidia-smi fails, but `/proc` still shows vLLM running and its health URL still fails: the
+    // job is held (its stage would load beside a loading vLLM), and load_timeout_s bounds that.
+    let (gpu, host, _ready) = oneshot_beside_a_loading_vllm(2.0).await;
+    gpu.set_flag("fail", true);
+    wait_decision(&host, "unknown").await;
+    let events = tokio::time::timeout(
+        Duration::from_secs(30),
+        host.transcribe("", wav(1.0, 16000, 1)),
+    )
+    .await
+    .expect("the job still held after vllm's load_timeout_s");
+    assert!(
+        events.iter().any(
+            |e| matches!(e, ClientEvent::Queued { waiting_for: Some(why), .. }
+            if why.contains("vllm loads"))
+        ),
+        "not held while samples failed: {events:?}"
     );
     result_of(&events);
     host.stop().await;
