@@ -2277,12 +2277,13 @@ async fn an_idle_resident_is_unloaded_and_comes_back_for_the_next_job() {
 
 #[tokio::test]
 async fn a_caller_joining_a_failed_starts_teardown_gets_a_start_of_its_own() {
-    // The first start times out (1 s) and its process ignores SIGTERM for the 4 s grace: a
-    // caller who comes meanwhile was told the dying process was `starting`, then got the old
-    // start's error, and the first caller's queued request started a process nobody wanted.
+    // The first start times out (3 s: long enough for the fake service's first line on a busy
+    // machine) and its process ignores SIGTERM for the 4 s grace: a caller who comes meanwhile
+    // was told the dying process was `starting`, then got the old start's error, and the first
+    // caller's queued request started a process nobody wanted.
     let gpu = FakeGpu::new(IDLE);
     let slow = service(&gpu, "slow", "--load-s 100 --ignore-term --mib 1000", "")
-        .replace("start_timeout_s = 20", "start_timeout_s = 1")
+        .replace("start_timeout_s = 20", "start_timeout_s = 3")
         .replace("stop_grace_s = 1", "stop_grace_s = 4");
     let host = TestHost::start(&arbiter_config(&gpu, &slow))
         .await
