@@ -2325,9 +2325,14 @@ async fn a_caller_joining_a_failed_starts_teardown_gets_a_start_of_its_own() {
         .collect();
     assert_eq!(old.len(), 1, "{first:?}");
     assert!(pids.len() == 1 && pids != old, "{joined:?}");
+    // Its own log (one process's first line) and its own timeout.
+    let first_lines = joined
+        .iter()
+        .filter(|e| matches!(e, GrantEvent::Log { line } if line == "loading model weights"))
+        .count();
+    assert_eq!(first_lines, 1, "{joined:?}");
     assert!(
-        matches!(joined.last(), Some(GrantEvent::Error { message, .. })
-        if message.matches("loading model weights").count() == 1),
+        matches!(joined.last(), Some(GrantEvent::Error { code, .. }) if code == "service_timeout"),
         "{joined:?}"
     );
     let before = starts(&gpu);
