@@ -132,6 +132,14 @@ impl QueueState {
         let reasons: Vec<&str> = self.blocks.iter().map(|(_, why)| why.as_str()).collect();
         (!reasons.is_empty()).then(|| reasons.join("; "))
     }
+
+    /// How many speech jobs hold the GPU.
+    fn jobs(&self) -> usize {
+        self.holding
+            .iter()
+            .filter(|h| h.ticket.kind == HolderKind::Job)
+            .count()
+    }
 }
 
 impl GpuQueue {
@@ -343,12 +351,7 @@ impl GpuQueue {
         if head.ticket.exclusive() {
             return true;
         }
-        let jobs = state
-            .holding
-            .iter()
-            .filter(|h| h.ticket.kind == HolderKind::Job)
-            .count();
-        jobs < self.max_running
+        state.jobs() < self.max_running
     }
 
     /// A receiver that changes whenever the queue does.

@@ -249,6 +249,14 @@ fn broken_files_and_leftovers_are_not_voices() {
     assert_eq!(check_name("\u{1106}\u{1175}\u{11AB}").unwrap(), "민");
 }
 
+/// Writes `voice` into the voices folder `dir` as a build that kept its name as written would;
+/// its file.
+fn put(dir: &std::path::Path, voice: &Voice) -> std::path::PathBuf {
+    let path = dir.join(file_name(&voice.name));
+    std::fs::write(&path, serde_json::to_vec(voice).unwrap()).unwrap();
+    path
+}
+
 #[test]
 fn a_voice_kept_under_an_older_spelling_of_its_name_is_renamed_not_lost() {
     // An older build kept "Bob\u{A0}Smith" as written; now names are kept with plain spaces,
@@ -259,19 +267,14 @@ fn a_voice_kept_under_an_older_spelling_of_its_name_is_renamed_not_lost() {
         model: "m".into(),
         samples: vec![sample(1.0)],
     };
-    let old_file = dir.path().join(file_name(&old.name));
-    std::fs::write(&old_file, serde_json::to_vec(&old).unwrap()).unwrap();
+    let old_file = put(dir.path(), &old);
     // Another sample under the name as written now joins it.
     let now = Voice {
         name: "Bob Smith".into(),
         samples: vec![sample(2.0)],
         ..old.clone()
     };
-    std::fs::write(
-        dir.path().join(file_name("Bob Smith")),
-        serde_json::to_vec(&now).unwrap(),
-    )
-    .unwrap();
+    put(dir.path(), &now);
     let store = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
     let listed = store.list();
     assert_eq!(listed.len(), 1, "{listed:?}");
@@ -290,19 +293,14 @@ fn a_migration_cut_short_is_not_counted_twice_and_one_shot_commands_leave_it_to_
         model: "m".into(),
         samples: vec![sample(1.0)],
     };
-    let old_file = dir.path().join(file_name(&old.name));
-    std::fs::write(&old_file, serde_json::to_vec(&old).unwrap()).unwrap();
+    let old_file = put(dir.path(), &old);
     // A crash after the migrated file was written and before the old one went.
     let migrated = Voice {
         name: "Bob Smith".into(),
         samples: vec![sample(1.0), sample(2.0)],
         ..old.clone()
     };
-    std::fs::write(
-        dir.path().join(file_name("Bob Smith")),
-        serde_json::to_vec(&migrated).unwrap(),
-    )
-    .unwrap();
+    put(dir.path(), &migrated);
     // A one-shot command beside the server reads it under its name, and writes nothing.
     let beside = Speakers::load(dir.path().to_path_buf(), Leftovers::Stale);
     assert_eq!(beside.list()[0]["samples"], 2);
@@ -322,21 +320,13 @@ fn deleting_a_name_removes_its_older_spelling_kept_for_another_model() {
         model: "old-model".into(),
         samples: vec![sample(1.0)],
     };
-    std::fs::write(
-        dir.path().join(file_name(&old.name)),
-        serde_json::to_vec(&old).unwrap(),
-    )
-    .unwrap();
+    put(dir.path(), &old);
     let now = Voice {
         name: "Bob Smith".into(),
         model: "m".into(),
         samples: vec![sample(2.0)],
     };
-    std::fs::write(
-        dir.path().join(file_name("Bob Smith")),
-        serde_json::to_vec(&now).unwrap(),
-    )
-    .unwrap();
+    put(dir.path(), &now);
     let store = Speakers::load(dir.path().to_path_buf(), Leftovers::All);
     assert_eq!(store.list().len(), 1);
     assert_eq!(

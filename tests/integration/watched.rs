@@ -16,8 +16,12 @@ use super::support::*;
 
 const IDLE: &str = "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\n";
 
-/// A watched vLLM whose health URL answers once `ready` is set.
-async fn watched_vllm(load_timeout_s: f64) -> (FakeGpu, TestHost, Arc<AtomicBool>) {
+/// A watched vLLM whose health URL answers once `ready` is set, beside a server whose one stage
+/// is worker `w` (`worker` its extra config).
+async fn watched_vllm_with(
+    load_timeout_s: f64,
+    worker: &str,
+) -> (FakeGpu, TestHost, Arc<AtomicBool>) {
     let gpu = FakeGpu::new(IDLE);
     let ready = Arc::new(AtomicBool::new(false));
     let health = health_server(ready.clone()).await;
@@ -26,11 +30,27 @@ async fn watched_vllm(load_timeout_s: f64) -> (FakeGpu, TestHost, Arc<AtomicBool
     );
     let config = format!(
         "[pipeline]\nstages = [\"w\"]\n{}\n{}",
-        fake_worker("w", ""),
+        fake_worker("w", worker),
         gpu.config(&watch)
     );
     let host = TestHost::start(&config).await.ready().await;
     (gpu, host, ready)
+}
+
+async fn watched_vllm(load_timeout_s: f64) -> (FakeGpu, TestHost, Arc<AtomicBool>) {
+    watched_vllm_with(load_timeout_s, "").await
+}
+
+/// vLLM starts outside gpuhost: its process runs with 200 MiB (the rest still to come), and
+/// `/status` reads `loading`.
+async fn vllm_starts_loading(gpu: &FakeGpu, host: &TestHost) {
+    gpu.process(
+        4242,
+        1,
+        &["python3", "-m", "vllm.entrypoints.openai.api_server"],
+    );
+    gpu.set_state(&format!("{IDLE}proc: 4242, python3, 200\n"));
+    wait_decision(host, "loading").await;
 }
 
 /// The next event of a grant stream.
@@ -49,14 +69,7 @@ async fn next_event(
 #[tokio::test]
 async fn a_loading_watched_program_holds_grants_until_it_answers() {
     let (gpu, host, ready) = watched_vllm(600.0).await;
-    // vLLM starts outside gpuhost: 200 MiB used, the rest of its 20 GB still to come.
-    gpu.process(
-        4242,
-        1,
-        &["python3", "-m", "vllm.entrypoints.openai.api_server"],
-    );
-    gpu.set_state(&format!("{IDLE}proc: 4242, python3, 200\n"));
-    wait_decision(&host, "loading").await;
+    vllm_starts_loading(&gpu, &host).await;
     // A speech job whose worker is loaded takes no memory beyond it: not held.
     let events = tokio::time::timeout(
         Duration::from_secs(30),
@@ -106,13 +119,7 @@ async fn a_loading_watched_program_holds_grants_until_it_answers() {
 #[tokio::test]
 async fn a_program_loading_past_its_load_timeout_holds_nothing_more() {
     let (gpu, host, _ready) = watched_vllm(1.0).await;
-    gpu.process(
-        4242,
-        1,
-        &["python3", "-m", "vllm.entrypoints.openai.api_server"],
-    );
-    gpu.set_state(&format!("{IDLE}proc: 4242, python3, 200\n"));
-    wait_decision(&host, "loading").await;
+    vllm_starts_loading(&gpu, &host).await;
     // It never answers: held at first, then after its second of loading grants go on by
     // memory.
     let events = grant_events(
@@ -195,25 +202,9 @@ async fn a_server_that_answered_and_stops_answering_holds_nothing() {
 async fn oneshot_beside_a_loading_vllm(
     load_timeout_s: f64,
 ) -> (FakeGpu, TestHost, Arc<AtomicBool>) {
-    let gpu = FakeGpu::new(IDLE);
-    let ready = Arc::new(AtomicBool::new(false));
-    let health = health_server(ready.clone()).await;
-    let watch = format!(
-        "[[gpu.watch]]\nname = \"vllm\"\npattern = \"vllm.entrypoints\"\nhealth_url = {health:?}\nload_timeout_s = {load_timeout_s}\n"
-    );
-    let config = format!(
-        "[pipeline]\nstages = [\"o\"]\n{}\n{}",
-        fake_worker("o", "mode = \"oneshot\"\nvram_mib = 2000"),
-        gpu.config(&watch)
-    );
-    let host = TestHost::start(&config).await.ready().await;
-    gpu.process(
-        4242,
-        1,
-        &["python3", "-m", "vllm.entrypoints.openai.api_server"],
-    );
-    gpu.set_state(&format!("{IDLE}proc: 4242, python3, 200\n"));
-    wait_decision(&host, "loading").await;
+    let (gpu, host, ready) =
+        watched_vllm_with(load_timeout_s, "mode = \"oneshot\"\nvram_mib = 2000").await;
+    vllm_starts_loading(&gpu, &host).await;
     (gpu, host, ready)
 }
 

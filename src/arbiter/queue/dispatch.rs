@@ -24,12 +24,7 @@ impl GpuQueue {
         if alone {
             return true;
         }
-        let jobs = state
-            .holding
-            .iter()
-            .filter(|h| h.ticket.kind == HolderKind::Job)
-            .count();
-        if !ticket.exclusive() && jobs >= self.max_running {
+        if !ticket.exclusive() && state.jobs() >= self.max_running {
             return false;
         }
         let room = self.room.get().and_then(|r| (r.0)());

@@ -140,11 +140,7 @@ async fn backfill_lets_what_fits_go_ahead_only_when_allowed() {
             need_mib: Some(mib),
             ..lease(name, 0)
         };
-        let _big = q
-            .try_enqueue(sized("big", 6_000), 9)
-            .unwrap()
-            .granted()
-            .await;
+        let _big = take(&q, "big", 6_000).await;
         let huge = q.try_enqueue(sized("huge", 8_000), 9).unwrap();
         let small = q.try_enqueue(sized("small", 2_000), 9).unwrap();
         assert_eq!(huge.position(), Some(1));
@@ -293,6 +289,21 @@ async fn each_block_is_lifted_on_its_own() {
 }
 
 /// A queue sharing by memory over a device whose memory the test sets.
+/// A granted request of `mib` on `q`.
+async fn take(q: &Arc<GpuQueue>, name: &str, mib: u64) -> Option<GpuPermit> {
+    q.try_enqueue(sized(name, mib), 9).unwrap().granted().await
+}
+
+/// An 80 GB GPU with `free_mib` free and no residents.
+fn gpu_80g(free_mib: u64) -> super::super::sharing::Room {
+    super::super::sharing::Room {
+        total_mib: 80_000,
+        free_mib,
+        residents_mib: 0,
+        unloaded_residents_mib: 0,
+    }
+}
+
 fn shared(
     max_running: usize,
     headroom_mib: u64,
@@ -406,74 +417,32 @@ async fn a_job_waiting_only_for_a_job_slot_waits_for_no_service() {
 #[tokio::test]
 async fn what_a_holder_that_ends_had_taken_leaves_with_it() {
     // 80 000 MiB, 1 000 kept free. a and b take 30 000 each; a ends. b's 30 000 were counted
-    // short a second time (it had taken them before a ended), and 25 000 beside b waited.
-    let (q, room) = shared(1, 1_000);
-    *room.lock().unwrap() = super::super::sharing::Room {
-        total_mib: 80_000,
-        free_mib: 80_000,
-        residents_mib: 0,
-        unloaded_residents_mib: 0,
-    };
-    let a = q
-        .try_enqueue(sized("a", 30_000), 9)
-        .unwrap()
-        .granted()
-        .await;
-    room.lock().unwrap().free_mib = 50_000;
-    q.redispatch();
-    let _b = q
-        .try_enqueue(sized("b", 30_000), 9)
-        .unwrap()
-        .granted()
-        .await;
-    room.lock().unwrap().free_mib = 20_000;
-    q.redispatch();
-    // a's memory is back, then its permit goes.
-    room.lock().unwrap().free_mib = 50_000;
-    drop(a);
-    let c = q.try_enqueue(sized("c", 25_000), 9).unwrap();
-    assert_eq!(
-        c.position(),
-        None,
-        "c waits beside b's 30 000 counted twice"
-    );
-}
-
-#[tokio::test]
-async fn a_sample_between_a_holders_exit_and_its_release_credits_it_nothing_of_the_next() {
-    // As above, but the sample that shows a's memory back is dispatched on before a's permit
-    // goes (the usual order: the teardown check waits for that sample). Grant order gave a the
-    // 30 000 b uses, and b read as having taken nothing until it ended.
-    let (q, room) = shared(1, 1_000);
-    *room.lock().unwrap() = super::super::sharing::Room {
-        total_mib: 80_000,
-        free_mib: 80_000,
-        residents_mib: 0,
-        unloaded_residents_mib: 0,
-    };
-    let a = q
-        .try_enqueue(sized("a", 30_000), 9)
-        .unwrap()
-        .granted()
-        .await;
-    room.lock().unwrap().free_mib = 50_000;
-    q.redispatch();
-    let _b = q
-        .try_enqueue(sized("b", 30_000), 9)
-        .unwrap()
-        .granted()
-        .await;
-    room.lock().unwrap().free_mib = 20_000;
-    q.redispatch();
-    room.lock().unwrap().free_mib = 50_000;
-    q.redispatch();
-    drop(a);
-    let c = q.try_enqueue(sized("c", 25_000), 9).unwrap();
-    assert_eq!(
-        c.position(),
-        None,
-        "c waits beside b's 30 000 counted twice"
-    );
+    // short a second time (it had taken them before a ended), and 25 000 beside b waited. With
+    // a sample dispatched on between a's exit and its permit's going (the usual order: the
+    // teardown check waits for that sample), grant order gave a the 30 000 b uses, and b read
+    // as having taken nothing until it ended.
+    for sample_before_release in [false, true] {
+        let (q, room) = shared(1, 1_000);
+        *room.lock().unwrap() = gpu_80g(80_000);
+        let a = take(&q, "a", 30_000).await;
+        room.lock().unwrap().free_mib = 50_000;
+        q.redispatch();
+        let _b = take(&q, "b", 30_000).await;
+        room.lock().unwrap().free_mib = 20_000;
+        q.redispatch();
+        // a's memory is back, then its permit goes.
+        room.lock().unwrap().free_mib = 50_000;
+        if sample_before_release {
+            q.redispatch();
+        }
+        drop(a);
+        let c = q.try_enqueue(sized("c", 25_000), 9).unwrap();
+        assert_eq!(
+            c.position(),
+            None,
+            "c waits beside b's 30 000 counted twice (sample before release: {sample_before_release})"
+        );
+    }
 }
 
 #[tokio::test]
@@ -481,17 +450,8 @@ async fn memory_an_outside_server_gives_back_is_no_holders() {
     // The first holder's room was made by a watched server freeing 20 000 MiB (Ollama asked to
     // unload): that drop is not the holder's memory coming and going.
     let (q, room) = shared(1, 1_000);
-    *room.lock().unwrap() = super::super::sharing::Room {
-        total_mib: 80_000,
-        free_mib: 60_000,
-        residents_mib: 0,
-        unloaded_residents_mib: 0,
-    };
-    let _a = q
-        .try_enqueue(sized("a", 30_000), 9)
-        .unwrap()
-        .granted()
-        .await;
+    *room.lock().unwrap() = gpu_80g(60_000);
+    let _a = take(&q, "a", 30_000).await;
     room.lock().unwrap().free_mib = 80_000; // the server's 20 000 are back
     q.redispatch();
     room.lock().unwrap().free_mib = 50_000; // a takes its 30 000
