@@ -304,8 +304,6 @@ pub fn finish_result(mut result: Value, job: &PreparedJob) -> Value {
     result
 }
 
-/// The cores of the GPUs other than `[gpu] device` that `stages`' workers are pinned to, by
-/// index.
 /// A job's ticket on `core`'s queue. Its one-shot stages there load their model for the job:
 /// no residents, so their memory is the job's own need (unknown when one's footprint is), and a
 /// watched program that loads holds the job back as it does a lease.
@@ -331,6 +329,8 @@ fn ticket(
     ticket
 }
 
+/// The cores of the GPUs other than `[gpu] device` that `stages`' workers are pinned to, by
+/// index.
 fn pinned_cores(app: &AppState, stages: &[String]) -> Vec<std::sync::Arc<crate::arbiter::Core>> {
     let main = app.arbiter.core().device;
     let mut devices: Vec<u32> = stages

@@ -14,6 +14,7 @@ use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 
 mod dispatch;
+use dispatch::passes;
 mod view;
 mod waiter;
 
@@ -216,7 +217,8 @@ impl GpuQueue {
             // A request that would be granted at once never counts as waiting: one that fits,
             // and that no waiter stands before (the waiters are those that do not fit), unless
             // what fits may go ahead (`allow_backfill`).
-            let at_once = (at == 0 || self.backfills()) && self.grantable(&state, &ticket);
+            let at_once = (at == 0 || self.backfills() || passes(&state.waiting[..at], &ticket))
+                && self.grantable(&state, &ticket);
             if !at_once && state.waiting.len() >= max_waiting {
                 return None;
             }

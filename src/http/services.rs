@@ -154,28 +154,30 @@ pub(super) async fn touch(
     PathName(name): PathName,
 ) -> Result<Json<Value>, ApiError> {
     let handle = service(&app, &name)?;
-    let state = handle.status().state;
-    if matches!(
-        state,
-        ServiceState::Stopped | ServiceState::Failed | ServiceState::Stopping
-    ) {
-        // A caller that marks use of a service that does not run is about to call a dead URL:
-        // 200 would tell it all is well.
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "not_running",
-            format!(
-                "service {name} is {}: nothing to mark as used; POST /services/{name}/start starts it",
-                match state {
-                    ServiceState::Stopped => "stopped",
-                    ServiceState::Stopping => "stopping",
-                    _ => "failed",
-                }
-            ),
-        ));
-    }
+    // Checked before and after: a stop that began meanwhile dropped the touch.
+    not_running(&name, handle.status().state)?;
     handle.touch();
-    Ok(Json(view(&handle.status())))
+    let status = handle.status();
+    not_running(&name, status.state)?;
+    Ok(Json(view(&status)))
+}
+
+/// 409 for a service that is stopped, stopping or failed: a caller that marks use of a
+/// service that does not run is about to call a dead URL, and a 200 would tell it all is well.
+fn not_running(name: &str, state: ServiceState) -> Result<(), ApiError> {
+    let said = match state {
+        ServiceState::Stopped => "stopped",
+        ServiceState::Stopping => "stopping",
+        ServiceState::Failed => "failed",
+        ServiceState::Queued | ServiceState::Starting | ServiceState::Healthy => return Ok(()),
+    };
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "not_running",
+        format!(
+            "service {name} is {said}: nothing to mark as used; POST /services/{name}/start starts it"
+        ),
+    ))
 }
 
 fn worker(app: &AppState, name: &str) -> Result<crate::worker::WorkerHandle, ApiError> {

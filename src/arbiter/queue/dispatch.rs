@@ -73,17 +73,30 @@ impl GpuQueue {
     }
 
     /// Grants the GPU to the heads of the queue while they fit; never past a head that does not
-    /// (unless `allow_backfill` with `share = "vram"`).
+    /// (unless `allow_backfill` with `share = "vram"`), except that a speech job that waits for
+    /// what its own one-shot stages need (a loading watched program, memory) lets the jobs of
+    /// loaded workers behind it go: they take nothing it waits for.
     pub(super) fn dispatch(&self, state: &mut QueueState) {
         let room = self.vram_room();
         if let Some(room) = &room {
             settle(state, room);
         }
         let backfill = self.backfills();
+        let mut passed_a_job = false;
         let mut i = 0;
         while i < state.waiting.len() {
-            if !self.grantable(state, &state.waiting[i].ticket) {
+            let ticket = &state.waiting[i].ticket;
+            let takes_nothing = ticket.kind == HolderKind::Job && ticket.need_mib == Some(0);
+            if passed_a_job && !backfill && !takes_nothing {
+                break;
+            }
+            if !self.grantable(state, ticket) {
                 if backfill {
+                    i += 1;
+                    continue;
+                }
+                if ticket.kind == HolderKind::Job && ticket.need_mib != Some(0) {
+                    passed_a_job = true;
                     i += 1;
                     continue;
                 }
@@ -145,6 +158,15 @@ impl GpuQueue {
     pub(super) fn bump(&self) {
         self.version.send_modify(|v| *v += 1);
     }
+}
+
+/// Whether `ticket` goes past every one of the waiters `ahead` (as `dispatch` lets it): a job of
+/// loaded workers past jobs that wait for what their one-shot stages need.
+pub(super) fn passes(ahead: &[Waiting], ticket: &Ticket) -> bool {
+    let loads = |t: &Ticket| t.kind == HolderKind::Job && t.need_mib != Some(0);
+    ticket.kind == HolderKind::Job
+        && ticket.need_mib == Some(0)
+        && ahead.iter().all(|w| loads(&w.ticket))
 }
 
 /// The device's used memory outside the residents' footprints.

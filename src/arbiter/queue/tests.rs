@@ -501,3 +501,51 @@ async fn a_job_that_loads_a_model_fits_beside_a_lease_only_with_room_for_it() {
     let resident = q.try_enqueue(Ticket::job(0), 9).unwrap();
     assert_eq!(resident.position(), None, "a job of loaded workers waited");
 }
+
+#[tokio::test]
+async fn a_job_held_for_its_one_shot_stage_lets_jobs_of_loaded_workers_go() {
+    // A watched program loads: a job whose one-shot stage loads a model waits; the enrolment
+    // behind it, on loaded workers only, took nothing it waits for and waited all the same.
+    use super::super::sharing::Room;
+    let q = GpuQueue::new(1);
+    q.set_room(RoomSource(Box::new(|| {
+        Some(Room {
+            total_mib: 32_000,
+            free_mib: 30_000,
+            residents_mib: 2_000,
+            unloaded_residents_mib: 0,
+        })
+    })));
+    q.block(Block::Loading("vllm".into()), "vllm loads".into());
+    let loads = Ticket {
+        need_mib: Some(2_000),
+        ..Ticket::job(0)
+    };
+    let held = q.try_enqueue(loads, 1).unwrap();
+    // Not counted as waiting (max_queue 1 with one waiter): it goes at once.
+    let resident = q
+        .try_enqueue(Ticket::job(0), 1)
+        .expect("refused as a waiter");
+    assert_eq!(resident.position(), None, "waited behind the held job");
+    assert_eq!(held.position(), Some(1));
+    // A lease behind the held job stays behind it (and is held itself).
+    let lease = q.try_enqueue(lease("l", 0), 9).unwrap();
+    assert_eq!(lease.position(), Some(2));
+    drop(resident);
+    q.unblock(&Block::Loading("vllm".into()));
+    let _job = held.granted().await;
+}
+
+#[tokio::test]
+async fn a_waiter_that_leaves_lets_the_one_behind_it_go() {
+    // Two jobs may run at once; a job runs, a lease waits for the GPU to empty, a job waits
+    // behind the lease (first come, first served). The lease's client gives up: the job behind
+    // it fits beside the running one, and waited until something else moved the queue.
+    let q = GpuQueue::new(2);
+    let _running = q.enqueue().granted().await;
+    let lease = q.try_enqueue(lease("l", 0), 9).unwrap();
+    let behind = q.enqueue();
+    assert_eq!((lease.position(), behind.position()), (Some(1), Some(2)));
+    drop(lease);
+    assert_eq!(behind.position(), None, "still waiting for nothing");
+}

@@ -121,7 +121,13 @@ impl Drop for Waiter {
             let mut state = self.queue.lock();
             let before = state.waiting.len();
             state.waiting.retain(|w| w.id != self.id);
-            before != state.waiting.len()
+            let removed = before != state.waiting.len();
+            if removed {
+                // What stood behind it may go now (a job held while a watched program loads
+                // left, and jobs of loaded workers were behind it).
+                self.queue.dispatch(&mut state);
+            }
+            removed
         };
         if removed {
             self.queue.bump();
