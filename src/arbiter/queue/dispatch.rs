@@ -27,7 +27,28 @@ impl GpuQueue {
         if !ticket.exclusive() && state.jobs() >= self.max_running {
             return false;
         }
-        let room = self.room.get().and_then(|r| (r.0)());
+        // A job that holds the GPU loads the residents it runs on that were unloaded: until they
+        // read as loaded (a job granted in this same dispatch has not begun to), they count as
+        // loaded, and their memory as not free. A job granted meanwhile reloads nothing more.
+        let room = self.room.get().and_then(|r| (r.0)()).map(|r| {
+            let reloading = if state.jobs() > 0 {
+                r.unloaded_residents_mib
+            } else {
+                0
+            };
+            Room {
+                residents_mib: r.residents_mib.saturating_add(reloading),
+                unloaded_residents_mib: r.unloaded_residents_mib - reloading,
+                // What the holders reserved and have not taken yet is not free for this one
+                // either: a lease granted a moment ago has allocated nothing, and its memory
+                // still reads free.
+                free_mib: r
+                    .free_mib
+                    .saturating_sub(untaken(state))
+                    .saturating_sub(reloading),
+                ..r
+            }
+        });
         let holders_mib = state
             .holding
             .iter()
@@ -40,12 +61,6 @@ impl GpuQueue {
                 .map(|(n, r)| n.saturating_add(r.unloaded_residents_mib)),
             _ => ticket.need_mib,
         };
-        // What the holders reserved and have not taken yet is not free for this one: a lease
-        // granted a moment ago has allocated nothing, and its memory still reads free.
-        let room = room.map(|r| Room {
-            free_mib: r.free_mib.saturating_sub(untaken(state)),
-            ..r
-        });
         fits(&self.sharing, room, holders_mib, need)
     }
 

@@ -549,3 +549,29 @@ async fn a_waiter_that_leaves_lets_the_one_behind_it_go() {
     drop(lease);
     assert_eq!(behind.position(), None, "still waiting for nothing");
 }
+
+#[tokio::test]
+async fn a_job_granted_with_others_counts_the_residents_it_reloads() {
+    // 32 000 MiB, 1 000 kept free; a 4 000 MiB resident was unloaded for a lease of unknown
+    // size. When that lease ends, a 25 000 lease, a job (which reloads the resident) and a
+    // 6 000 service are granted in one go: the service was checked as if the job reloaded
+    // nothing (35 000 reserved on a 32 000 GPU).
+    let (q, room) = shared(2, 1_000);
+    *room.lock().unwrap() = super::super::sharing::Room {
+        total_mib: 32_000,
+        free_mib: 32_000,
+        residents_mib: 0,
+        unloaded_residents_mib: 4_000,
+    };
+    let alone = q.try_enqueue(lease("alone", 0), 9).unwrap().granted().await;
+    let big = q.try_enqueue(sized("big", 25_000), 9).unwrap();
+    let job = q.try_enqueue(Ticket::job(0), 9).unwrap();
+    let service = Ticket {
+        kind: HolderKind::Service,
+        ..sized("service", 6_000)
+    };
+    let service = q.try_enqueue(service, 9).unwrap();
+    drop(alone);
+    assert_eq!((big.position(), job.position()), (None, None));
+    assert_eq!(service.position(), Some(1), "granted past the GPU's memory");
+}
