@@ -101,16 +101,21 @@ impl GpuQueue {
         let mut i = 0;
         while i < state.waiting.len() {
             let ticket = &state.waiting[i].ticket;
-            let takes_nothing = ticket.kind == HolderKind::Job && ticket.need_mib == Some(0);
-            if passed_a_job && !backfill && !takes_nothing {
+            let loads = ticket.kind == HolderKind::Job && ticket.need_mib != Some(0);
+            if passed_a_job && !backfill && ticket.kind != HolderKind::Job {
                 break;
+            }
+            if passed_a_job && !backfill && loads {
+                // Jobs that load keep their order among themselves.
+                i += 1;
+                continue;
             }
             if !self.grantable(state, ticket) {
                 if backfill {
                     i += 1;
                     continue;
                 }
-                if ticket.kind == HolderKind::Job && ticket.need_mib != Some(0) {
+                if loads {
                     passed_a_job = true;
                     i += 1;
                     continue;

@@ -521,16 +521,17 @@ async fn a_job_held_for_its_one_shot_stage_lets_jobs_of_loaded_workers_go() {
         need_mib: Some(2_000),
         ..Ticket::job(0)
     };
-    let held = q.try_enqueue(loads, 1).unwrap();
-    // Not counted as waiting (max_queue 1 with one waiter): it goes at once.
+    let held = q.try_enqueue(loads.clone(), 1).unwrap();
+    let also_held = q.try_enqueue(loads, 2).unwrap();
+    // Not counted as waiting (max_queue 2 with two waiters): it goes at once, past both.
     let resident = q
-        .try_enqueue(Ticket::job(0), 1)
+        .try_enqueue(Ticket::job(0), 2)
         .expect("refused as a waiter");
-    assert_eq!(resident.position(), None, "waited behind the held job");
-    assert_eq!(held.position(), Some(1));
-    // A lease behind the held job stays behind it (and is held itself).
+    assert_eq!(resident.position(), None, "waited behind the held jobs");
+    assert_eq!((held.position(), also_held.position()), (Some(1), Some(2)));
+    // A lease behind the held jobs stays behind them (and is held itself).
     let lease = q.try_enqueue(lease("l", 0), 9).unwrap();
-    assert_eq!(lease.position(), Some(2));
+    assert_eq!(lease.position(), Some(3));
     drop(resident);
     q.unblock(&Block::Loading("vllm".into()));
     let _job = held.granted().await;
