@@ -54,6 +54,9 @@ struct Inner {
     /// The value of `deleted` when `deletions` was full: every enrolment that began before it
     /// is refused (no name is forgotten, whatever number of names is deleted meanwhile).
     everyone: u64,
+    /// Files an older build kept under another spelling of a name that could not join the voice
+    /// of that name (another model), found at load: `DELETE` of the name removes them too.
+    stranded: BTreeMap<String, Vec<PathBuf>>,
 }
 
 /// Most names `deletions` keeps; past it, every enrolment under way is refused.
@@ -170,6 +173,7 @@ impl Speakers {
     /// twice). With `write` false (a one-shot command beside a server) in memory only.
     fn rename_old(&self, old: Vec<(PathBuf, Voice)>, write: bool) {
         for (path, voice) in old {
+            let name = voice.name.clone();
             let joined = {
                 let mut inner = self.lock();
                 match inner.voices.get_mut(&voice.name) {
@@ -194,6 +198,7 @@ impl Speakers {
             };
             let Some(joined) = joined else {
                 tracing::warn!(path = %path.display(), "a voiceprint file kept under an older spelling of a name enrolled with another model; left as it is (DELETE of the name removes it too)");
+                self.lock().stranded.entry(name).or_default().push(path);
                 continue;
             };
             if !write {
@@ -325,7 +330,10 @@ impl Speakers {
         };
         // A file an older build kept under another spelling of this name that could not join
         // it (another model): the name's personal data too.
-        let found = self.remove_old_spellings(name) || found;
+        let stranded = self.lock().stranded.remove(name).unwrap_or_default();
+        let found = stranded.iter().fold(found, |found, path| {
+            std::fs::remove_file(path).is_ok() || found
+        });
         // What a crash left mid-write may hold this voice's print: none is a write in
         // progress (this server's writes wait for `writer`, and nothing else writes here).
         let swept = self.remove_leftovers();
@@ -349,25 +357,6 @@ impl Speakers {
             (false, 0) => Err(SpeakerError::NotFound(name.into())),
             (false, _) => Err(SpeakerError::NotYet(name.into())),
         }
-    }
-
-    /// Removes the files kept under an older spelling of `name` (`renamed`); whether there was
-    /// one.
-    fn remove_old_spellings(&self, name: &str) -> bool {
-        let mut any = false;
-        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
-            let file = entry.file_name().to_string_lossy().into_owned();
-            if !file.ends_with(".json") || file.starts_with(TMP_PREFIX) {
-                continue;
-            }
-            let path = entry.path();
-            if renamed(&path, &file).is_some_and(|v| v.name == name)
-                && std::fs::remove_file(&path).is_ok()
-            {
-                any = true;
-            }
-        }
-        any
     }
 
     /// Removes every temporary file in the folder; whether there was one.

@@ -60,6 +60,12 @@ impl Ticket {
         }
     }
 
+    /// A speech job that loads a model when granted (a one-shot stage: `need_mib` not 0). It
+    /// waits for what that model needs, and jobs of loaded workers need not wait behind it.
+    pub fn loads_model(&self) -> bool {
+        self.kind == HolderKind::Job && self.need_mib != Some(0)
+    }
+
     /// Services and leases hold the whole GPU; jobs share it with jobs.
     pub fn exclusive(&self) -> bool {
         self.kind != HolderKind::Job

@@ -79,7 +79,7 @@ impl GpuQueue {
             return true;
         }
         let room = self.room.get().and_then(|r| (r.0)());
-        ticket.need_mib != Some(0) || room.map_or(true, |r| r.unloaded_residents_mib > 0)
+        ticket.loads_model() || room.map_or(true, |r| r.unloaded_residents_mib > 0)
     }
 
     /// Whether a later waiter that fits may go before one that does not.
@@ -101,7 +101,7 @@ impl GpuQueue {
         let mut i = 0;
         while i < state.waiting.len() {
             let ticket = &state.waiting[i].ticket;
-            let loads = ticket.kind == HolderKind::Job && ticket.need_mib != Some(0);
+            let loads = ticket.loads_model();
             if passed_a_job && !backfill && ticket.kind != HolderKind::Job {
                 break;
             }
@@ -183,10 +183,9 @@ impl GpuQueue {
 /// Whether `ticket` goes past every one of the waiters `ahead` (as `dispatch` lets it): a job of
 /// loaded workers past jobs that wait for what their one-shot stages need.
 pub(super) fn passes(ahead: &[Waiting], ticket: &Ticket) -> bool {
-    let loads = |t: &Ticket| t.kind == HolderKind::Job && t.need_mib != Some(0);
     ticket.kind == HolderKind::Job
-        && ticket.need_mib == Some(0)
-        && ahead.iter().all(|w| loads(&w.ticket))
+        && !ticket.loads_model()
+        && ahead.iter().all(|w| w.ticket.loads_model())
 }
 
 /// The device's used memory outside the residents' footprints.

@@ -288,7 +288,6 @@ async fn each_block_is_lifted_on_its_own() {
     assert!(q.blocked().is_none());
 }
 
-/// A queue sharing by memory over a device whose memory the test sets.
 /// A granted request of `mib` on `q`.
 async fn take(q: &Arc<GpuQueue>, name: &str, mib: u64) -> Option<GpuPermit> {
     q.try_enqueue(sized(name, mib), 9).unwrap().granted().await
@@ -304,6 +303,7 @@ fn gpu_80g(free_mib: u64) -> super::super::sharing::Room {
     }
 }
 
+/// A queue sharing by memory over a device whose memory the test sets.
 fn shared(
     max_running: usize,
     headroom_mib: u64,
