@@ -54,6 +54,17 @@ pub struct ReadyInfo {
     pub extra: serde_json::Map<String, Value>,
 }
 
+impl ReadyInfo {
+    /// Whether the worker said it runs on the CPU (`device` `cpu`, `cpu/int8`, `CPU:0`): it
+    /// holds no GPU memory, so nobody unloads it to make room there.
+    pub fn runs_on_cpu(&self) -> bool {
+        self.device
+            .as_deref()
+            .and_then(|d| d.split(['/', ':']).next())
+            .is_some_and(|kind| kind.trim().eq_ignore_ascii_case("cpu"))
+    }
+}
+
 /// The longest failure message of a worker passed on, in characters.
 const FAILURE_MESSAGE_MAX: usize = 4000;
 

@@ -114,6 +114,11 @@ fn main() {
         rows.extend(percentile_rows("stderr line → client", &g, &a));
 
         rows.push(row("idle host RSS (MiB)", host.rss_mib(), anchor.rss_mib()));
+        rows.push(row(
+            "idle host RSS, anonymous only (MiB)",
+            host.rss_anon_mib(),
+            anchor.rss_anon_mib(),
+        ));
 
         for (connections, busy) in [(16, false), (16, true)] {
             let (g_rps, g_lat) = status_load(&client, &host, connections, busy).await;

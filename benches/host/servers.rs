@@ -18,7 +18,12 @@ pub trait Server {
         TOKEN
     }
     fn rss_mib(&self) -> f64 {
-        rss_mib(self.served().child.id())
+        status_mib(self.served().child.id(), "VmRSS:")
+    }
+    /// The part of the RSS that is the process's own memory (heap, stacks), without the pages
+    /// of its program and libraries that it maps from files (shared, and dropped under pressure).
+    fn rss_anon_mib(&self) -> f64 {
+        status_mib(self.served().child.id(), "RssAnon:")
     }
 }
 
@@ -99,11 +104,12 @@ async fn wait_healthy(url: &str, child: &mut Child) {
     }
 }
 
-fn rss_mib(pid: u32) -> f64 {
+/// A `kB` field of `/proc/PID/status`, in MiB.
+fn status_mib(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kb: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .unwrap();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::{Mode, WatchConfig};
-use crate::protocol::GrantEvent;
+use crate::protocol::{GrantEvent, ReadyInfo};
 use crate::worker::WorkerState;
 
 use super::queue::Block;
@@ -92,7 +92,8 @@ impl Core {
     }
 
     /// Makes room for a grant that needs `need_mib` (everything when unknown): idle resident
-    /// workers are unloaded, each teardown verified, until enough is free. Called by an exclusive
+    /// workers are unloaded (not those that said they run on the CPU), each teardown verified,
+    /// until enough is free. Called by an exclusive
     /// holder, so no job runs meanwhile.
     pub async fn make_room(
         &self,
@@ -130,7 +131,10 @@ impl Core {
                     status.state,
                     WorkerState::Ready | WorkerState::Starting | WorkerState::Exited
                 );
-            if !resident_up {
+            // One that said it runs on the CPU frees nothing here: unloaded, it only cost its
+            // next job the load.
+            let on_cpu = status.loaded.as_ref().is_some_and(ReadyInfo::runs_on_cpu);
+            if !resident_up || on_cpu {
                 continue;
             }
             let Some(handle) = self.supervisor.get(&status.name) else {

@@ -121,3 +121,25 @@ fn client_event_lines() {
         "{\"type\":\"granted\",\"lease_id\":7,\"ttl_s\":60.0}\n"
     );
 }
+
+#[test]
+fn a_worker_runs_on_the_cpu_only_when_it_says_so() {
+    let said = |device: Option<&str>| ReadyInfo {
+        device: device.map(str::to_string),
+        ..ReadyInfo::default()
+    };
+    for device in ["cpu", "CPU", "cpu/int8", "cpu:0", " cpu /float32"] {
+        assert!(said(Some(device)).runs_on_cpu(), "{device}");
+    }
+    // Unsaid or anything else may hold GPU memory.
+    for device in [
+        None,
+        Some("cuda"),
+        Some("cuda/float16"),
+        Some("cuda:1"),
+        Some("cpus"),
+        Some(""),
+    ] {
+        assert!(!said(device).runs_on_cpu(), "{device:?}");
+    }
+}

@@ -266,6 +266,44 @@ async fn a_lease_makes_room_and_residents_come_back_after_it() {
 }
 
 #[tokio::test]
+async fn a_worker_that_runs_on_the_cpu_is_not_unloaded_to_make_room() {
+    let gpu = FakeGpu::new(IDLE);
+    let said = |device: &str| {
+        format!("env = {{ FAKE_READY_META = '{{\"protocol\":1,\"device\":\"{device}\"}}' }}")
+    };
+    let config = format!(
+        "[pipeline]\nstages = [\"g\", \"c\"]\n{}{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
+        fake_worker("g", &said("cuda")),
+        fake_worker("c", &said("cpu/int8")),
+        gpu.config("")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let cpu_pid = host.worker("c").await["pid"].as_u64().unwrap();
+    // A lease that names no memory: every idle worker on the GPU unloads, not the one on the CPU.
+    let (lease_id, events) = granted_lease(&host, json!({"holder": "alice", "wait": true})).await;
+    let unloaded: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            GrantEvent::MakingRoom { action, target } if action == "unload" => {
+                Some(target.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(unloaded, ["worker g"], "{events:?}");
+    assert_eq!(host.worker("g").await["state"], "unloaded");
+    let c = host.worker("c").await;
+    assert_eq!(c["state"], "ready", "{c:#}");
+    assert_eq!(
+        c["pid"].as_u64(),
+        Some(cpu_pid),
+        "not restarted either: {c:#}"
+    );
+    assert_eq!(release(&host, lease_id).await, 200);
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn release_calls_and_stubborn_services_are_torn_down() {
     let gpu = FakeGpu::new(IDLE);
     let release = service(

@@ -115,6 +115,8 @@ def test_protocol_needs_the_asr_result(tmp_path, speech_wav):
     )
     lines = stdout.splitlines()
     assert lines[0].startswith("ready")
+    # It says it runs on the CPU: the host does not unload it to make room on the GPU.
+    assert json.loads(lines[0].removeprefix("ready"))["device"] == "cpu", lines[0]
     assert lines[1].startswith("error ") and "asr stage" in lines[1]
 
 

@@ -12,6 +12,8 @@ class AlignerWorker(Worker):
     def load(self):
         self.engine = load(engine("pocketsphinx"), options())
         self.model = self.engine.name
+        # Said in `ready`: a worker on the CPU is not unloaded to make room on the GPU.
+        self.device = self.engine.device
 
     def run(self, task, progress):
         asr = (task.get("results") or {}).get("asr")

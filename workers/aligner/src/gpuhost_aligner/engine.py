@@ -51,6 +51,7 @@ def read_wav(path: str) -> np.ndarray:
 class SphinxAligner:
     name = "pocketsphinx en-us"
     languages = ("en",)
+    device = "cpu"
 
     def __init__(self, beams=BEAMS):
         from pocketsphinx import Decoder
