@@ -11,7 +11,8 @@ use tokio::sync::mpsc;
 use crate::arbiter::queue::Turn;
 use crate::audio::{self, AudioError, AudioInfo, Source};
 use crate::pipeline::JobOptions;
-use crate::protocol::{ClientEvent, ErrorCode};
+use crate::protocol::{ClientEvent, ErrorCode, ReadyInfo};
+use crate::worker::WorkerState;
 use crate::AppState;
 
 mod fields;
@@ -306,7 +307,8 @@ pub fn finish_result(mut result: Value, job: &PreparedJob) -> Value {
 
 /// A job's ticket on `core`'s queue. Its one-shot stages there load their model for the job:
 /// no residents, so their memory is the job's own need (unknown when one's footprint is), and a
-/// watched program that loads holds the job back as it does a lease.
+/// watched program that loads holds the job back as it does a lease. A job whose stages all
+/// run on the CPU takes nothing of the GPU (`runs_on_cpu`).
 fn ticket(
     app: &AppState,
     core: &crate::arbiter::Core,
@@ -314,6 +316,11 @@ fn ticket(
     priority: i32,
 ) -> crate::arbiter::queue::Ticket {
     let mut ticket = crate::arbiter::queue::Ticket::job(priority);
+    if runs_on_cpu(app, stages) {
+        ticket.on_cpu = true;
+        ticket.label = "speech job on the CPU".into();
+        return ticket;
+    }
     for stage in stages {
         let Some(status) = app.supervisor.get(stage).map(|w| w.status()) else {
             continue;
@@ -327,6 +334,21 @@ fn ticket(
         ticket.need_mib = ticket.need_mib.zip(need).map(|(a, b)| a.saturating_add(b));
     }
     ticket
+}
+
+/// Whether every one of `stages` runs on a loaded resident that said it runs on the CPU: the
+/// job takes nothing of any GPU (`Ticket::on_cpu`). A one-shot stage, or a resident not loaded
+/// now, has not said so; such a job takes the GPU as any other.
+fn runs_on_cpu(app: &AppState, stages: &[String]) -> bool {
+    !stages.is_empty()
+        && stages.iter().all(|stage| {
+            app.supervisor.get(stage).is_some_and(|w| {
+                let status = w.status();
+                status.mode == crate::config::Mode::Resident
+                    && matches!(status.state, WorkerState::Ready | WorkerState::Busy)
+                    && status.loaded.as_ref().is_some_and(ReadyInfo::runs_on_cpu)
+            })
+        })
 }
 
 /// The cores of the GPUs other than `[gpu] device` that `stages`' workers are pinned to, by

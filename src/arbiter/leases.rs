@@ -143,6 +143,7 @@ impl Leases {
             label: label.clone(),
             priority: request.priority,
             need_mib: request.vram_mib,
+            on_cpu: false,
         };
         // More than the whole GPU can never fit: refused before anything is unloaded for it.
         if let Some(total) = core.total_mib().filter(|&t| request.vram_mib > Some(t)) {

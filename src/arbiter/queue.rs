@@ -46,6 +46,12 @@ pub struct Ticket {
     pub priority: i32,
     /// The memory it needs, when known (`share = "vram"` packs only known sizes).
     pub need_mib: Option<u64>,
+    /// A speech job whose every stage runs on a loaded resident that said it runs on the CPU
+    /// (`job::ticket`): it takes nothing of the GPU, so it runs beside services and leases (and
+    /// they beside it), through blocks and loading programs; it counts among the jobs
+    /// (`max_concurrent_jobs`) only.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub on_cpu: bool,
 }
 
 impl Ticket {
@@ -57,6 +63,7 @@ impl Ticket {
             // Its resident workers' memory is counted in `Room`; one-shot stages add theirs
             // (`job::ticket`).
             need_mib: Some(0),
+            on_cpu: false,
         }
     }
 
@@ -140,12 +147,17 @@ impl QueueState {
         (!reasons.is_empty()).then(|| reasons.join("; "))
     }
 
-    /// How many speech jobs hold the GPU.
+    /// How many speech jobs hold the GPU (those on the CPU too: `max_concurrent_jobs`).
     fn jobs(&self) -> usize {
         self.holding
             .iter()
             .filter(|h| h.ticket.kind == HolderKind::Job)
             .count()
+    }
+
+    /// Whether every holder runs on the CPU (or none holds): the GPU itself is nobody's.
+    fn gpu_unheld(&self) -> bool {
+        self.holding.iter().all(|h| h.ticket.on_cpu)
     }
 }
 
@@ -268,6 +280,12 @@ impl GpuQueue {
         self.lock().waiting.first().map(|w| w.ticket.clone())
     }
 
+    /// How many hold the GPU itself (not the jobs that run on the CPU).
+    pub fn gpu_holders(&self) -> usize {
+        let state = self.lock();
+        state.holding.iter().filter(|h| !h.ticket.on_cpu).count()
+    }
+
     /// Whether an exclusive grant (service or lease) is held now.
     pub fn exclusive_held(&self) -> bool {
         self.lock().holding.iter().any(|h| h.ticket.exclusive())
@@ -345,6 +363,9 @@ impl GpuQueue {
         let Some(head) = state.waiting.first() else {
             return false;
         };
+        if head.ticket.on_cpu {
+            return false; // it waits for a place among jobs only
+        }
         if state
             .blocks
             .iter()

@@ -100,7 +100,7 @@ impl Core {
         need_mib: Option<u64>,
         notify: &(dyn Fn(GrantEvent) + Send + Sync),
     ) -> Result<(), String> {
-        if self.queue.holders().len() > 1 {
+        if self.queue.gpu_holders() > 1 {
             // Granted beside others (`share = "vram"`): the queue found it fits as things are,
             // and nobody is unloaded under a holder's feet.
             return Ok(());
@@ -182,7 +182,7 @@ impl Core {
         }
         match (need_mib, self.free_mib()) {
             (Some(need), Some(free)) if free < need => Err(format!(
-                "{need} MiB are needed but only {free} MiB are free after unloading every idle worker{}; {}",
+                "{need} MiB are needed but only {free} MiB are free after unloading every idle worker on the GPU{}; {}",
                 if releasable.is_empty() { "" } else { " and releasing every watched server" },
                 self.memory_holders()
             )),

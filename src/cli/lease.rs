@@ -19,7 +19,8 @@ pub(crate) struct LeaseArgs {
     /// Bearer token (default: the config's `token`).
     #[arg(long, env = "GPUHOST_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// Memory the program needs (MiB); room is made for it. Unknown: every idle worker unloads.
+    /// Memory the program needs (MiB); room is made for it. Unknown: every idle worker on the GPU
+    /// unloads.
     #[arg(long = "vram")]
     vram_mib: Option<u64>,
     /// What it is for (shown in /status and /gpu/leases).

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpuhost::protocol::GrantEvent;
+use gpuhost::protocol::{ClientEvent, GrantEvent};
 use serde_json::{json, Value};
 
 use super::gpu_status::FakeGpu;
@@ -266,7 +266,7 @@ async fn a_lease_makes_room_and_residents_come_back_after_it() {
 }
 
 #[tokio::test]
-async fn a_worker_that_runs_on_the_cpu_is_not_unloaded_to_make_room() {
+async fn workers_on_the_cpu_are_not_unloaded_and_their_jobs_run_beside_a_lease() {
     let gpu = FakeGpu::new(IDLE);
     let said = |device: &str| {
         format!("env = {{ FAKE_READY_META = '{{\"protocol\":1,\"device\":\"{device}\"}}' }}")
@@ -299,7 +299,37 @@ async fn a_worker_that_runs_on_the_cpu_is_not_unloaded_to_make_room() {
         Some(cpu_pid),
         "not restarted either: {c:#}"
     );
+    // A job of that worker alone takes nothing of the GPU: it runs beside the lease at once,
+    // and /status says what it is while it runs.
+    let mut beside = EventReader::new(
+        host.post("/transcribe?stages=c&prompt=fake:sleep=1500")
+            .body(wav(1.0, 16_000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let first = beside.next().await;
+    assert!(matches!(&first, Some(e) if started(e)), "{first:?}");
+    let holders = status(&host).await["holders"].to_string();
+    assert!(holders.contains("speech job on the CPU"), "{holders}");
+    let last = beside.until(ClientEvent::is_final).await;
+    assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
+    // One that needs the other worker, unloaded for the lease, waits for the lease as ever.
+    let mut waits = EventReader::new(
+        host.post("/transcribe?stages=g,c")
+            .body(wav(1.0, 16_000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let queued = waits.next().await;
+    assert!(
+        matches!(&queued, Some(ClientEvent::Queued { waiting_for: Some(w), .. }) if w.contains("alice")),
+        "{queued:?}"
+    );
     assert_eq!(release(&host, lease_id).await, 200);
+    let last = waits.until(ClientEvent::is_final).await;
+    assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
     host.stop().await;
 }
 

@@ -17,7 +17,8 @@ pub struct LeaseRequest {
     pub holder: String,
     #[serde(default)]
     pub purpose: String,
-    /// Memory the holder needs; room is made for it. Unknown: every idle worker is unloaded.
+    /// Memory the holder needs; room is made for it. Unknown: every idle worker on the GPU is
+    /// unloaded.
     #[serde(default)]
     pub vram_mib: Option<u64>,
     /// Seconds without a renewal after which the lease is reclaimed.

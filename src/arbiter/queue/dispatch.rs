@@ -12,12 +12,18 @@ impl GpuQueue {
             .blocks
             .iter()
             .any(|(b, _)| matches!(b, Block::Teardown(_)));
-        if state.closed || teardown || self.held_by_loading(state, ticket) {
+        if state.closed {
+            return false;
+        }
+        if ticket.on_cpu {
+            return state.jobs() < self.max_running;
+        }
+        if teardown || self.held_by_loading(state, ticket) {
             return false;
         }
         let exclusive_held = state.holding.iter().any(|h| h.ticket.exclusive());
         let alone = if ticket.exclusive() {
-            state.holding.is_empty()
+            state.gpu_unheld()
         } else {
             state.holding.len() < self.max_running && !exclusive_held
         };
@@ -31,7 +37,8 @@ impl GpuQueue {
         // read as loaded (a job granted in this same dispatch has not begun to), they count as
         // loaded, and their memory as not free. A job granted meanwhile reloads nothing more.
         let room = self.room.get().and_then(|r| (r.0)()).map(|r| {
-            let reloading = if state.jobs() > 0 {
+            let gpu_job = |h: &Holding| !h.ticket.exclusive() && !h.ticket.on_cpu;
+            let reloading = if state.holding.iter().any(gpu_job) {
                 r.unloaded_residents_mib
             } else {
                 0
@@ -75,6 +82,9 @@ impl GpuQueue {
         {
             return false;
         }
+        if ticket.on_cpu {
+            return false;
+        }
         if ticket.kind != HolderKind::Job {
             return true;
         }
@@ -90,7 +100,8 @@ impl GpuQueue {
     /// Grants the GPU to the heads of the queue while they fit; never past a head that does not
     /// (unless `allow_backfill` with `share = "vram"`), except that a speech job that waits for
     /// what its own one-shot stages need (a loading watched program, memory) lets the jobs of
-    /// loaded workers behind it go: they take nothing it waits for.
+    /// loaded workers behind it go, and jobs on the CPU go past anyone: they take nothing the
+    /// waiters before them wait for.
     pub(super) fn dispatch(&self, state: &mut QueueState) {
         let room = self.vram_room();
         if let Some(room) = &room {
@@ -98,12 +109,18 @@ impl GpuQueue {
         }
         let backfill = self.backfills();
         let mut passed_a_job = false;
+        // A waiter that does not fit stands before the rest: only jobs on the CPU go past it
+        // (they take nothing it waits for).
+        let mut stuck = false;
         let mut i = 0;
         while i < state.waiting.len() {
             let ticket = &state.waiting[i].ticket;
             let loads = ticket.loads_model();
-            if passed_a_job && !backfill && ticket.kind != HolderKind::Job {
-                break;
+            let stops = stuck || (passed_a_job && !backfill && ticket.kind != HolderKind::Job);
+            if stops && !ticket.on_cpu {
+                stuck = true;
+                i += 1;
+                continue;
             }
             if passed_a_job && !backfill && loads {
                 // Jobs that load keep their order among themselves.
@@ -117,10 +134,11 @@ impl GpuQueue {
                 }
                 if loads {
                     passed_a_job = true;
-                    i += 1;
-                    continue;
+                } else {
+                    stuck = true;
                 }
-                break;
+                i += 1;
+                continue;
             }
             let Waiting {
                 id,
@@ -131,7 +149,7 @@ impl GpuQueue {
             if tx.send(()).is_ok() {
                 self.history
                     .granted(id, self.device, ticket.kind, &ticket.label, since.elapsed());
-                if state.holding.is_empty() {
+                if state.gpu_unheld() && !ticket.on_cpu {
                     // The memory used outside the residents before this holder takes any.
                     state.taken_from = room.as_ref().map(outside);
                 }
@@ -158,7 +176,7 @@ impl GpuQueue {
                 // memory in grant order, so a sample taken after this holder's program exited
                 // but before its permit went credited it with the next holders' memory, and
                 // they read as having taken nothing, their reservations counted twice.)
-                if state.holding.is_empty() {
+                if state.gpu_unheld() {
                     state.taken_from = None;
                 }
             }
@@ -180,12 +198,14 @@ impl GpuQueue {
     }
 }
 
-/// Whether `ticket` goes past every one of the waiters `ahead` (as `dispatch` lets it): a job of
-/// loaded workers past jobs that wait for what their one-shot stages need.
+/// Whether `ticket` goes past every one of the waiters `ahead` (as `dispatch` lets it): a job
+/// on the CPU past anyone, a job of loaded workers past jobs that wait for what their one-shot
+/// stages need.
 pub(super) fn passes(ahead: &[Waiting], ticket: &Ticket) -> bool {
-    ticket.kind == HolderKind::Job
-        && !ticket.loads_model()
-        && ahead.iter().all(|w| w.ticket.loads_model())
+    ticket.on_cpu
+        || (ticket.kind == HolderKind::Job
+            && !ticket.loads_model()
+            && ahead.iter().all(|w| w.ticket.loads_model()))
 }
 
 /// The device's used memory outside the residents' footprints.

@@ -3,12 +3,15 @@
 
 use super::*;
 
+mod cpu_jobs;
+
 fn lease(name: &str, priority: i32) -> Ticket {
     Ticket {
         need_mib: None,
         kind: HolderKind::Lease,
         label: name.into(),
         priority,
+        on_cpu: false,
     }
 }
 

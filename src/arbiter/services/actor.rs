@@ -202,6 +202,7 @@ impl Actor {
                 &footprint_key(&self.spec.name),
                 self.spec.vram_mib.unwrap_or(0),
             ),
+            on_cpu: false,
         };
         let mut waiter = self.core.queue.try_enqueue(ticket, usize::MAX)?;
         // Like a job or a lease, a start whose callers have all gone (a Ctrl-C, a client's
