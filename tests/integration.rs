@@ -25,6 +25,7 @@ mod integration {
     mod slow_clients;
     mod speakers;
     mod style;
+    mod unload;
     mod watched;
     mod wyoming;
 }

@@ -69,15 +69,19 @@ impl Core {
         }
     }
 
-    /// Measures the loaded workers' memory (their peaks become their footprints).
+    /// Measures the workers' memory while they load and while loaded (their peaks become their
+    /// footprints: a model may take most while it loads).
     pub(super) fn observe_workers(&self) {
         let snap = self.snapshot();
         if snap.taken.is_none() {
             return;
         }
         for status in self.device_workers() {
-            if let (Some(pid), WorkerState::Ready | WorkerState::Busy) = (status.pid, status.state)
-            {
+            let up = matches!(
+                status.state,
+                WorkerState::Starting | WorkerState::Ready | WorkerState::Busy
+            );
+            if let (Some(pid), true) = (status.pid, up) {
                 self.footprints
                     .observe(&worker_key(&status.name), pid, self.device, &snap);
             }

@@ -43,13 +43,22 @@ pub(super) struct Actor {
     answered: u32,
     /// Why the last load failed, for tasks that find the worker down.
     load_error: Option<TaskError>,
-    /// An `Unload` that arrived while a load or task was in progress: done right after it.
-    unload_after: Option<oneshot::Sender<Option<u32>>>,
+    /// The `Unload`s that arrived while a load or task was in progress: done right after it,
+    /// each caller told the same.
+    unload_after: Vec<oneshot::Sender<Option<u32>>>,
 }
 
 /// What interrupted a load.
 enum Interrupted {
     Stop(oneshot::Sender<()>),
+}
+
+/// How waiting for `ready` ended.
+enum Loading {
+    Ended(Result<(), TaskError>),
+    Stop(oneshot::Sender<()>),
+    /// Unloaded before it was ready: stopped right after (`unload_after`).
+    Unload(oneshot::Sender<Option<u32>>),
 }
 
 impl Actor {
@@ -69,14 +78,15 @@ impl Actor {
             up_since: None,
             answered: 0,
             load_error: None,
-            unload_after: None,
+            unload_after: Vec::new(),
         }
     }
 
     pub(super) async fn run(mut self) {
         loop {
-            if let Some(reply) = self.unload_after.take() {
-                self.unload(reply).await;
+            if !self.unload_after.is_empty() {
+                let replies = std::mem::take(&mut self.unload_after);
+                self.unload(replies).await;
                 continue;
             }
             if let Some((request, reply)) = self.pending.pop_front() {
@@ -102,7 +112,7 @@ impl Actor {
                     tokio::select! {
                         control = self.rx.recv() => control,
                         _ = tokio::time::sleep_until(at) => {
-                            if let Err(Interrupted::Stop(reply)) = self.load().await {
+                            if let Err(Interrupted::Stop(reply)) = self.load(false).await {
                                 return self.finish(reply).await;
                             }
                             continue;
@@ -118,10 +128,10 @@ impl Actor {
                     }
                 }
                 Some(Control::Stop { reply }) => return self.finish(reply).await,
-                Some(Control::Unload { reply }) => self.unload(reply).await,
+                Some(Control::Unload { reply }) => self.unload(vec![reply]).await,
                 Some(Control::Load) => {
                     if matches!(self.life, Life::Down { .. }) {
-                        if let Err(Interrupted::Stop(reply)) = self.load().await {
+                        if let Err(Interrupted::Stop(reply)) = self.load(false).await {
                             return self.finish(reply).await;
                         }
                     }
@@ -139,8 +149,9 @@ impl Actor {
         defer(control, &mut self.pending, &mut self.unload_after)
     }
 
-    /// Stops the process and stays `Unloaded` until a task or `Load` comes.
-    async fn unload(&mut self, reply: oneshot::Sender<Option<u32>>) {
+    /// Stops the process and stays `Unloaded` until a task or `Load` comes; tells each of
+    /// `replies` the pid it stopped.
+    async fn unload(&mut self, replies: Vec<oneshot::Sender<Option<u32>>>) {
         let pid = match std::mem::replace(&mut self.life, Life::Down { retry_at: None }) {
             Life::Up(session) => {
                 let pid = session.pid();
@@ -153,36 +164,66 @@ impl Actor {
         // A worker that was down after failing stays `exited` (with its error): called
         // `unloaded`, it looked ready to take jobs it cannot load for. Either way it loads
         // again at the next task or `Load`, not on its own.
-        let state = match self.status.borrow().state {
-            WorkerState::Exited => WorkerState::Exited,
+        // A one-shot worker has no model loaded between tasks: it is idle, as ever.
+        let state = match (self.status.borrow().state, self.spec.mode) {
+            (WorkerState::Exited, _) => WorkerState::Exited,
+            (_, Mode::Oneshot) => WorkerState::Idle,
             _ => WorkerState::Unloaded,
         };
         self.set_state(state, |s| {
             s.pid = None;
             s.process_started = None;
         });
-        let _ = reply.send(pid);
+        for reply in replies {
+            let _ = reply.send(pid);
+        }
     }
 
-    /// Starts the process and waits for `ready`, still answering `Stop` meanwhile.
-    async fn load(&mut self) -> Result<(), Interrupted> {
+    /// Starts the process and waits for `ready`, still answering `Stop` meanwhile, and `Unload`
+    /// when no task waits for the load (`for_task`, `pending`): a load that hangs then holds
+    /// nobody up to its timeout. With a task waiting, the unload comes after it, as ever.
+    async fn load(&mut self, for_task: bool) -> Result<(), Interrupted> {
         // A load that fails is judged by itself, not by a process before it (unloaded or
         // ended since, perhaps long up).
         (self.up_since, self.answered) = (None, 0);
+        let spawned = Session::spawn(&self.spec);
+        let pid = spawned.as_ref().ok().map(Session::pid);
         self.set_state(WorkerState::Starting, |s| {
-            s.pid = None;
+            // Known while it loads: /status names its GPU process, its footprint is measured.
+            s.pid = pid;
             s.process_started = Some(std::time::Instant::now());
         });
-        let spec = self.spec.clone();
-        let start = Session::start(&spec);
-        tokio::pin!(start);
-        let outcome = loop {
-            tokio::select! {
-                outcome = &mut start => break outcome,
-                control = self.rx.recv() => if let Some(stop) = self.defer(control) {
-                    return Err(Interrupted::Stop(stop));
-                },
+        let outcome = match spawned {
+            Ok(mut session) => {
+                let loaded = {
+                    let ready = session.wait_ready(self.spec.load_timeout);
+                    tokio::pin!(ready);
+                    loop {
+                        tokio::select! {
+                            outcome = &mut ready => break Loading::Ended(outcome),
+                            control = self.rx.recv() => match control {
+                                Some(Control::Unload { reply }) if !for_task && self.pending.is_empty() => {
+                                    break Loading::Unload(reply);
+                                }
+                                control => if let Some(stop) = self.defer(control) {
+                                    break Loading::Stop(stop);
+                                },
+                            },
+                        }
+                    }
+                };
+                match loaded {
+                    Loading::Ended(outcome) => outcome.map(|()| session),
+                    Loading::Stop(stop) => return Err(Interrupted::Stop(stop)),
+                    Loading::Unload(reply) => {
+                        // Stopped next, before anything else (`run`), by `unload`.
+                        self.unload_after.push(reply);
+                        self.life = Life::Up(Box::new(session));
+                        return Ok(());
+                    }
+                }
             }
+            Err(e) => Err(e),
         };
         match outcome {
             Ok(session) => {
@@ -284,12 +325,12 @@ impl Actor {
 fn defer(
     control: Option<Control>,
     pending: &mut VecDeque<(TaskRequest, Reply)>,
-    unload_after: &mut Option<oneshot::Sender<Option<u32>>>,
+    unload_after: &mut Vec<oneshot::Sender<Option<u32>>>,
 ) -> Option<oneshot::Sender<()>> {
     match control {
         Some(Control::Run { request, reply }) => pending.push_back((request, reply)),
         Some(Control::Stop { reply }) => return Some(reply),
-        Some(Control::Unload { reply }) => *unload_after = Some(reply),
+        Some(Control::Unload { reply }) => unload_after.push(reply),
         Some(Control::Load) => {}
         None => return Some(oneshot::channel().0),
     }

@@ -41,8 +41,8 @@ pub(super) enum IdleEvent {
 }
 
 impl Session {
-    /// Spawns the worker and waits for `ready` within the load timeout.
-    pub(super) async fn start(spec: &WorkerSpec) -> Result<Session, TaskError> {
+    /// Spawns the worker; it loads its model next (`wait_ready`).
+    pub(super) fn spawn(spec: &WorkerSpec) -> Result<Session, TaskError> {
         let mut env = spec.env.clone();
         env.insert("GPUHOST_WORKER".into(), spec.name.clone());
         if spec.mode == Mode::Oneshot {
@@ -54,7 +54,7 @@ impl Session {
                 reason: format!("cannot run {:?} in {}: {e}", spec.argv, spec.cwd.display()),
             })?;
         tracing::info!(worker = %spec.name, pid = group.pid(), "worker process started");
-        let mut session = Session {
+        Ok(Session {
             name: spec.name.clone(),
             group,
             stdin: Some(pipes.stdin),
@@ -62,15 +62,21 @@ impl Session {
             stderr: Some(LineReader::new(pipes.stderr)),
             tail: VecDeque::with_capacity(TAIL_LINES),
             ready: ReadyInfo::default(),
-        };
-        let deadline = Instant::now() + spec.load_timeout;
+        })
+    }
+
+    /// Waits for `ready` within `load_timeout` (its metadata in `self.ready`). On an error the
+    /// process has ended or been killed, and the error says why.
+    pub(super) async fn wait_ready(&mut self, load_timeout: Duration) -> Result<(), TaskError> {
+        let session = self;
+        let deadline = Instant::now() + load_timeout;
         loop {
             tokio::select! {
                 line = session.stdout.next_line() => match line {
                     Some(line) => match Signal::parse(&line) {
                         Signal::Ready(info) => {
                             session.ready = info;
-                            return Ok(session);
+                            return Ok(());
                         }
                         Signal::BadReady { line, error } => {
                             session.group.kill().await;
@@ -107,7 +113,7 @@ impl Session {
                         worker: session.name.clone(),
                         reason: format!(
                             "not ready within load_timeout_s = {} s; killed. Last stderr lines:\n{}",
-                            spec.load_timeout.as_secs_f64(), session.tail_text()),
+                            load_timeout.as_secs_f64(), session.tail_text()),
                     });
                 }
             }

@@ -328,6 +328,17 @@ async fn done_without_result_file_is_bad_output() {
     assert!(message.contains("array, not an object"), "{message}");
     // A new process takes the next job (a `done` without a result restarts the worker).
     result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    // A link to nowhere is bad output, but something the worker wrote for this task: it is
+    // kept, and not told it said `done` without writing anything.
+    let pid = host.worker("w").await["pid"].clone();
+    let (code, message) = error_of(
+        &host
+            .transcribe("?prompt=fake:danglingresult", wav(0.5, 16000, 1))
+            .await,
+    );
+    assert_eq!(code, "bad_output");
+    assert!(!message.contains("without writing"), "{message}");
+    assert_eq!(host.worker("w").await["pid"], pid, "the worker stays up");
     // A result past the size read inline is read on a blocking thread, the same.
     let events = host
         .transcribe("?prompt=fake:bigresult", wav(0.5, 16000, 1))

@@ -551,6 +551,39 @@ async fn auth_hide_commands_and_own_workers() {
 }
 
 #[tokio::test]
+async fn a_worker_is_named_and_measured_while_it_loads() {
+    let gpu = FakeGpu::new(IDLE);
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}\n{}",
+        fake_worker("w", "load_timeout_s = 60\nenv = { FAKE_NO_READY = \"1\" }"),
+        gpu.config("")
+    );
+    let host = TestHost::start(&config).await;
+    wait_for(
+        "the worker to be loading",
+        Duration::from_secs(10),
+        || async { host.worker("w").await["pid"].is_u64() },
+    )
+    .await;
+    let pid = host.worker("w").await["pid"].as_u64().unwrap();
+    gpu.process(pid as u32, 1, &["python3", "fake_worker.py", "w"]);
+    gpu.set_state(&format!("{IDLE}proc: {pid}, python3, 2500\n"));
+    // A model may take most while it loads: /status says whose that memory is, and the peak is
+    // the worker's footprint.
+    let s = wait_status(&host, "the loading worker on the GPU", |s| {
+        s["processes"][0]["worker"] == "w"
+    })
+    .await;
+    assert_eq!(s["processes"][0]["pid"], pid, "{s:#}");
+    wait_for("its footprint", Duration::from_secs(10), || async {
+        host.worker("w").await["measured_vram_mib"] == 2500
+    })
+    .await;
+    assert_eq!(host.worker("w").await["state"], "starting");
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn metrics_parse_as_prometheus_text() {
     let gpu = FakeGpu::new(&format!("{IDLE}proc: 31, python3, 700\n"));
     let config = format!(

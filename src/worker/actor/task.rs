@@ -101,7 +101,7 @@ impl Actor {
         oneshot_fallback: bool,
     ) -> Result<(), Instead> {
         if matches!(self.life, Life::Down { .. }) {
-            self.load().await.map_err(Instead::Stop)?;
+            self.load(true).await.map_err(Instead::Stop)?;
             if let Life::Down { .. } = self.life {
                 let error = self
                     .load_error

@@ -67,7 +67,10 @@ impl Session {
         match self.follow(task, output, events, limits).await {
             // `done` with no result at all: a stray `done` (an earlier task's, said twice) or a
             // worker that lost track. Every answer after it would end the task after its own.
-            Ran::Answered(Err(TaskError::BadOutput { worker, reason })) if !output.exists() => {
+            // (A link it wrote, even one to nowhere, is something written: not followed here.)
+            Ran::Answered(Err(TaskError::BadOutput { worker, reason }))
+                if std::fs::symlink_metadata(output).is_err() =>
+            {
                 self.group.kill().await;
                 Ran::OutOfStep(TaskError::BadOutput {
                     worker,
