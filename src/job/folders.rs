@@ -169,15 +169,11 @@ pub fn sweep_stale(temp_dir: &std::path::Path) -> usize {
             continue;
         };
         let owner = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        let modified = entry.metadata().and_then(|m| m.modified()).ok();
         let stale = match owner {
-            Some(pid) => {
-                pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
-            }
+            Some(pid) => owner_gone(pid, modified),
             // Older hosts named folders without their pid: stale once an hour old.
-            None => entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
+            None => modified
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age > std::time::Duration::from_secs(3600)),
         };
@@ -189,6 +185,40 @@ pub fn sweep_stale(temp_dir: &std::path::Path) -> usize {
         }
     }
     removed
+}
+
+/// Whether the host that made a folder named after `pid`, last changed at `modified`, is gone.
+/// This runs as a host starts, before its first job: a folder with its own pid is a
+/// predecessor's (a container's host often gets the same pid at every start). Another pid is
+/// gone when no process has it, or when the process that has it now started after the folder
+/// last changed (the pid was reused).
+fn owner_gone(pid: u32, modified: Option<std::time::SystemTime>) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    let Some(started) = process_started(pid) else {
+        return !std::path::Path::new(&format!("/proc/{pid}")).exists();
+    };
+    // The boot time is in whole seconds: a margin keeps a live host's folder.
+    modified.is_some_and(|m| started > m + std::time::Duration::from_secs(2))
+}
+
+/// When `pid` started, as wall-clock time (boot time plus its start in clock ticks).
+fn process_started(pid: u32) -> Option<std::time::SystemTime> {
+    let ticks = crate::gpu::procfs::ProcFs::new("/proc").start_time(pid)?;
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let boot: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf reads a constant of the system; no memory is passed.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&hz| hz > 0)?;
+    let since_boot = std::time::Duration::from_millis(ticks.saturating_mul(1000) / hz);
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(boot) + since_boot)
 }
 
 /// Whether job folders can be made in `temp_dir` now (it exists or can be made, as a job makes
