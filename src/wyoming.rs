@@ -225,9 +225,10 @@ impl Connection {
                 let info = self.info();
                 self.send("info", info).await?;
             }
-            "transcribe" => {
-                self.language = event.str("language").map(String::from);
-            }
+            "transcribe" => match event.text("language") {
+                Ok(language) => self.language = language.map(String::from),
+                Err(why) => return Ok(Err(why.into())),
+            },
             "audio-start" => return Ok(self.start(&event)),
             "audio-chunk" => {
                 if matches!(self.audio, Audio::Idle) {
@@ -279,9 +280,9 @@ impl Connection {
     }
 
     fn start(&mut self, event: &Event) -> Result<(), Refusal> {
-        let rate = event.u32("rate").ok_or("`audio-start` needs `rate`")?;
-        let width = event.u32("width").unwrap_or(2);
-        let channels = event.u32("channels").unwrap_or(1);
+        let rate = event.u32("rate")?.ok_or("`audio-start` needs `rate`")?;
+        let width = event.u32("width")?.unwrap_or(2);
+        let channels = event.u32("channels")?.unwrap_or(1);
         if width != 2 {
             return Err(
                 format!("audio width {width} is not supported; send 16-bit PCM (width 2)").into(),
@@ -332,9 +333,9 @@ impl Connection {
         // A chunk says its own format; one that differs from the start's would be read as
         // something else (a job on garbage, answered with an empty transcript).
         for (field, declared, started) in [
-            ("rate", event.u32("rate"), *rate),
-            ("width", event.u32("width"), 2),
-            ("channels", event.u32("channels"), u32::from(*channels)),
+            ("rate", event.u32("rate")?, *rate),
+            ("width", event.u32("width")?, 2),
+            ("channels", event.u32("channels")?, u32::from(*channels)),
         ] {
             if declared.is_some_and(|d| d != started) {
                 return Err(format!(

@@ -72,6 +72,13 @@ impl ApiError {
         })
     }
 
+    /// A job folder that could not be made: 507 when the disk is full, else 500 (the error
+    /// names no path: `job::job_dir`).
+    pub fn job_folder(e: &std::io::Error) -> ApiError {
+        ApiError::disk_full(e)
+            .unwrap_or_else(|| ApiError::internal(format!("cannot create a job folder: {e}")))
+    }
+
     /// 400 for a query string or path that does not parse, in words a person reads: serde's
     /// "invalid digit found in string" says a number was expected.
     pub fn unparsed(what: &str, text: String) -> ApiError {

@@ -194,8 +194,10 @@ pub(super) async fn models(State(app): State<AppState>) -> Json<Value> {
 ), security(("bearer" = [])))]
 pub(super) async fn model(
     State(app): State<AppState>,
-    axum::extract::Path(id): axum::extract::Path<String>,
+    // A segment that is not UTF-8 is refused in OpenAI's JSON shape too, not in plain text.
+    id: Result<super::error::PathName, ApiError>,
 ) -> Result<Json<Value>, OpenAiError> {
+    let super::error::PathName(id) = id?;
     model_list(&app)
         .into_iter()
         .find(|m| m["id"] == id.as_str())

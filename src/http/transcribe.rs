@@ -155,7 +155,7 @@ pub(super) async fn prepare(
         crate::render::fits(format, &stages).map_err(ApiError::bad_request)?;
     }
     let options = job::accept_options(app, query.options(), &stages)?;
-    let folder_error = |e| ApiError::internal(format!("cannot create a job folder: {e}"));
+    let folder_error = |e: std::io::Error| ApiError::job_folder(&e);
     // A body that may spill to disk needs its folder first; one declared small stays in memory,
     // and its folder is chosen once it is known (see `job::job_dir_for`).
     let early = match upload::declared_length(request.headers()) {

@@ -156,9 +156,12 @@ impl FormIntake {
         request: Request,
     ) -> Result<(FormIntake, Request), ApiError> {
         crate::job::QueueFull::check(app).map_err(|full| ApiError::queue_full(&full))?;
-        let dir = crate::job::job_dir(&app.config)
-            .map_err(|e| ApiError::internal(format!("cannot create a job folder: {e}")))?;
         let limits = BodyLimits::from_config(&app.config);
+        // Said before anything is read or made, as for `/transcribe`.
+        if declared_length(request.headers()).is_some_and(|n| n > limits.max_bytes) {
+            return Err(too_large("the request body", limits.max_bytes));
+        }
+        let dir = crate::job::job_dir(&app.config).map_err(|e| ApiError::job_folder(&e))?;
         room_for_declared(request.headers(), dir.path(), limits.keep_free)?;
         let (request, tripwire) = guard(request, limits);
         Ok((

@@ -47,6 +47,7 @@ fn job_dir_in(dir: PathBuf) -> std::io::Result<tempfile::TempDir> {
             .permissions(std::fs::Permissions::from_mode(0o700))
             .tempdir_in(&dir)
     })
+    .map_err(without_path)
 }
 
 /// `make` (something created in `dir`), with `dir` made first when it is gone (a tmp cleaner,
@@ -81,7 +82,7 @@ pub struct NoSpace {
 impl std::fmt::Display for NoSpace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
-        if self.free >= self.keep {
+        if self.free >= self.keep && self.more == 0 {
             return write!(
                 f,
                 "the temp dir's disk is full ({:.1} MiB free): try again once it has room",
@@ -111,7 +112,25 @@ impl std::error::Error for NoSpace {}
 
 /// Whether a failed write is the disk, or the user's quota, being full (ENOSPC, EDQUOT).
 pub fn is_disk_full(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{QuotaExceeded, StorageFull};
     matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+        || matches!(e.kind(), StorageFull | QuotaExceeded)
+}
+
+/// `e` without the path tempfile puts in its errors (`… at path "/tmp/gpuhost-job-…"`: a
+/// message may reach a client, and paths on the server are none of its business). Its kind
+/// stays, which is what tells a full disk (`is_disk_full`): tempfile keeps no OS error number.
+fn without_path(e: std::io::Error) -> std::io::Error {
+    if e.raw_os_error().is_some() {
+        return e;
+    }
+    let text = e.to_string();
+    let text = text
+        .split(" at path ")
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    std::io::Error::new(e.kind(), text)
 }
 
 /// What a client is told when a write of the server's own found the disk full.
@@ -187,38 +206,38 @@ pub fn sweep_stale(temp_dir: &std::path::Path) -> usize {
     removed
 }
 
-/// Whether the host that made a folder named after `pid`, last changed at `modified`, is gone.
-/// This runs as a host starts, before its first job: a folder with its own pid is a
-/// predecessor's (a container's host often gets the same pid at every start). Another pid is
-/// gone when no process has it, or when the process that has it now started after the folder
-/// last changed (the pid was reused).
+/// Whether the host that made a folder named after `pid`, last changed at `modified`, is gone:
+/// no process has that pid, or it is this very process and the folder is older than it (a
+/// predecessor's: a container's host often gets the same pid at every start; this runs as a
+/// host starts, and a process may hold more than one, as the tests do). A pid that another live
+/// process has now is left alone: its folder may be a live host's.
 fn owner_gone(pid: u32, modified: Option<std::time::SystemTime>) -> bool {
-    if pid == std::process::id() {
-        return true;
-    }
-    let Some(started) = process_started(pid) else {
+    if pid != std::process::id() {
         return !std::path::Path::new(&format!("/proc/{pid}")).exists();
+    }
+    // The boot clock's figures are read together with the wall clock's: no clock step between.
+    let Some(started) = own_start() else {
+        return false;
     };
-    // The boot time is in whole seconds: a margin keeps a live host's folder.
-    modified.is_some_and(|m| started > m + std::time::Duration::from_secs(2))
+    modified.is_some_and(|m| m + std::time::Duration::from_secs(2) < started)
 }
 
-/// When `pid` started, as wall-clock time (boot time plus its start in clock ticks).
-fn process_started(pid: u32) -> Option<std::time::SystemTime> {
-    let ticks = crate::gpu::procfs::ProcFs::new("/proc").start_time(pid)?;
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let boot: u64 = stat
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
+/// When this process started, by the wall clock: now less its age (its start in clock ticks
+/// since boot, against the time since boot).
+fn own_start() -> Option<std::time::SystemTime> {
+    let ticks = crate::gpu::procfs::ProcFs::new("/proc").start_time(std::process::id())?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
         .parse()
         .ok()?;
     // SAFETY: sysconf reads a constant of the system; no memory is passed.
     let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
         .ok()
         .filter(|&hz| hz > 0)?;
-    let since_boot = std::time::Duration::from_millis(ticks.saturating_mul(1000) / hz);
-    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(boot) + since_boot)
+    let age = (uptime - ticks as f64 / hz as f64).max(0.0);
+    std::time::SystemTime::now().checked_sub(std::time::Duration::from_secs_f64(age))
 }
 
 /// Whether job folders can be made in `temp_dir` now (it exists or can be made, as a job makes
@@ -253,4 +272,70 @@ pub fn temp_dir_usable(temp_dir: &std::path::Path) -> Result<(), String> {
 /// none of its business.
 pub fn redact(message: &str, dir: &std::path::Path) -> String {
     message.replace(&dir.display().to_string(), "<job>")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_folder_that_cannot_be_made_names_no_path_and_keeps_the_os_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("not-a-dir");
+        std::fs::write(&file, b"").unwrap();
+        let e = job_dir_in(file.clone()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::NotADirectory, "{e}");
+        assert!(e.to_string().contains("os error 20"), "{e}");
+        assert!(
+            !e.to_string().contains(&*dir.path().to_string_lossy()),
+            "{e}"
+        );
+        // A full disk is told as one through the same unwrapping (ENOSPC, or its kind alone).
+        assert!(is_disk_full(&std::io::Error::from_raw_os_error(
+            libc::ENOSPC
+        )));
+        assert!(is_disk_full(&std::io::Error::from(
+            std::io::ErrorKind::StorageFull
+        )));
+        assert!(!is_disk_full(&e));
+    }
+
+    #[test]
+    fn folders_of_hosts_that_are_gone_are_swept_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let make = |name: String, age_s: u64| {
+            let path = dir.path().join(name);
+            std::fs::create_dir(&path).unwrap();
+            let when = std::time::SystemTime::now() - std::time::Duration::from_secs(age_s);
+            std::fs::File::open(&path)
+                .unwrap()
+                .set_modified(when)
+                .unwrap();
+            path
+        };
+        let me = std::process::id();
+        // This process's pid on a folder older than it: a predecessor's with the same pid.
+        let own_old = make(format!("{JOB_PREFIX}{me}-old"), 10 * 365 * 24 * 3600);
+        // This process's own (a host in it made it since it started).
+        let own_new = make(format!("{JOB_PREFIX}{me}-new"), 0);
+        let dead = make(format!("{JOB_PREFIX}2147483646-dead"), 0);
+        // The pid of a live process (the first one): it may be a live host's.
+        let live = make(format!("{JOB_PREFIX}1-live"), 10 * 365 * 24 * 3600);
+        assert_eq!(sweep_stale(dir.path()), 2);
+        assert!(!own_old.exists() && !dead.exists());
+        assert!(own_new.exists() && live.exists());
+    }
+
+    #[test]
+    fn room_that_an_upload_would_take_is_said_as_such() {
+        let mib = 1 << 20;
+        let short = NoSpace {
+            free: 100 * mib,
+            keep: 64 * mib,
+            more: 50 * mib,
+        };
+        let text = short.to_string();
+        assert!(text.contains("50.0 MiB more of this upload"), "{text}");
+        assert!(!text.contains("disk is full"), "{text}");
+    }
 }

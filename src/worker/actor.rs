@@ -164,9 +164,11 @@ impl Actor {
         // A worker that was down after failing stays `exited` (with its error): called
         // `unloaded`, it looked ready to take jobs it cannot load for. Either way it loads
         // again at the next task or `Load`, not on its own.
-        // A one-shot worker has no model loaded between tasks: it is idle, as ever.
+        // A one-shot worker has no model loaded between tasks: it is idle, as ever. One stopped
+        // while it loaded again after failing is still the failing one.
         let state = match (self.status.borrow().state, self.spec.mode) {
             (WorkerState::Exited, _) => WorkerState::Exited,
+            (WorkerState::Starting, Mode::Resident) if self.failures > 0 => WorkerState::Exited,
             (_, Mode::Oneshot) => WorkerState::Idle,
             _ => WorkerState::Unloaded,
         };

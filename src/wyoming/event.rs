@@ -21,11 +21,33 @@ pub(super) struct Event {
 }
 
 impl Event {
-    pub(super) fn u32(&self, key: &str) -> Option<u32> {
-        self.data
-            .get(key)?
-            .as_u64()
+    /// A whole number in `data` (`16000` or `16000.0`); absent or null: `None`. Anything else
+    /// is the client's mistake, said, not read as absent (a `"channels": "2"` was taken for
+    /// mono).
+    pub(super) fn u32(&self, key: &str) -> Result<Option<u32>, String> {
+        let value = match self.data.get(key) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(v) => v,
+        };
+        let whole = value.as_u64().or_else(|| {
+            value
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= f64::from(u32::MAX))
+                .map(|f| f as u64)
+        });
+        whole
             .and_then(|v| u32::try_from(v).ok())
+            .map(Some)
+            .ok_or_else(|| format!("`{key}` must be a whole number, not {value}"))
+    }
+
+    /// A string in `data`; absent or null: `None`; anything else is said.
+    pub(super) fn text(&self, key: &str) -> Result<Option<&str>, String> {
+        match self.data.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(format!("`{key}` must be a string, not {v}")),
+        }
     }
 
     pub(super) fn str(&self, key: &str) -> Option<&str> {
@@ -39,7 +61,7 @@ pub(super) enum FrameError {
     Io(#[from] std::io::Error),
     #[error("an event header is longer than {MAX_HEADER_BYTES} bytes")]
     HeaderTooLong,
-    #[error("an event header is not a JSON object with a string `type`: {0}")]
+    #[error("a malformed event: {0}")]
     BadHeader(String),
     #[error("`{field}` of {len} is over the limit of {max}")]
     TooLarge {
@@ -68,17 +90,19 @@ pub(super) async fn read_event<R: AsyncBufRead + Unpin>(
             FrameError::Io(std::io::ErrorKind::UnexpectedEof.into())
         });
     }
-    let header: Value =
-        serde_json::from_slice(&line).map_err(|e| FrameError::BadHeader(e.to_string()))?;
+    let header: Value = serde_json::from_slice(&line)
+        .map_err(|e| FrameError::BadHeader(format!("its header line is not JSON ({e})")))?;
     let kind = header
         .get("type")
         .and_then(Value::as_str)
-        .ok_or_else(|| FrameError::BadHeader("no `type`".into()))?
+        .ok_or_else(|| {
+            FrameError::BadHeader("its header is no object with a string `type`".into())
+        })?
         .to_string();
     let mut data = match header.get("data") {
         Some(Value::Object(d)) => d.clone(),
         Some(Value::Null) | None => Map::new(),
-        Some(_) => return Err(FrameError::BadHeader("`data` is not an object".into())),
+        Some(_) => return Err(FrameError::BadHeader("its `data` is not an object".into())),
     };
     let length = |field: &'static str, max: u64| -> Result<u64, FrameError> {
         // A length that is not a count of bytes ("4", -4, 2.0) cannot be skipped over: reading
@@ -86,7 +110,7 @@ pub(super) async fn read_event<R: AsyncBufRead + Unpin>(
         let len = match header.get(field) {
             None | Some(Value::Null) => 0,
             Some(v) => v.as_u64().ok_or_else(|| {
-                FrameError::BadHeader(format!("`{field}` is not a whole number of bytes: {v}"))
+                FrameError::BadHeader(format!("its `{field}` is not a whole number of bytes: {v}"))
             })?,
         };
         if len > max {
@@ -102,7 +126,7 @@ pub(super) async fn read_event<R: AsyncBufRead + Unpin>(
             Ok(Value::Object(more)) => data.extend(more),
             _ => {
                 return Err(FrameError::BadHeader(
-                    "extra data is not a JSON object".into(),
+                    "its extra data (`data_length` bytes) is not a JSON object".into(),
                 ))
             }
         }
@@ -150,7 +174,10 @@ mod tests {
         let mut input: &[u8] = b"{\"type\":\"audio-chunk\",\"data\":{\"rate\":16000},\"data_length\":13,\"payload_length\":4}\n{\"width\": 2} \x01\x02\x03\x04{\"type\":\"audio-stop\"}\n";
         let e = read_event(&mut input).await.unwrap().unwrap();
         assert_eq!(e.kind, "audio-chunk");
-        assert_eq!((e.u32("rate"), e.u32("width")), (Some(16000), Some(2)));
+        assert_eq!(
+            (e.u32("rate"), e.u32("width")),
+            (Ok(Some(16000)), Ok(Some(2)))
+        );
         assert_eq!(e.payload, [1, 2, 3, 4]);
         let e = read_event(&mut input).await.unwrap().unwrap();
         assert_eq!(e.kind, "audio-stop");

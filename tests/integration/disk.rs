@@ -71,3 +71,78 @@ async fn uploads_that_would_fill_the_disk_are_refused_with_507() {
     .await;
     host.stop().await;
 }
+
+#[tokio::test]
+async fn a_job_folder_that_cannot_be_made_is_a_500_that_names_no_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let temp = dir.path().join("jobs");
+    let host = TestHost::start(&format!(
+        "[limits]\ntemp_dir = {:?}\nsmall_temp_dir = \"\"\n[pipeline]\nstages = [\"asr\"]\n{}",
+        temp.display().to_string(),
+        fake_worker("asr", "")
+    ))
+    .await
+    .ready()
+    .await;
+    // The temp dir turned into a file under the running server.
+    let _ = std::fs::remove_dir_all(&temp);
+    std::fs::write(&temp, b"").unwrap();
+    let path = dir.path().display().to_string();
+    let response = host
+        .post("/transcribe?format=txt")
+        .body(wav(0.5, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 500);
+    let body: serde_json::Value = response.json().await.unwrap();
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains("cannot create a job folder"), "{message}");
+    assert!(!message.contains(&path), "{message}");
+    let form = reqwest::multipart::Form::new()
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(wav(0.5, 16000, 1)).file_name("a.wav"),
+        )
+        .text("model", "whisper-1");
+    let response = host
+        .post("/v1/audio/transcriptions")
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
+    let (message, _) = openai_error(response, 500).await;
+    assert!(!message.contains(&path), "{message}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_form_declared_larger_than_allowed_is_refused_before_it_is_read() {
+    let host = TestHost::start(&format!(
+        "[limits]\nmax_upload_bytes = 100000\n[pipeline]\nstages = [\"asr\"]\n{}",
+        fake_worker("asr", "")
+    ))
+    .await
+    .ready()
+    .await;
+    // Declared, not sent: the answer comes before any of the body.
+    let addr = host.url.trim_start_matches("http://").to_string();
+    let head = "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\n\
+                Content-Type: multipart/form-data; boundary=x\r\n\
+                Content-Length: 600000000\r\n\r\n";
+    let reply = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+        tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        tcp.write_all(head.as_bytes()).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tcp.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    })
+    .await
+    .unwrap();
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+    assert!(reply.contains("max_upload_bytes"), "{reply}");
+    host.stop().await;
+}

@@ -580,21 +580,6 @@ async fn leftovers_are_swept_and_paths_stay_private() {
     let dead = temp.join("gpuhost-job-2147483646-abc");
     std::fs::create_dir(&dead).unwrap();
     std::fs::write(dead.join("audio.wav"), b"old").unwrap();
-    // A pid reused by a process that started after the folder last changed: a dead host's too.
-    let mut other = std::process::Command::new("sleep")
-        .arg("60")
-        .spawn()
-        .unwrap();
-    let reused = temp.join(format!("gpuhost-job-{}-def", other.id()));
-    std::fs::create_dir(&reused).unwrap();
-    let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
-    std::fs::File::open(&reused)
-        .unwrap()
-        .set_modified(hour_ago)
-        .unwrap();
-    // One changed after its pid's process started may be a live host's: kept.
-    let live = temp.join(format!("gpuhost-job-{}-ghi", other.id()));
-    std::fs::create_dir(&live).unwrap();
     let host = TestHost::start(&one_stage(
         &format!("[limits]\ntemp_dir = {:?}", temp.display().to_string()),
         "",
@@ -603,10 +588,6 @@ async fn leftovers_are_swept_and_paths_stay_private() {
     .ready()
     .await;
     assert!(!dead.exists(), "a dead host's job folder is swept at start");
-    assert!(!reused.exists(), "one whose pid was reused since is swept");
-    assert!(live.exists(), "one of a process that may be a host is kept");
-    let _ = other.kill();
-    let _ = other.wait();
     // A worker error naming a file in the job folder reaches the client without the path.
     let events = host
         .transcribe("?prompt=fake:noresult", wav(0.2, 16000, 1))

@@ -101,6 +101,9 @@ async fn auth_matrix() {
     openai(elsewhere, 403, "cross_site_request").await;
     let unknown = plain.get(url("/v1/models/x")).bearer_auth("s3cret-token");
     openai(unknown.send().await.unwrap(), 404, "model_not_found").await;
+    // A model id that is not UTF-8: in OpenAI's JSON shape too, not plain text.
+    let garbled = plain.get(url("/v1/models/%FF")).bearer_auth("s3cret-token");
+    openai(garbled.send().await.unwrap(), 400, "bad_request").await;
     let elsewhere = plain
         .get(url("/v1/no/such/route"))
         .bearer_auth("s3cret-token");

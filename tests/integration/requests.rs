@@ -150,13 +150,21 @@ async fn the_openai_form_refuses_what_it_would_otherwise_drop() {
         ),
         (form_with_file().text("num_speakers", "0"), "at least 1"),
         (form_with_file().text("num_speakers", "two"), "whole number"),
+        (form_with_file().text("", "x"), "a form part has no name"),
     ] {
         let (message, body) = openai_error(post(form).await.unwrap(), 400).await;
         assert!(message.contains(says), "{says}: {body}");
         // OpenAI's `param` names the field at fault where one is.
-        let param = ["temperature", "colour", "keywords", "num_speakers"]
-            .into_iter()
-            .find(|p| says.contains(p) || message.contains(&format!("`{p}`")));
+        let param = [
+            "temperature",
+            "colour",
+            "keywords",
+            "num_speakers",
+            "file",
+            "language",
+        ]
+        .into_iter()
+        .find(|p| says.contains(p) || message.contains(&format!("`{p}`")));
         if let Some(param) = param {
             assert_eq!(body["error"]["param"], param, "{body}");
         }

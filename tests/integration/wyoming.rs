@@ -165,6 +165,22 @@ async fn bad_audio_gets_one_error_and_the_end_of_the_stream() {
     let stop = ("audio-stop", json!({}), vec![]);
     let width4 = json!({"rate": 16000, "width": 4, "channels": 1});
     refused(&host, &[("audio-start", width4, vec![])], "width 4").await;
+    // A format field that is no whole number is said, not read as absent (it was taken for
+    // mono 16-bit and transcribed).
+    let text = json!({"rate": 16000, "width": 2, "channels": "2"});
+    let says = "`channels` must be a whole number";
+    refused(&host, &[("audio-start", text, vec![])], says).await;
+    let float = json!({"rate": 16000.0, "width": 2, "channels": 1});
+    let after = ("audio-chunk", json!({}), vec![0u8; 0]);
+    let odd = ("audio-chunk", json!({"width": "4"}), vec![0u8; 64]);
+    refused(
+        &host,
+        &[("audio-start", float, vec![]), after, odd],
+        "`width`",
+    )
+    .await;
+    let language = ("transcribe", json!({"language": 5}), vec![]);
+    refused(&host, &[language], "`language` must be a string").await;
     refused(&host, std::slice::from_ref(&stop), "before `audio-start`").await;
     // Half a sample: refused (a stray byte would shift every later sample), not dropped.
     let half = ("audio-chunk", format.clone(), vec![0, 0, 0]);
@@ -355,6 +371,10 @@ async fn a_broken_frame_gets_an_error_and_the_connection_closes() {
     let (kind, error) = client.recv().await;
     assert_eq!(kind, "error");
     assert_eq!(error["code"], "bad_event");
+    assert!(
+        error["text"].as_str().unwrap().contains("payload_length"),
+        "{error}"
+    );
     let mut rest = Vec::new();
     client.stream.read_to_end(&mut rest).await.unwrap();
     assert!(rest.is_empty(), "closed after the error");
@@ -370,6 +390,20 @@ async fn a_broken_frame_gets_an_error_and_the_connection_closes() {
     );
     assert!(
         error["text"].as_str().unwrap().contains("longer than"),
+        "{error}"
+    );
+    // Extra data that is not an object is told as such, not as a header without `type`.
+    let mut extra = Client::connect(&host).await;
+    extra
+        .stream
+        .get_mut()
+        .write_all(b"{\"type\":\"describe\",\"data_length\":3}\nabc")
+        .await
+        .unwrap();
+    let (_, error) = extra.recv().await;
+    let text = error["text"].as_str().unwrap();
+    assert!(
+        text.contains("extra data") && !text.contains("`type`"),
         "{error}"
     );
     // The server goes on.

@@ -35,6 +35,11 @@ pub(super) async fn read_form(
     let mut given = upload::Given::default();
     while let Some(field) = fields.next().await? {
         let name = field.name().unwrap_or("").to_string();
+        if name.is_empty() {
+            return Err(ApiError::bad_request(
+                "a form part has no name (or one that is not UTF-8): each part needs                  `Content-Disposition: form-data; name=\"…\"`",
+            ));
+        }
         if !(name.ends_with("[]") || name == "timestamp_granularities") {
             given.first(&name)?;
         }

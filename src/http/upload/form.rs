@@ -78,7 +78,8 @@ impl Given {
             let shown: String = name.chars().take(40).collect();
             return Err(ApiError::bad_request(format!(
                 "the form field `{shown}` is given twice; give it once"
-            )));
+            ))
+            .at(shown));
         }
         Ok(())
     }
