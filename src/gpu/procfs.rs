@@ -57,6 +57,12 @@ impl ProcFs {
         self.stat_field(pid, 22)
     }
 
+    /// Where `pid`'s command line lies in its memory (fields 48 and 49 of its `stat`: the
+    /// range `/proc/PID/cmdline` is read from).
+    pub fn arg_range(&self, pid: u32) -> Option<(usize, usize)> {
+        Some((self.stat_field(pid, 48)?, self.stat_field(pid, 49)?))
+    }
+
     /// The value of `name` in `pid`'s environment as it was started (`/proc/PID/environ`);
     /// `None` when absent or unreadable (another user's process, one gone).
     pub fn environ_value(&self, pid: u32, name: &str) -> Option<Vec<u8>> {

@@ -127,10 +127,31 @@ fn run_guard(read_end: RawFd, host: u32, token: &str) -> ! {
             }
         }
     }
+    retitle(b"gpuhost-guard");
     let (registered, seen) = watch(3, host);
     stop(&registered, &seen, token);
     // SAFETY: leave without running the host's atexit handlers or destructors.
     unsafe { libc::_exit(0) }
+}
+
+/// Writes `title` over the command line the guard shares with the host (forked, not started
+/// anew), so `/proc/PID/cmdline` reads `gpuhost-guard`: a `pkill -9 -f "gpuhost serve"` aimed
+/// at the host took the guard with it, and the workers' children then outlived both. (Its name,
+/// `comm`, is set too; `pkill gpuhost` still matches it, and nothing can stop a kill of both.)
+fn retitle(title: &[u8]) {
+    let Some((start, end)) = ProcFs::new("/proc").arg_range(std::process::id()) else {
+        return;
+    };
+    if start == 0 || end <= start {
+        return;
+    }
+    // SAFETY: [start, end) is this process's own argument area (on its initial stack, which is
+    // writable), as the kernel reports it; the process is single-threaded and nothing reads
+    // the arguments after this.
+    let area = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, end - start) };
+    area.fill(0);
+    let n = title.len().min(area.len() - 1);
+    area[..n].copy_from_slice(&title[..n]);
 }
 
 /// What the guard stops when the host dies.

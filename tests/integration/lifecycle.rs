@@ -360,3 +360,39 @@ async fn a_state_folder_that_cannot_be_one_is_refused_before_serving() {
     assert_eq!(mode & 0o777, 0o700);
     server.run(async {}).await.unwrap();
 }
+
+#[tokio::test]
+async fn the_guard_outlives_a_kill_aimed_at_the_hosts_command_line() {
+    // `pkill -9 -f "gpuhost serve …"`: every process whose command line matches the host's is
+    // SIGKILLed at once. The orphan guard, a fork of the host, had the same command line and
+    // died with it; the worker's session child then outlived both.
+    let binary = with_a_session_child("");
+    binary.ready_workers(1).await;
+    let children = child_pids(binary.dir.path());
+    assert_eq!(children.len(), 1, "{children:?}");
+    let procfs = gpuhost::gpu::procfs::ProcFs::new("/proc");
+    let host = binary.child.id();
+    let matching = procfs.cmdline(host).unwrap();
+    assert!(matching.contains("serve"), "{matching}");
+    let guard = procfs
+        .pids()
+        .into_iter()
+        .find(|&p| {
+            procfs.ppid(p) == Some(host) && procfs.comm(p).as_deref() == Some("gpuhost-guard")
+        })
+        .expect("the orphan guard runs");
+    let same: Vec<u32> = procfs
+        .pids()
+        .into_iter()
+        .filter(|&p| procfs.cmdline(p).as_deref() == Some(matching.as_str()))
+        .collect();
+    assert!(
+        !same.contains(&guard),
+        "the guard's command line is the host's: {same:?}"
+    );
+    for pid in same {
+        // SAFETY: kill(2) of the host this test started (the only process with its command line).
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    until_dead(children[0], "the session child to go with the host").await;
+}
