@@ -238,12 +238,15 @@ fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<gpuhost::Config
     Ok(config)
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
+/// Resolves on Ctrl-C, SIGTERM or SIGHUP (the terminal it ran in closed: it stops as on
+/// SIGTERM, each running job told so, rather than dying on the spot).
 async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("cannot install the SIGTERM handler");
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("cannot install the SIGTERM handler");
+    let mut hangup = signal(SignalKind::hangup()).expect("cannot install the SIGHUP handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+        _ = hangup.recv() => {}
     }
 }

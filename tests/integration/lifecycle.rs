@@ -109,6 +109,27 @@ async fn sigterm_stops_every_worker_and_ends_running_jobs() {
 }
 
 #[tokio::test]
+async fn sighup_stops_the_host_as_sigterm_does() {
+    // The terminal `gpuhost serve` ran in closed: a job in flight hears why it ended.
+    let mut served = serve().await;
+    let url = format!("{}/transcribe?prompt=fake:sleep=30000", served.url);
+    let job = tokio::spawn(async move { read_events(post_wav(url).await).await });
+    wait_busy(&served.url).await;
+    served.binary.signal(libc::SIGHUP);
+    let (status, served) =
+        tokio::task::spawn_blocking(move || served.binary.child.wait().map(|s| (s, served)))
+            .await
+            .unwrap()
+            .unwrap();
+    assert!(status.success(), "clean exit: {status:?}");
+    for pid in read_pids(served.pid_dir.path()) {
+        assert!(!pid_alive(pid), "worker {pid} survived SIGHUP of the host");
+    }
+    let (code, _) = error_of(&job.await.unwrap());
+    assert_eq!(code, "shutting_down");
+}
+
+#[tokio::test]
 async fn sigkill_of_the_host_takes_workers_within_two_seconds() {
     let mut served = serve().await;
     let pids = read_pids(served.pid_dir.path());
