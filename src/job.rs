@@ -336,16 +336,23 @@ fn ticket(
     ticket
 }
 
-/// Whether every one of `stages` runs on a loaded resident that said it runs on the CPU: the
-/// job takes nothing of any GPU (`Ticket::on_cpu`). A one-shot stage, or a resident not loaded
-/// now, has not said so; such a job takes the GPU as any other.
+/// Whether every one of `stages` runs on a resident that said, when it last loaded, that it runs
+/// on the CPU (loaded now, or unloaded or loading again since: its config is the same): the job
+/// takes nothing of any GPU (`Ticket::on_cpu`). A one-shot stage, or a resident that never
+/// loaded or is failing, has not said so; such a job takes the GPU as any other.
 fn runs_on_cpu(app: &AppState, stages: &[String]) -> bool {
     !stages.is_empty()
         && stages.iter().all(|stage| {
             app.supervisor.get(stage).is_some_and(|w| {
                 let status = w.status();
                 status.mode == crate::config::Mode::Resident
-                    && matches!(status.state, WorkerState::Ready | WorkerState::Busy)
+                    && matches!(
+                        status.state,
+                        WorkerState::Ready
+                            | WorkerState::Busy
+                            | WorkerState::Unloaded
+                            | WorkerState::Starting
+                    )
                     && status.loaded.as_ref().is_some_and(ReadyInfo::runs_on_cpu)
             })
         })

@@ -314,6 +314,18 @@ async fn workers_on_the_cpu_are_not_unloaded_and_their_jobs_run_beside_a_lease()
     assert!(holders.contains("speech job on the CPU"), "{holders}");
     let last = beside.until(ClientEvent::is_final).await;
     assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
+    // Unloaded (by hand, or idle), it still said where it runs: its next job, which loads it
+    // again, runs beside the lease too.
+    let unloaded = host.post("/workers/c/unload").send().await.unwrap();
+    assert_eq!(unloaded.status(), 200);
+    let events = host.transcribe("?stages=c", wav(1.0, 16_000, 1)).await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ClientEvent::Queued { .. })),
+        "{events:?}"
+    );
+    let _ = result_of(&events);
     // One that needs the other worker, unloaded for the lease, waits for the lease as ever.
     let mut waits = EventReader::new(
         host.post("/transcribe?stages=g,c")
