@@ -47,6 +47,8 @@ pub(super) async fn health(State(app): State<AppState>) -> Response {
         "workers": { "total": statuses.len(), "ready": ready, "loading": loading },
         "queue": { "running": app.queue.running(), "waiting": app.queue.waiting(), "max_waiting": app.config.limits.max_queue },
         "gpu": app.gpu_health(),
+        // Not a reason to restart by itself (running jobs would end): said, and logged.
+        "orphan_guard": if crate::process::guard::gone() { "gone" } else { "ok" },
     });
     (status, Json(body)).into_response()
 }

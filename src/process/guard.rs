@@ -36,6 +36,31 @@ use mark::marked_soon;
 pub use mark::MARK_VAR;
 
 static GUARD: OnceLock<OwnedFd> = OnceLock::new();
+/// The guard's pid, while this process has one.
+static GUARD_PID: OnceLock<libc::pid_t> = OnceLock::new();
+/// Set once the guard was found gone (reaped).
+static GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process has an orphan guard that has died (someone killed it): the workers'
+/// children would then outlive a killed host. The dead guard is reaped here, and said once in
+/// the log. `false` where there never was one (library use, tests in-process).
+pub fn gone() -> bool {
+    use std::sync::atomic::Ordering;
+    if GONE.load(Ordering::Relaxed) {
+        return true;
+    }
+    let Some(&pid) = GUARD_PID.get() else {
+        return false;
+    };
+    // SAFETY: waitpid on our own child, without blocking; reaps it if it has exited.
+    let reaped = unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+    let dead = reaped == pid
+        || (reaped < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD));
+    if dead && !GONE.swap(true, Ordering::Relaxed) {
+        tracing::error!(pid, "the orphan guard is gone: worker children may outlive a killed host; restart gpuhost to get a new one");
+    }
+    dead
+}
 
 /// Forks the guard. Call it from `main` while the process has a single thread (before the async
 /// runtime starts): the forked child then runs ordinary code safely.
@@ -58,6 +83,7 @@ pub fn install() -> io::Result<()> {
         }
         guard => {
             super::adopted::record(guard as u32);
+            let _ = GUARD_PID.set(guard);
             mark::set(mark);
             // SAFETY: the read end belongs to the guard now; the write end is ours alone.
             unsafe { libc::close(read_end) };

@@ -417,3 +417,40 @@ async fn the_guard_outlives_a_kill_aimed_at_the_hosts_command_line() {
     }
     until_dead(children[0], "the session child to go with the host").await;
 }
+
+#[tokio::test]
+async fn health_says_when_the_orphan_guard_was_killed_and_it_is_reaped() {
+    let binary = with_a_session_child("");
+    binary.ready_workers(1).await;
+    let health = |url: String| async move {
+        reqwest::get(format!("{url}/health"))
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    };
+    assert_eq!(health(binary.url.clone()).await["orphan_guard"], "ok");
+    let procfs = gpuhost::gpu::procfs::ProcFs::new("/proc");
+    let host = binary.child.id();
+    let guard = procfs
+        .pids()
+        .into_iter()
+        .find(|&p| {
+            procfs.ppid(p) == Some(host) && procfs.comm(p).as_deref() == Some("gpuhost-guard")
+        })
+        .expect("the orphan guard runs");
+    // SAFETY: kill(2) of the guard of the host this test started.
+    unsafe { libc::kill(guard as i32, libc::SIGKILL) };
+    let url = binary.url.clone();
+    wait_for("/health to say so", Duration::from_secs(10), || {
+        let url = url.clone();
+        async move { health(url).await["orphan_guard"] == "gone" }
+    })
+    .await;
+    // Reaped: no zombie of it is left under the host.
+    assert!(
+        procfs.ppid(guard) != Some(host),
+        "the dead guard was not reaped"
+    );
+}
