@@ -59,7 +59,13 @@ pub struct QueueFull {
 }
 
 impl QueueFull {
-    pub fn check(app: &AppState) -> Result<(), QueueFull> {
+    /// Before an upload of `stages` is read: full when `limits.max_queue` requests wait. A job
+    /// that runs on the CPU goes past them (`Ticket::on_cpu`): only joining the queue, after its
+    /// upload, tells whether it has to wait and so counts.
+    pub fn check(app: &AppState, stages: Option<&[String]>) -> Result<(), QueueFull> {
+        if stages.is_some_and(|stages| runs_on_cpu(app, stages)) {
+            return Ok(());
+        }
         if app.queue.waiting() >= app.config.limits.max_queue {
             return Err(QueueFull::now(app));
         }

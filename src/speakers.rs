@@ -237,7 +237,7 @@ impl Speakers {
         self.lock()
             .voices
             .values()
-            .filter(|v| model.map_or(true, |m| m == v.model))
+            .filter(|v| model.is_none_or(|m| m == v.model))
             .map(|v| json!({ "name": v.name, "model": v.model, "vector": v.print() }))
             .collect()
     }

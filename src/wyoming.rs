@@ -348,7 +348,7 @@ impl Connection {
         }
         // Whole frames only: a stray byte would shift every later sample by half of one.
         let frame = 2 * usize::from(*channels);
-        if payload.len() % frame != 0 {
+        if !payload.len().is_multiple_of(frame) {
             return Err(format!(
                 "an `audio-chunk` of {} bytes is not whole frames of {} 16-bit samples ({frame} bytes each)",
                 payload.len(),

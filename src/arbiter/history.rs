@@ -261,7 +261,7 @@ impl History {
         if rings.grants.front().is_some_and(|r| r.start < oldest) {
             rings
                 .grants
-                .retain(|r| r.end.map_or(true, |end| end >= oldest));
+                .retain(|r| r.end.is_none_or(|end| end >= oldest));
         }
         // A busy host (many short jobs) keeps the newest records only; cut in batches, so that
         // a full ring does not cost a pass per grant.
@@ -292,7 +292,7 @@ impl History {
             grants: rings
                 .grants
                 .iter()
-                .filter(|r| r.end.map_or(true, |end| end >= since))
+                .filter(|r| r.end.is_none_or(|end| end >= since))
                 .cloned()
                 .collect(),
         }

@@ -360,12 +360,10 @@ impl GpuQueue {
     /// service stops to make room only for the first kind.
     pub fn head_waits_for_room(&self) -> bool {
         let state = self.lock();
-        let Some(head) = state.waiting.first() else {
+        // Jobs on the CPU wait for a place among jobs only: the first of the others is the head.
+        let Some(head) = state.waiting.iter().find(|w| !w.ticket.on_cpu) else {
             return false;
         };
-        if head.ticket.on_cpu {
-            return false; // it waits for a place among jobs only
-        }
         if state
             .blocks
             .iter()

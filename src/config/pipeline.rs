@@ -99,7 +99,7 @@ impl PipelineConfig {
             let Some(at) = position(stage) else {
                 continue;
             };
-            if !position(input).is_some_and(|i| i < at) {
+            if position(input).is_none_or(|i| i >= at) {
                 return Err(format!(
                     "[pipeline] stages: `{stage}` works on the `{input}` stage's result, so \
                      `{input}` must come before it (stages = [\"diarizer\", \"{input}\", \"{stage}\"])"

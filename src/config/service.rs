@@ -77,7 +77,7 @@ impl ServiceConfig {
                 "{at}: name must be 1 to 64 letters, digits, - or _"
             ));
         }
-        if self.command.first().map_or(true, |p| p.is_empty()) {
+        if self.command.first().is_none_or(|p| p.is_empty()) {
             return Err(format!("{at}: command is empty"));
         }
         super::validate::launchable(&self.command, &self.env).map_err(|e| format!("{at}: {e}"))?;

@@ -127,7 +127,7 @@ pub(super) async fn refused(State(app): State<AppState>, request: Request, next:
 fn may_have_body(headers: &HeaderMap) -> bool {
     let length = declared_length(headers);
     let chunked = headers.contains_key(header::TRANSFER_ENCODING);
-    (chunked || length.is_some_and(|n| n > 0)) && !length.is_some_and(|n| n > DRAIN_BYTES)
+    (chunked || length.is_some_and(|n| n > 0)) && length.is_none_or(|n| n <= DRAIN_BYTES)
 }
 
 fn expects_continue(headers: &HeaderMap) -> bool {

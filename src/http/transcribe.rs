@@ -100,7 +100,8 @@ pub(super) async fn transcribe(
     let format = query.format;
     let priority = query.priority.unwrap_or(0);
     // Refuse before taking the upload when the queue is full already.
-    job::QueueFull::check(&app).map_err(|full| ApiError::queue_full(&full))?;
+    let stages = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref()).ok();
+    job::QueueFull::check(&app, stages.as_deref()).map_err(|full| ApiError::queue_full(&full))?;
     let mut job = prepare(&app, query, request).await?;
     job.priority = priority;
     let heartbeat = std::time::Duration::from_secs_f64(app.config.http.heartbeat_s);

@@ -155,7 +155,9 @@ impl FormIntake {
         app: &crate::AppState,
         request: Request,
     ) -> Result<(FormIntake, Request), ApiError> {
-        crate::job::QueueFull::check(app).map_err(|full| ApiError::queue_full(&full))?;
+        // Every request of a form goes through the whole pipeline.
+        crate::job::QueueFull::check(app, Some(&app.config.pipeline.stages))
+            .map_err(|full| ApiError::queue_full(&full))?;
         let limits = BodyLimits::from_config(&app.config);
         // Said before anything is read or made, as for `/transcribe`.
         if declared_length(request.headers()).is_some_and(|n| n > limits.max_bytes) {

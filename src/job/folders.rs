@@ -22,7 +22,7 @@ pub fn job_dir_for(config: &Config, upload: &Source) -> std::io::Result<tempfile
     if let Some(small) = config.small_temp_dir() {
         // A small folder (often a few MiB of shared memory in a container) with too little room
         // left for the copy and a result: the temp dir takes it.
-        let roomy = || free_bytes(&small).map_or(true, |free| free >= SMALL_ROOM);
+        let roomy = || free_bytes(&small).is_none_or(|free| free >= SMALL_ROOM);
         if audio::is_small_and_normalized(upload) && roomy() {
             match job_dir_in(small) {
                 Ok(dir) => return Ok(dir),

@@ -53,7 +53,7 @@ impl TempProbe {
         tokio::task::spawn_blocking(move || {
             let answer = temp_dir_usable(&dir);
             let mut last = lock(&shared);
-            let was_ok = last.answer.as_ref().map_or(true, |(_, a)| a.is_ok());
+            let was_ok = last.answer.as_ref().is_none_or(|(_, a)| a.is_ok());
             if let (true, Err(why)) = (was_ok, &answer) {
                 tracing::warn!(dir = %dir.display(), problem = %why, "the temp dir is unusable: no job can start");
             }

@@ -102,9 +102,7 @@ pub fn shows_as_text(label: &str) -> bool {
         // A mark sits on the character before it: at the start, after a space or a joiner it
         // sits on nothing that shows.
         if unicode_normalization::char::is_combining_mark(c)
-            && before.map_or(true, |b| {
-                b.is_whitespace() || matches!(b, '\u{200C}' | '\u{200D}')
-            })
+            && before.is_none_or(|b| b.is_whitespace() || matches!(b, '\u{200C}' | '\u{200D}'))
         {
             return false;
         }

@@ -2,6 +2,7 @@
 //! worker after a crash or hang (with backoff), and publishes its state.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -46,12 +47,22 @@ pub(super) struct Actor {
     /// The `Unload`s that arrived while a load or task was in progress: done right after it,
     /// each caller told the same.
     unload_after: Vec<oneshot::Sender<Option<u32>>>,
+    /// The load under way follows a failure (the worker read `exited`): stopped before it is
+    /// ready, the worker is still the failing one.
+    retrying: bool,
+    /// The last process an unload stopped, and when: an unload that comes while (or just
+    /// after) another stops it is told the same pid, not that nothing was stopped (make room
+    /// checks that pid's memory back).
+    last_stopped: Option<(u32, Instant)>,
 }
 
 /// What interrupted a load.
 enum Interrupted {
     Stop(oneshot::Sender<()>),
 }
+
+/// How long after an unload stopped a process another unload is told that pid.
+const JUST_STOPPED: Duration = Duration::from_secs(5);
 
 /// How waiting for `ready` ended.
 enum Loading {
@@ -79,6 +90,8 @@ impl Actor {
             answered: 0,
             load_error: None,
             unload_after: Vec::new(),
+            retrying: false,
+            last_stopped: None,
         }
     }
 
@@ -157,9 +170,13 @@ impl Actor {
                 let pid = session.pid();
                 session.stop(self.spec.stop_grace).await;
                 tracing::info!(worker = %self.spec.name, pid, "worker unloaded");
+                self.last_stopped = Some((pid, Instant::now()));
                 Some(pid)
             }
-            Life::Down { .. } => None,
+            Life::Down { .. } => self
+                .last_stopped
+                .filter(|(_, at)| at.elapsed() < JUST_STOPPED)
+                .map(|(pid, _)| pid),
         };
         // A worker that was down after failing stays `exited` (with its error): called
         // `unloaded`, it looked ready to take jobs it cannot load for. Either way it loads
@@ -168,7 +185,7 @@ impl Actor {
         // while it loaded again after failing is still the failing one.
         let state = match (self.status.borrow().state, self.spec.mode) {
             (WorkerState::Exited, _) => WorkerState::Exited,
-            (WorkerState::Starting, Mode::Resident) if self.failures > 0 => WorkerState::Exited,
+            (WorkerState::Starting, Mode::Resident) if self.retrying => WorkerState::Exited,
             (_, Mode::Oneshot) => WorkerState::Idle,
             _ => WorkerState::Unloaded,
         };
@@ -188,7 +205,10 @@ impl Actor {
         // A load that fails is judged by itself, not by a process before it (unloaded or
         // ended since, perhaps long up).
         (self.up_since, self.answered) = (None, 0);
+        self.retrying = self.status.borrow().state == WorkerState::Exited;
         let spawned = Session::spawn(&self.spec);
+        // A new process: an unload from now on stops it or nothing.
+        self.last_stopped = None;
         let pid = spawned.as_ref().ok().map(Session::pid);
         self.set_state(WorkerState::Starting, |s| {
             // Known while it loads: /status names its GPU process, its footprint is measured.

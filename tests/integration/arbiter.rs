@@ -272,7 +272,7 @@ async fn workers_on_the_cpu_are_not_unloaded_and_their_jobs_run_beside_a_lease()
         format!("env = {{ FAKE_READY_META = '{{\"protocol\":1,\"device\":\"{device}\"}}' }}")
     };
     let config = format!(
-        "[pipeline]\nstages = [\"g\", \"c\"]\n{}{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
+        "[limits]\nmax_queue = 1\n[pipeline]\nstages = [\"g\", \"c\"]\n{}{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
         fake_worker("g", &said("cuda")),
         fake_worker("c", &said("cpu/int8")),
         gpu.config("")
@@ -339,6 +339,10 @@ async fn workers_on_the_cpu_are_not_unloaded_and_their_jobs_run_beside_a_lease()
         matches!(&queued, Some(ClientEvent::Queued { waiting_for: Some(w), .. }) if w.contains("alice")),
         "{queued:?}"
     );
+    // That one fills the queue (limits.max_queue = 1); a job on the CPU goes past it all the
+    // same, not refused as if it had to wait.
+    let events = host.transcribe("?stages=c", wav(1.0, 16_000, 1)).await;
+    let _ = result_of(&events);
     assert_eq!(release(&host, lease_id).await, 200);
     let last = waits.until(ClientEvent::is_final).await;
     assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");

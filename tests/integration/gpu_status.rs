@@ -350,7 +350,7 @@ async fn failing_and_hanging_nvidia_smi_read_unknown() {
         "{s:#}"
     );
     assert!(
-        s["processes"].as_array().map_or(true, |p| p.is_empty()),
+        s["processes"].as_array().is_none_or(|p| p.is_empty()),
         "{s:#}"
     );
     gpu.set_state(IDLE);

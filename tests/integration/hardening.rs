@@ -229,7 +229,7 @@ async fn a_form_part_whose_headers_never_end_is_refused_early() {
     let host = TestHost::start(&asr_stage("")).await.ready().await;
     // 8 MiB of one header line: the parser would hold it all and search it again at every chunk.
     let mut body = b"--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"".to_vec();
-    body.extend(std::iter::repeat(b'a').take(8 << 20));
+    body.extend(std::iter::repeat_n(b'a', 8 << 20));
     for path in ["/transcribe", "/v1/audio/transcriptions"] {
         let response = host
             .post(path)

@@ -88,3 +88,47 @@ async fn a_one_shot_worker_unloaded_stays_idle() {
     assert_eq!(host.worker("w").await["state"], "idle");
     host.stop().await;
 }
+
+#[tokio::test]
+async fn two_unloads_of_an_idle_worker_both_hear_what_was_stopped() {
+    let host = TestHost::start(&one_stage("")).await.ready().await;
+    let pid = host.worker("w").await["pid"].as_u64();
+    let (first, second) = tokio::join!(unload(&host), unload(&host));
+    for answer in [&first, &second] {
+        assert_eq!(answer["state"], "unloaded", "{answer}");
+        assert_eq!(answer["stopped_pid"].as_u64(), pid, "{answer}");
+    }
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_worker_that_once_crashed_and_recovered_is_unloaded_not_failed() {
+    let host = TestHost::start(&one_stage("env = { FAKE_LOAD_MS = \"1500\" }"))
+        .await
+        .ready()
+        .await;
+    let (code, _) = error_of(
+        &host
+            .transcribe("?prompt=fake:crash", wav(0.5, 16000, 1))
+            .await,
+    );
+    assert_eq!(code, "worker_crashed");
+    let _ = result_of(&host.transcribe("", wav(0.5, 16000, 1)).await);
+    unload(&host).await;
+    assert_eq!(
+        host.post("/workers/w/load").send().await.unwrap().status(),
+        200
+    );
+    wait_for(
+        "the worker to be loading",
+        Duration::from_secs(10),
+        || async { host.worker("w").await["state"] == "starting" },
+    )
+    .await;
+    // Stopped while it loads again, it is an unloaded worker, not a failing one.
+    let answer = unload(&host).await;
+    assert_eq!(answer["state"], "unloaded", "{answer}");
+    let ready = host.get("/ready").send().await.unwrap();
+    assert_eq!(ready.status(), 200, "{:?}", ready.text().await);
+    host.stop().await;
+}

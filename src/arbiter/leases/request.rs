@@ -137,7 +137,7 @@ impl Leases {
                 };
                 let fits: Vec<&&Arc<Core>> = pool
                     .iter()
-                    .filter(|c| request.vram_mib.map_or(true, |need| free(c) >= need))
+                    .filter(|c| request.vram_mib.is_none_or(|need| free(c) >= need))
                     .collect();
                 let best = if fits.is_empty() {
                     pool.iter().max_by_key(|c| free(c))

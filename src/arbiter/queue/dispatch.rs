@@ -89,7 +89,7 @@ impl GpuQueue {
             return true;
         }
         let room = self.room.get().and_then(|r| (r.0)());
-        ticket.loads_model() || room.map_or(true, |r| r.unloaded_residents_mib > 0)
+        ticket.loads_model() || room.is_none_or(|r| r.unloaded_residents_mib > 0)
     }
 
     /// Whether a later waiter that fits may go before one that does not.
@@ -134,7 +134,9 @@ impl GpuQueue {
                 }
                 if loads {
                     passed_a_job = true;
-                } else {
+                } else if !ticket.on_cpu {
+                    // A job on the CPU waits for a job place only: nothing behind it that needs
+                    // the GPU waits for what it waits for.
                     stuck = true;
                 }
                 i += 1;
@@ -199,13 +201,14 @@ impl GpuQueue {
 }
 
 /// Whether `ticket` goes past every one of the waiters `ahead` (as `dispatch` lets it): a job
-/// on the CPU past anyone, a job of loaded workers past jobs that wait for what their one-shot
-/// stages need.
+/// on the CPU past anyone, anyone past jobs on the CPU (they wait for a job place only), a job
+/// of loaded workers past jobs that wait for what their one-shot stages need.
 pub(super) fn passes(ahead: &[Waiting], ticket: &Ticket) -> bool {
+    let loaded_job = ticket.kind == HolderKind::Job && !ticket.loads_model();
     ticket.on_cpu
-        || (ticket.kind == HolderKind::Job
-            && !ticket.loads_model()
-            && ahead.iter().all(|w| w.ticket.loads_model()))
+        || ahead
+            .iter()
+            .all(|w| w.ticket.on_cpu || (loaded_job && w.ticket.loads_model()))
 }
 
 /// The device's used memory outside the residents' footprints.

@@ -37,7 +37,8 @@ pub(super) async fn read_form(
         let name = field.name().unwrap_or("").to_string();
         if name.is_empty() {
             return Err(ApiError::bad_request(
-                "a form part has no name (or one that is not UTF-8): each part needs                  `Content-Disposition: form-data; name=\"…\"`",
+                "a form part has no name (or one that is not UTF-8): each part needs \
+                 `Content-Disposition: form-data; name=\"…\"`",
             ));
         }
         if !(name.ends_with("[]") || name == "timestamp_granularities") {

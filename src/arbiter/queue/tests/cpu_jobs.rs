@@ -92,3 +92,35 @@ async fn a_job_on_the_cpu_is_held_by_neither_a_block_nor_a_loading_program() {
     drop(_cpu);
     assert!(enqueue(&q, on_cpu()).granted().await.is_none());
 }
+
+#[tokio::test]
+async fn a_job_on_the_cpu_that_waits_for_a_job_place_holds_nobody_up() {
+    let q = GpuQueue::new(1);
+    let _running = enqueue(&q, on_cpu()).granted().await.unwrap();
+    let waits = enqueue(&q, on_cpu());
+    assert_eq!(waits.position(), Some(1), "one job place, taken");
+    // A lease needs the GPU, which neither job holds: it goes past the waiting one at once.
+    let lease_now = enqueue(&q, lease("alice", 0));
+    assert_eq!(lease_now.position(), None);
+    let _lease = lease_now.granted().await.unwrap();
+    // A job on the GPU behind them waits, for the lease and a job place.
+    let on_gpu = q.enqueue();
+    assert_eq!(on_gpu.position(), Some(2));
+    assert_eq!(q.gpu_holders(), 1);
+}
+
+#[tokio::test]
+async fn the_first_waiter_that_needs_the_gpu_is_the_one_that_waits_for_room() {
+    let q = GpuQueue::new(1);
+    let _running = enqueue(&q, on_cpu()).granted().await.unwrap();
+    let service = Ticket {
+        kind: HolderKind::Service,
+        ..lease("service llm", 0)
+    };
+    let _service = enqueue(&q, service).granted().await.unwrap();
+    let _waits = enqueue(&q, on_cpu());
+    assert!(!q.head_waits_for_room(), "a job on the CPU needs no room");
+    // A lease behind it waits for the service's GPU: a service idle long enough yields to it.
+    let _lease = enqueue(&q, lease("alice", 0));
+    assert!(q.head_waits_for_room());
+}
