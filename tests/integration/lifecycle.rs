@@ -395,13 +395,7 @@ async fn the_guard_outlives_a_kill_aimed_at_the_hosts_command_line() {
     let host = binary.child.id();
     let matching = procfs.cmdline(host).unwrap();
     assert!(matching.contains("serve"), "{matching}");
-    let guard = procfs
-        .pids()
-        .into_iter()
-        .find(|&p| {
-            procfs.ppid(p) == Some(host) && procfs.comm(p).as_deref() == Some("gpuhost-guard")
-        })
-        .expect("the orphan guard runs");
+    let guard = guard_of(host);
     let same: Vec<u32> = procfs
         .pids()
         .into_iter()
@@ -433,13 +427,7 @@ async fn health_says_when_the_orphan_guard_was_killed_and_it_is_reaped() {
     assert_eq!(health(binary.url.clone()).await["orphan_guard"], "ok");
     let procfs = gpuhost::gpu::procfs::ProcFs::new("/proc");
     let host = binary.child.id();
-    let guard = procfs
-        .pids()
-        .into_iter()
-        .find(|&p| {
-            procfs.ppid(p) == Some(host) && procfs.comm(p).as_deref() == Some("gpuhost-guard")
-        })
-        .expect("the orphan guard runs");
+    let guard = guard_of(host);
     // SAFETY: kill(2) of the guard of the host this test started.
     unsafe { libc::kill(guard as i32, libc::SIGKILL) };
     let url = binary.url.clone();
@@ -453,4 +441,16 @@ async fn health_says_when_the_orphan_guard_was_killed_and_it_is_reaped() {
         procfs.ppid(guard) != Some(host),
         "the dead guard was not reaped"
     );
+}
+
+/// The orphan guard of the host `host` (its child named `gpuhost-guard`).
+fn guard_of(host: u32) -> u32 {
+    let procfs = gpuhost::gpu::procfs::ProcFs::new("/proc");
+    procfs
+        .pids()
+        .into_iter()
+        .find(|&p| {
+            procfs.ppid(p) == Some(host) && procfs.comm(p).as_deref() == Some("gpuhost-guard")
+        })
+        .expect("the orphan guard runs")
 }
