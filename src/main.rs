@@ -239,14 +239,32 @@ fn load_config(path: Option<&std::path::Path>) -> anyhow::Result<gpuhost::Config
 }
 
 /// Resolves on Ctrl-C, SIGTERM or SIGHUP (the terminal it ran in closed: it stops as on
-/// SIGTERM, each running job told so, rather than dying on the spot).
+/// SIGTERM, each running job told so, rather than dying on the spot). Started under `nohup`
+/// (SIGHUP ignored), it keeps ignoring SIGHUP.
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("cannot install the SIGTERM handler");
-    let mut hangup = signal(SignalKind::hangup()).expect("cannot install the SIGHUP handler");
+    let mut hangup = (!hangup_ignored())
+        .then(|| signal(SignalKind::hangup()).expect("cannot install the SIGHUP handler"));
+    let hung_up = async {
+        match &mut hangup {
+            Some(hangup) => hangup.recv().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-        _ = hangup.recv() => {}
+        _ = hung_up => {}
+    }
+}
+
+/// Whether SIGHUP is ignored (as `nohup` leaves it for the program it starts).
+fn hangup_ignored() -> bool {
+    // SAFETY: sigaction with no new action only reads the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
     }
 }

@@ -275,9 +275,12 @@ impl GpuQueue {
         self.lock().waiting.len()
     }
 
-    /// The first waiter's ticket, if one waits.
+    /// The first waiter's ticket that wants the GPU (jobs on the CPU wait for a place among
+    /// jobs only), if one waits.
     pub fn head(&self) -> Option<Ticket> {
-        self.lock().waiting.first().map(|w| w.ticket.clone())
+        let state = self.lock();
+        let first = state.waiting.iter().find(|w| !w.ticket.on_cpu);
+        first.map(|w| w.ticket.clone())
     }
 
     /// How many hold the GPU itself (not the jobs that run on the CPU).
@@ -360,7 +363,7 @@ impl GpuQueue {
     /// service stops to make room only for the first kind.
     pub fn head_waits_for_room(&self) -> bool {
         let state = self.lock();
-        // Jobs on the CPU wait for a place among jobs only: the first of the others is the head.
+        // The same head as `head()`.
         let Some(head) = state.waiting.iter().find(|w| !w.ticket.on_cpu) else {
             return false;
         };

@@ -57,10 +57,12 @@ impl ProcFs {
         self.stat_field(pid, 22)
     }
 
-    /// Where `pid`'s command line lies in its memory (fields 48 and 49 of its `stat`: the
-    /// range `/proc/PID/cmdline` is read from).
-    pub fn arg_range(&self, pid: u32) -> Option<(usize, usize)> {
-        Some((self.stat_field(pid, 48)?, self.stat_field(pid, 49)?))
+    /// Where this process's command line lies in its memory (fields 48 and 49 of
+    /// `/proc/self/stat`: the range `/proc/PID/cmdline` is read from).
+    pub fn own_arg_range(&self) -> Option<(usize, usize)> {
+        let stat = std::fs::read_to_string(self.root.join("self").join("stat")).ok()?;
+        let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(48 - 3);
+        Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
     }
 
     /// The value of `name` in `pid`'s environment as it was started (`/proc/PID/environ`);

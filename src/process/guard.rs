@@ -165,7 +165,8 @@ fn run_guard(read_end: RawFd, host: u32, token: &str) -> ! {
 /// at the host took the guard with it, and the workers' children then outlived both. (Its name,
 /// `comm`, is set too; `pkill gpuhost` still matches it, and nothing can stop a kill of both.)
 fn retitle(title: &[u8]) {
-    let Some((start, end)) = ProcFs::new("/proc").arg_range(std::process::id()) else {
+    // `self`, not the pid: a /proc of another pid namespace has some other process at our pid.
+    let Some((start, end)) = ProcFs::new("/proc").own_arg_range() else {
         return;
     };
     if start == 0 || end <= start {

@@ -130,6 +130,20 @@ async fn sighup_stops_the_host_as_sigterm_does() {
 }
 
 #[tokio::test]
+async fn under_nohup_a_sighup_passes_the_host_by() {
+    let binary = Binary::start_nohup(&format!(
+        "[pipeline]\nstages = [\"w\"]\n{}",
+        fake_worker("w", "")
+    ));
+    binary.ready_workers(1).await;
+    binary.signal(libc::SIGHUP);
+    // Still serving: a job after the hangup runs.
+    let events = read_events(post_wav(format!("{}/transcribe", binary.url)).await).await;
+    let _ = result_of(&events);
+    assert!(pid_alive(binary.child.id()));
+}
+
+#[tokio::test]
 async fn sigkill_of_the_host_takes_workers_within_two_seconds() {
     let mut served = serve().await;
     let pids = read_pids(served.pid_dir.path());

@@ -336,7 +336,17 @@ pub struct Binary {
 impl Binary {
     /// Starts the binary with `toml` and extra environment; returns once it listens.
     pub fn start(toml: &str, env: &[(&str, &str)]) -> Binary {
+        Binary::start_as(toml, env, false)
+    }
+
+    /// `start`, with SIGHUP ignored as `nohup` leaves it.
+    pub fn start_nohup(toml: &str) -> Binary {
+        Binary::start_as(toml, &[], true)
+    }
+
+    fn start_as(toml: &str, env: &[(&str, &str)], nohup: bool) -> Binary {
         use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
         let dir = tempfile::tempdir().unwrap();
         let text = toml.replace("{DIR}", &dir.path().display().to_string());
         let config = dir.path().join("gpuhost.toml");
@@ -350,6 +360,15 @@ impl Binary {
             .stdout(std::process::Stdio::null());
         for (key, value) in env {
             command.env(key, value);
+        }
+        if nohup {
+            // SAFETY: signal(2) only, between fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::signal(libc::SIGHUP, libc::SIG_IGN);
+                    Ok(())
+                });
+            }
         }
         let mut child = command.spawn().unwrap();
         let stderr = child.stderr.take().unwrap();

@@ -123,4 +123,9 @@ async fn the_first_waiter_that_needs_the_gpu_is_the_one_that_waits_for_room() {
     // A lease behind it waits for the service's GPU: a service idle long enough yields to it.
     let _lease = enqueue(&q, lease("alice", 0));
     assert!(q.head_waits_for_room());
+    assert_eq!(
+        q.head().map(|t| t.label).as_deref(),
+        Some("alice"),
+        "the service yields to it"
+    );
 }
