@@ -225,11 +225,12 @@ pub(super) async fn unload(
     ))
 }
 
-/// Loads an unloaded resident worker now, unless its GPU is held for a lease or a service.
+/// Loads an unloaded resident worker now, unless its GPU is held for a lease or a service (and
+/// it did not say it runs on the CPU).
 #[utoipa::path(post, path = "/workers/{name}/load", params(("name" = String, Path, description = "Worker name")), responses(
     (status = 200, description = "Loading", body = Object),
     (status = 404, description = "No such worker", body = ErrorBody),
-    (status = 409, description = "A one-shot worker (nothing to load), or its GPU is held for a lease or a service", body = ErrorBody),
+    (status = 409, description = "A one-shot worker (nothing to load), or its GPU is held for a lease or a service (not for a worker on the CPU)", body = ErrorBody),
     super::openapi::GuardErrors,
 ), security(("bearer" = [])))]
 pub(super) async fn load(
@@ -246,8 +247,13 @@ pub(super) async fn load(
         )));
     }
     // Loaded beside a lease's program or a service, it would take their memory: it loads again
-    // by itself once the GPU is released.
-    let core = app.arbiter.core_for(handle.device());
+    // by itself once the GPU is released. One that said it runs on the CPU takes none.
+    let on_cpu = handle
+        .status()
+        .loaded
+        .as_ref()
+        .is_some_and(crate::protocol::ReadyInfo::runs_on_cpu);
+    let core = app.arbiter.core_for(handle.device()).filter(|_| !on_cpu);
     if let Some(why) = core.and_then(|core| core.busy_reason()) {
         return Err(conflict(format!(
             "worker `{name}` is not loaded now: {why}; it loads again once that is over"

@@ -200,7 +200,9 @@ impl Actor {
 
     /// Starts the process and waits for `ready`, still answering `Stop` meanwhile, and `Unload`
     /// when no task waits for the load (`for_task`, `pending`): a load that hangs then holds
-    /// nobody up to its timeout. With a task waiting, the unload comes after it, as ever.
+    /// nobody up to its timeout. A load for a task (`for_task`) is unloaded after that task;
+    /// otherwise the unload comes once the load ends, before the tasks that came meanwhile
+    /// (which load the worker again).
     async fn load(&mut self, for_task: bool) -> Result<(), Interrupted> {
         // A load that fails is judged by itself, not by a process before it (unloaded or
         // ended since, perhaps long up).

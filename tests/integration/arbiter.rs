@@ -314,8 +314,18 @@ async fn workers_on_the_cpu_are_not_unloaded_and_their_jobs_run_beside_a_lease()
     assert!(holders.contains("speech job on the CPU"), "{holders}");
     let last = beside.until(ClientEvent::is_final).await;
     assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
-    // Unloaded (by hand, or idle), it still said where it runs: its next job, which loads it
-    // again, runs beside the lease too.
+    // Unloaded (by hand, or idle), it still said where it runs: it may be loaded by hand
+    // beside the lease (the one on the GPU may not), and its next job runs beside the lease too.
+    let unloaded = host.post("/workers/c/unload").send().await.unwrap();
+    assert_eq!(unloaded.status(), 200);
+    let refused = host.post("/workers/g/load").send().await.unwrap();
+    assert_eq!(refused.status(), 409);
+    let loaded = host.post("/workers/c/load").send().await.unwrap();
+    assert_eq!(loaded.status(), 200);
+    wait_for("c to be loaded again", Duration::from_secs(10), || async {
+        host.worker("c").await["state"] == "ready"
+    })
+    .await;
     let unloaded = host.post("/workers/c/unload").send().await.unwrap();
     assert_eq!(unloaded.status(), 200);
     let events = host.transcribe("?stages=c", wav(1.0, 16_000, 1)).await;
