@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use crate::arbiter::queue::Turn;
 use crate::audio::{self, AudioError, AudioInfo, Source};
 use crate::pipeline::JobOptions;
-use crate::protocol::{ClientEvent, ErrorCode, ReadyInfo};
+use crate::protocol::{ClientEvent, ErrorCode};
 use crate::worker::WorkerState;
 use crate::AppState;
 
@@ -142,17 +142,18 @@ pub fn start_job(
     app: AppState,
     job: PreparedJob,
 ) -> Result<mpsc::Receiver<ClientEvent>, QueueFull> {
+    let on_cpu = runs_on_cpu(&app, &job.stages);
     let waiter = app
         .queue
         .try_enqueue(
-            ticket(&app, app.arbiter.core(), &job.stages, job.priority),
+            ticket(&app, app.arbiter.core(), &job, on_cpu),
             app.config.limits.max_queue,
         )
         .ok_or_else(|| QueueFull::now(&app))?;
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(async move {
         let events = tx.clone();
-        let outcome = std::panic::AssertUnwindSafe(run_job(app, job, waiter, events))
+        let outcome = std::panic::AssertUnwindSafe(run_job(app, job, waiter, on_cpu, events))
             .catch_unwind()
             .await;
         if outcome.is_err() {
@@ -183,6 +184,7 @@ async fn run_job(
     app: AppState,
     job: PreparedJob,
     mut waiter: crate::arbiter::queue::Waiter,
+    on_cpu: bool,
     tx: mpsc::Sender<ClientEvent>,
 ) {
     let permit = loop {
@@ -205,11 +207,17 @@ async fn run_job(
     // Its stages' workers pinned to other GPUs: those GPUs' queues too, after this one and in
     // the order of their indices (every job takes them in the same order: no two wait on each
     // other), so a lease or service there is never run beside them.
+    // A job on the CPU takes nothing of any GPU: no other GPU's queue either.
     let mut pinned = Vec::new();
-    for core in pinned_cores(&app, &job.stages) {
+    let others = if on_cpu {
+        Vec::new()
+    } else {
+        pinned_cores(&app, &job.stages)
+    };
+    for core in others {
         let waiter = core
             .queue
-            .try_enqueue(ticket(&app, &core, &job.stages, job.priority), usize::MAX)
+            .try_enqueue(ticket(&app, &core, &job, false), usize::MAX)
             .expect("an unbounded queue is never full");
         if let Some(position) = waiter.position() {
             let _ = tx.try_send(ClientEvent::Queued {
@@ -314,20 +322,20 @@ pub fn finish_result(mut result: Value, job: &PreparedJob) -> Value {
 /// A job's ticket on `core`'s queue. Its one-shot stages there load their model for the job:
 /// no residents, so their memory is the job's own need (unknown when one's footprint is), and a
 /// watched program that loads holds the job back as it does a lease. A job whose stages all
-/// run on the CPU takes nothing of the GPU (`runs_on_cpu`).
+/// run on the CPU (`on_cpu`, from `runs_on_cpu`) takes nothing of the GPU.
 fn ticket(
     app: &AppState,
     core: &crate::arbiter::Core,
-    stages: &[String],
-    priority: i32,
+    job: &PreparedJob,
+    on_cpu: bool,
 ) -> crate::arbiter::queue::Ticket {
-    let mut ticket = crate::arbiter::queue::Ticket::job(priority);
-    if runs_on_cpu(app, stages) {
+    let mut ticket = crate::arbiter::queue::Ticket::job(job.priority);
+    if on_cpu {
         ticket.on_cpu = true;
         ticket.label = "speech job on the CPU".into();
         return ticket;
     }
-    for stage in stages {
+    for stage in &job.stages {
         let Some(status) = app.supervisor.get(stage).map(|w| w.status()) else {
             continue;
         };
@@ -359,7 +367,7 @@ fn runs_on_cpu(app: &AppState, stages: &[String]) -> bool {
                             | WorkerState::Unloaded
                             | WorkerState::Starting
                     )
-                    && status.loaded.as_ref().is_some_and(ReadyInfo::runs_on_cpu)
+                    && status.runs_on_cpu()
             })
         })
 }

@@ -64,6 +64,14 @@ pub struct WorkerStatus {
 }
 
 impl WorkerStatus {
+    /// Whether the worker said, when it last loaded, that it runs on the CPU (`ready`'s
+    /// `device`): it holds no GPU memory. Its config, and so its device, stays the same.
+    pub fn runs_on_cpu(&self) -> bool {
+        self.loaded
+            .as_ref()
+            .is_some_and(crate::protocol::ReadyInfo::runs_on_cpu)
+    }
+
     fn new(spec: &WorkerSpec) -> WorkerStatus {
         WorkerStatus {
             name: spec.name.clone(),

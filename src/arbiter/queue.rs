@@ -155,6 +155,11 @@ impl QueueState {
             .count()
     }
 
+    /// The first waiter that wants the GPU (jobs on the CPU wait for a place among jobs only).
+    fn gpu_head(&self) -> Option<&Waiting> {
+        self.waiting.iter().find(|w| !w.ticket.on_cpu)
+    }
+
     /// Whether every holder runs on the CPU (or none holds): the GPU itself is nobody's.
     fn gpu_unheld(&self) -> bool {
         self.holding.iter().all(|h| h.ticket.on_cpu)
@@ -278,15 +283,16 @@ impl GpuQueue {
     /// The first waiter's ticket that wants the GPU (jobs on the CPU wait for a place among
     /// jobs only), if one waits.
     pub fn head(&self) -> Option<Ticket> {
-        let state = self.lock();
-        let first = state.waiting.iter().find(|w| !w.ticket.on_cpu);
-        first.map(|w| w.ticket.clone())
+        self.lock().gpu_head().map(|w| w.ticket.clone())
     }
 
     /// How many hold the GPU itself (not the jobs that run on the CPU).
     pub fn gpu_holders(&self) -> usize {
-        let state = self.lock();
-        state.holding.iter().filter(|h| !h.ticket.on_cpu).count()
+        self.lock()
+            .holding
+            .iter()
+            .filter(|h| !h.ticket.on_cpu)
+            .count()
     }
 
     /// Whether an exclusive grant (service or lease) is held now.
@@ -363,8 +369,7 @@ impl GpuQueue {
     /// service stops to make room only for the first kind.
     pub fn head_waits_for_room(&self) -> bool {
         let state = self.lock();
-        // The same head as `head()`.
-        let Some(head) = state.waiting.iter().find(|w| !w.ticket.on_cpu) else {
+        let Some(head) = state.gpu_head() else {
             return false;
         };
         if state

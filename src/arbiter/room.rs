@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::{Mode, WatchConfig};
-use crate::protocol::{GrantEvent, ReadyInfo};
+use crate::protocol::GrantEvent;
 use crate::worker::WorkerState;
 
 use super::queue::Block;
@@ -133,8 +133,7 @@ impl Core {
                 );
             // One that said it runs on the CPU frees nothing here: unloaded, it only cost its
             // next job the load.
-            let on_cpu = status.loaded.as_ref().is_some_and(ReadyInfo::runs_on_cpu);
-            if !resident_up || on_cpu {
+            if !resident_up || status.runs_on_cpu() {
                 continue;
             }
             let Some(handle) = self.supervisor.get(&status.name) else {

@@ -248,11 +248,7 @@ pub(super) async fn load(
     }
     // Loaded beside a lease's program or a service, it would take their memory: it loads again
     // by itself once the GPU is released. One that said it runs on the CPU takes none.
-    let on_cpu = handle
-        .status()
-        .loaded
-        .as_ref()
-        .is_some_and(crate::protocol::ReadyInfo::runs_on_cpu);
+    let on_cpu = handle.status().runs_on_cpu();
     let core = app.arbiter.core_for(handle.device()).filter(|_| !on_cpu);
     if let Some(why) = core.and_then(|core| core.busy_reason()) {
         return Err(conflict(format!(

@@ -99,10 +99,13 @@ pub(super) async fn transcribe(
     let Query(query) = query.map_err(|e| ApiError::unparsed("query", e.body_text()))?;
     let format = query.format;
     let priority = query.priority.unwrap_or(0);
+    // Refused here, the upload is still unread: the `drain` layer reads it after the error
+    // goes out, so a client still sending it can read why.
+    let stages = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref())
+        .map_err(ApiError::bad_request)?;
     // Refuse before taking the upload when the queue is full already.
-    let stages = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref()).ok();
-    job::QueueFull::check(&app, stages.as_deref()).map_err(|full| ApiError::queue_full(&full))?;
-    let mut job = prepare(&app, query, request).await?;
+    job::QueueFull::check(&app, Some(&stages)).map_err(|full| ApiError::queue_full(&full))?;
+    let mut job = prepare(&app, query, stages, request).await?;
     job.priority = priority;
     let heartbeat = std::time::Duration::from_secs_f64(app.config.http.heartbeat_s);
     let events = start_job(app, job).map_err(|full| ApiError::queue_full(&full))?;
@@ -140,18 +143,15 @@ pub(super) fn job_error(code: ErrorCode, message: String) -> ApiError {
     ApiError::new(status, code.as_str(), message)
 }
 
-/// Validates options, stores and decodes the upload. All client mistakes surface here, as
-/// HTTP errors, before anything is queued.
+/// Validates options, stores and decodes the upload of a job of `stages`. All client mistakes
+/// surface here (or in selecting the stages), as HTTP errors, before anything is queued.
 pub(super) async fn prepare(
     app: &AppState,
     query: TranscribeQuery,
+    stages: Vec<String>,
     request: Request,
 ) -> Result<PreparedJob, ApiError> {
     let limits = upload::BodyLimits::from_config(&app.config);
-    // Refused here, the upload is still unread: the `drain` layer reads it after the error
-    // goes out, so a client still sending it can read why.
-    let stages = job::select_stages(&app.config.pipeline.stages, query.stages.as_deref())
-        .map_err(ApiError::bad_request)?;
     if let Some(format) = query.format {
         crate::render::fits(format, &stages).map_err(ApiError::bad_request)?;
     }
