@@ -81,8 +81,10 @@ pub struct GrantRecord {
     pub end: Option<f64>,
     /// Seconds it waited in the queue before the grant.
     pub waited_s: f64,
-    /// The highest device memory use sampled while it held the GPU.
+    /// The highest device memory use sampled while it held the GPU (none for a job on the CPU).
     pub peak_mib: Option<u64>,
+    /// A speech job whose every stage runs on the CPU: it took a place among jobs, not the GPU.
+    pub on_cpu: bool,
 }
 
 #[derive(Debug, Default)]
@@ -151,8 +153,16 @@ impl History {
         self.rings.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A queue grant began (`id` is the queue's).
-    pub fn granted(&self, id: u64, device: u32, kind: HolderKind, holder: &str, waited: Duration) {
+    /// A queue grant began (`id` is the queue's; `on_cpu`: a job that takes no GPU).
+    pub fn granted(
+        &self,
+        id: u64,
+        device: u32,
+        kind: HolderKind,
+        holder: &str,
+        waited: Duration,
+        on_cpu: bool,
+    ) {
         let record = GrantRecord {
             id,
             device,
@@ -162,8 +172,9 @@ impl History {
             end: None,
             waited_s: (waited.as_secs_f64() * 1000.0).round() / 1000.0,
             peak_mib: None,
+            on_cpu,
         };
-        tracing::info!(target: "gpuhost::audit", grant = id, device, kind = record.kind.as_str(), holder, waited_s = record.waited_s, "GPU granted");
+        tracing::info!(target: "gpuhost::audit", grant = id, device, kind = record.kind.as_str(), holder, waited_s = record.waited_s, on_cpu, "GPU granted");
         let mut rings = self.lock();
         rings.grants.push_back(record);
         self.trim(&mut rings);
@@ -200,6 +211,7 @@ impl History {
             end: None,
             waited_s: 0.0,
             peak_mib: None,
+            on_cpu: false,
         });
         self.trim(&mut rings);
         id
@@ -238,7 +250,11 @@ impl History {
         if rings.samples.back().is_some_and(|s| s.t >= t) {
             return;
         }
-        for r in rings.grants.iter_mut().filter(|r| r.end.is_none()) {
+        for r in rings
+            .grants
+            .iter_mut()
+            .filter(|r| r.end.is_none() && !r.on_cpu)
+        {
             if let Some(g) = gpus.iter().find(|g| g.index == r.device) {
                 r.peak_mib = Some(r.peak_mib.unwrap_or(0).max(g.memory_used_mib));
             }

@@ -360,6 +360,65 @@ async fn workers_on_the_cpu_are_not_unloaded_and_their_jobs_run_beside_a_lease()
 }
 
 #[tokio::test]
+async fn a_job_on_the_cpu_leaves_its_gpu_free_for_any_lease_and_says_so_in_the_history() {
+    // GPU 0 has the most free memory; only a speech job on the CPU holds its queue.
+    let gpu = FakeGpu::new(
+        "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\ngpu: NVIDIA RTX A4000, 0, 300, 16376, 35, 20.0\n",
+    );
+    let config = format!(
+        "[gpu]\ndevices = [0, 1]\n[pipeline]\nstages = [\"c\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
+        fake_worker(
+            "c",
+            "env = { FAKE_READY_META = '{\"protocol\":1,\"device\":\"cpu\"}' }"
+        ),
+        gpu.config("")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let mut job = EventReader::new(
+        host.post("/transcribe?prompt=fake:sleep=2000")
+            .body(wav(1.0, 16_000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let first = job.next().await;
+    assert!(matches!(&first, Some(e) if started(e)), "{first:?}");
+    let any = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "y", "vram_mib": 1000, "device": "any"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(any.status(), 200);
+    let held = leases(&host).await;
+    assert_eq!(
+        held[0]["device"], 0,
+        "the job takes none of GPU 0: {held:?}"
+    );
+    let last = job.until(ClientEvent::is_final).await;
+    assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
+    // The history records the job as one on the CPU, with no GPU memory credited to it.
+    let history: Value = host
+        .get("/gpu/history")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let grants = history["grants"].as_array().unwrap();
+    let job = grants.iter().find(|g| g["kind"] == "job").unwrap();
+    assert_eq!(
+        (&job["on_cpu"], &job["peak_mib"]),
+        (&json!(true), &Value::Null),
+        "{history:#}"
+    );
+    let lease = grants.iter().find(|g| g["kind"] == "lease").unwrap();
+    assert_eq!(lease["on_cpu"], false, "{history:#}");
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn release_calls_and_stubborn_services_are_torn_down() {
     let gpu = FakeGpu::new(IDLE);
     let release = service(

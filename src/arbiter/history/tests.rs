@@ -32,6 +32,15 @@ fn grants_record_their_peak_and_old_samples_fall_out() {
         HolderKind::Lease,
         "lease 1 (alice)",
         Duration::from_millis(1500),
+        false,
+    );
+    h.granted(
+        2,
+        0,
+        HolderKind::Job,
+        "speech job on the CPU",
+        Duration::ZERO,
+        true,
     );
     h.sample(&snap(now - Duration::from_secs(1), 9000), |_| 2);
     h.sample(&snap(now - Duration::from_secs(1), 9999), |_| 2); // the same sample again
@@ -46,9 +55,16 @@ fn grants_record_their_peak_and_old_samples_fall_out() {
         (GrantKind::Lease, Some(9000), 1.5)
     );
     assert!(g.end.is_some());
+    let cpu = &v.grants[1];
+    assert_eq!(
+        (cpu.on_cpu, cpu.peak_mib, cpu.end),
+        (true, None, None),
+        "a job on the CPU is not credited with the GPU's memory"
+    );
+    h.released(0, 2);
     let e = h.begin_event(0, GrantKind::Unload, "worker asr");
     assert!(e >= EVENT_IDS);
-    assert!(h.view(None).grants[1].end.is_none());
+    assert!(h.view(None).grants[2].end.is_none());
     h.end_event(e);
     assert!(h.view(Some(unix_now() + 10.0)).grants.is_empty());
 }
@@ -56,10 +72,10 @@ fn grants_record_their_peak_and_old_samples_fall_out() {
 #[test]
 fn a_busy_host_keeps_the_newest_records_and_open_ones() {
     let h = History::new(Duration::from_secs(3600));
-    h.granted(0, 0, HolderKind::Lease, "long lease", Duration::ZERO);
+    h.granted(0, 0, HolderKind::Lease, "long lease", Duration::ZERO, false);
     let jobs = MAX_GRANT_RECORDS as u64 * 2;
     for id in 1..=jobs {
-        h.granted(id, 0, HolderKind::Job, "job", Duration::ZERO);
+        h.granted(id, 0, HolderKind::Job, "job", Duration::ZERO, false);
         h.released(0, id);
     }
     let v = h.view(None);
@@ -73,7 +89,7 @@ fn long_holder_labels_are_cut_in_the_record() {
     let h = History::new(Duration::from_secs(60));
     // A lease's holder and purpose may be 8 KiB each; 10 000 such records were 160 MB.
     let long = "가".repeat(8192);
-    h.granted(1, 0, HolderKind::Lease, &long, Duration::ZERO);
+    h.granted(1, 0, HolderKind::Lease, &long, Duration::ZERO, false);
     let id = h.begin_event(0, GrantKind::Reload, "short");
     let view = h.view(None);
     let kept = &view.grants[0].holder;

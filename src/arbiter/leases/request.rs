@@ -101,7 +101,8 @@ impl Leases {
     }
 
     /// The device a request gets: the one it names, else `[gpu] device`; with `"any"`, the
-    /// device with the most free memory among those nobody holds or waits for (else among all).
+    /// device with the most free memory among those nobody holds or waits for (else among all;
+    /// speech jobs on the CPU hold and wait for no GPU).
     pub fn device_for(&self, request: &LeaseRequest) -> Result<u32, String> {
         let known = || {
             self.cores
@@ -128,7 +129,8 @@ impl Leases {
                 let quiet: Vec<&Arc<Core>> = self
                     .cores
                     .iter()
-                    .filter(|c| c.queue.running() == 0 && c.queue.waiting() == 0)
+                    // Jobs on the CPU take none of a GPU: one that only they hold is quiet.
+                    .filter(|c| c.queue.gpu_holders() == 0 && c.queue.head().is_none())
                     .collect();
                 let pool: Vec<&Arc<Core>> = if quiet.is_empty() {
                     self.cores.iter().collect()

@@ -149,8 +149,14 @@ impl GpuQueue {
                 since,
             } = state.waiting.remove(i);
             if tx.send(()).is_ok() {
-                self.history
-                    .granted(id, self.device, ticket.kind, &ticket.label, since.elapsed());
+                self.history.granted(
+                    id,
+                    self.device,
+                    ticket.kind,
+                    &ticket.label,
+                    since.elapsed(),
+                    ticket.on_cpu,
+                );
                 if state.gpu_unheld() && !ticket.on_cpu {
                     // The memory used outside the residents before this holder takes any.
                     state.taken_from = room.as_ref().map(outside);
