@@ -60,6 +60,19 @@ def test_aligns_every_word_in_order(aligner, speech_wav):
     assert abs(words[0]["start"] - first_voiced) < 0.12
 
 
+def test_digital_silence_does_not_keep_words_from_aligning(aligner, tmp_path):
+    from gpuhost_worker.testing import speech_wav as make_speech
+
+    # The README's first example. Resampled by ffmpeg (as gpuhost does), its pauses are exact
+    # zeros (sox dithers them): pocketsphinx then aligned 1 of its 5 words.
+    text = "hello from the speech pipeline"
+    audio = read_wav(make_speech(text, str(tmp_path), voice="en", rate_wpm=175)).copy()
+    audio[np.abs(audio) <= 1] = 0
+    assert (audio == 0).mean() > 0.2
+    result = aligner.align(audio, rough_words(audio, text))
+    assert result["aligned_words"] == result["total_words"] == 5, result
+
+
 def test_out_of_vocabulary_words_still_align(aligner, speech_wav):
     audio = read_wav(speech_wav)
     result = aligner.align(

@@ -8,6 +8,8 @@ to make it reliable:
 - retry a fixed list of beam settings: the defaults fail on telephone audio, very wide beams
   (1e-80) work there, and success is not monotonic in beam width;
 - accept a result only when every word came back (it can return a partial alignment silently);
+- dither the audio by about one 16-bit step: digital silence (exact zeros) makes whole
+  segments fail;
 - add out-of-vocabulary words with a letter-to-phone pronunciation;
 - a stretch that does not align (overlapped speech, one misheard word) is cut in two at the
   widest pause between the ASR's words and each half aligned alone, twice over at most;
@@ -80,7 +82,7 @@ class SphinxAligner:
         how many beam settings to try (all when None), the last one that worked first."""
         noise_level = max(4.0, float(np.percentile(np.abs(audio), 10)) if audio.size else 4.0)
         pad = (self._rng.standard_normal(int(PAD_S * RATE)) * noise_level).astype(np.int16)
-        padded = np.concatenate([pad, audio, pad]).tobytes()
+        padded = np.concatenate([pad, _dithered(audio, self._rng), pad]).tobytes()
         text = " ".join(tokens)
         order = [self._preferred] + [i for i in range(len(self._decoders)) if i != self._preferred]
         for i in order[:tries]:
@@ -171,6 +173,17 @@ class SphinxAligner:
             if progress:
                 progress(i + 1, len(segments))
         return result(self.name, out_segments, len(audio) / RATE)
+
+
+def _dithered(audio: np.ndarray, rng) -> np.ndarray:
+    """`audio` with noise of about one 16-bit step added (90 dB below full scale). Stretches of
+    digital silence (exact zeros: synthesized speech, a noise gate, the silent parts of a video)
+    give pocketsphinx's features the log of zero, and whole segments then fail to align: the
+    README's espeak-ng example, resampled by ffmpeg, aligned 2 of its 5 words. Sphinx's own
+    `dither` option does this, but from a generator that runs on across requests; this one is the
+    request's (reset in `align`), so the same request still gets the same times."""
+    noisy = audio.astype(np.float32) + rng.standard_normal(audio.size, dtype=np.float32)
+    return np.clip(np.rint(noisy), -32768, 32767).astype(np.int16)
 
 
 def _written(words: list) -> list:
