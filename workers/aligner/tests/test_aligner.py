@@ -239,6 +239,21 @@ def test_neighbouring_segments_meet_in_the_middle_of_their_overlap():
     assert times == [(5.58, 5.82), (5.82, 5.845), (5.845, 6.01)]
 
 
+def test_words_the_pieces_disagree_about_are_not_called_aligned():
+    from gpuhost_aligner.words import keep_order, placed
+
+    # Two halves aligned apart put "me" late and "at 3" before it ("please call me at three
+    # o'clock", espeak-ng): meeting in the middle left "at" and "3" aligned with no length.
+    said = [("me", 1.03, 1.16), ("at", 0.76, 0.86), ("3", 0.86, 1.15), ("o'clock", 1.2, 1.5)]
+    words = [placed({"word": w}, a, b, 0.5, True) for w, a, b in said]
+    out = keep_order([{"words": words}])[0]["words"]
+    assert [w["aligned"] for w in out] == [True, False, False, True]
+    assert all(w["end"] > w["start"] for w in out if w["aligned"])
+    starts = [w["start"] for w in out]
+    assert starts == sorted(starts), out
+    assert (out[0]["start"], out[0]["end"], out[3]["start"]) == (1.03, 1.16, 1.2)
+
+
 def test_a_word_left_unaligned_moves_not_its_aligned_neighbours():
     from gpuhost_aligner.words import keep_order, placed
 

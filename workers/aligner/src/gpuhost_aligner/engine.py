@@ -165,7 +165,7 @@ class SphinxAligner:
             words = []
             for w, t in zip(asr_words, self._word_times(audio, asr_words, start, end)):
                 if t is None:
-                    words.append(placed(w, w["start"], w["end"], 0.0, False))
+                    words.append(placed(w, w["start"], w["end"], w.get("probability", 0.0), False))
                 else:
                     score = round(float(np.exp(max(min(t[2], 0), -700) / 10000)), 4)
                     words.append(placed(w, t[0], t[1], score, True))
@@ -261,7 +261,7 @@ class MmsAligner:
                     a, b = start + span[0].start * ratio, start + span[-1].end * ratio
                     words.append(placed(w, a, b, score, True))
                 else:
-                    words.append(placed(w, w["start"], w["end"], 0.0, False))
+                    words.append(placed(w, w["start"], w["end"], w.get("probability", 0.0), False))
             out_segments.append(segment(seg, words))
             if progress:
                 progress(i + 1, len(segments))

@@ -65,17 +65,22 @@ def keep_order(segments: list) -> list:
     word left with the ASR's rough times can sit anywhere near its aligned neighbours.
 
     Aligned words first: where one starts before the one before it ends, the two meet in the
-    middle of the overlap (never before the earlier one's start). Then each word left unaligned
-    is fitted between the words around it (the one before it, as placed, and the next aligned
-    one): it moves, they do not. The words then keep their order wherever they are sorted."""
+    middle of the overlap. Where that middle would leave either with no time at all (the later
+    one placed before the earlier one starts, or inside it), the two pieces disagree about where
+    the words are: the later word is no longer counted aligned (it used to come out `aligned`
+    with a length of zero). Then each word left unaligned is fitted between the words around it
+    (the one before it, as placed, and the next aligned one): it moves, they do not. The words
+    then keep their order wherever they are sorted."""
     words = [w for seg in segments for w in seg["words"]]
-    placed_words = [w for w in words if w["aligned"]]
-    for a, b in zip(placed_words, placed_words[1:]):
-        if b["start"] < a["end"]:
-            cut = max(a["start"], round((a["end"] + b["start"]) / 2, 3))
-            a["end"] = cut
-            b["start"] = max(b["start"], cut)
-            b["end"] = max(b["end"], b["start"])
+    last = None  # the last word still counted aligned
+    for b in (w for w in words if w["aligned"]):
+        if last is not None and b["start"] < last["end"]:
+            cut = round((last["end"] + b["start"]) / 2, 3)
+            if cut <= last["start"] or cut >= b["end"]:
+                b["aligned"] = False
+                continue
+            last["end"] = b["start"] = cut
+        last = b
     before = float("-inf")
     for i, w in enumerate(words):
         if not w["aligned"]:
