@@ -44,6 +44,32 @@ def test_settings_validate_engine_and_options():
         AsrSettings.from_options("tpu", {})
 
 
+def test_without_the_temperature_fallback_the_same_audio_reads_the_same(
+    transcriber, speech_wav, tmp_path, monkeypatch
+):
+    # Said five times in one window, the text compresses too well: with the fallback, Whisper
+    # decodes it again sampled, from generators that run on across requests.
+    repeated = tmp_path / "repeated.wav"
+    subprocess.run(["sox", speech_wav, str(repeated), "repeat", "4"], check=True)
+    asked = []
+    decode = transcriber.model.transcribe
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs.get("temperature"))
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(transcriber.model, "transcribe", recording)
+    transcriber.transcribe(str(repeated))
+    assert asked[0] == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "the fallback is on by default"
+    monkeypatch.setattr(transcriber.settings, "temperature_fallback", False)
+    texts = {
+        " ".join(s["text"] for s in transcriber.transcribe(str(repeated))["segments"])
+        for _ in range(3)
+    }
+    assert set(asked[1:]) == {0.0}, asked
+    assert len(texts) == 1, texts
+
+
 def test_protocol_streams_partial_segments(tmp_path, speech_wav):
     proc = start_worker("gpuhost_asr")
     out = tmp_path / "r.json"

@@ -24,6 +24,8 @@ MOONSHINE = "bundled:moonshine-base-en"  # Moonshine base-en, moonshine.py (not 
 # model first decodes: a worker then gives the same transcripts for the same requests in the same
 # order, run after run (benchmarks and tests repeat), though not one request alone.
 SEED = 0
+# faster-whisper's own ladder: temperature 0, then sampled ever hotter while the guards fail.
+FALLBACK_TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 
 def bundled_model_path() -> str:
@@ -65,6 +67,13 @@ class AsrSettings:
     hallucination_silence_threshold: float | None = 2.0
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
+    # The "decoded again hotter" above samples at temperatures 0.2 … 1.0, from CTranslate2's
+    # per-thread random generators, which run on across requests (a seed set again does not
+    # reach them): a window that falls back (a recording that really repeats itself, an unsure
+    # stretch) can read differently from one request to the next. Off: one greedy/beam decoding
+    # per window at temperature 0, the same text for the same audio, and the thresholds only
+    # judge (a window judged silence is still dropped).
+    temperature_fallback: bool = True
     # Pauses of 3 s or more between words where the VAD hears speech are decoded again on
     # their own (gaps.py): a window decoded short or aligned late otherwise loses its speech.
     recover_gaps: bool = True
@@ -331,6 +340,7 @@ class Transcriber:
             hallucination_silence_threshold=self.settings.hallucination_silence_threshold,
             repetition_penalty=self.settings.repetition_penalty,
             no_repeat_ngram_size=self.settings.no_repeat_ngram_size,
+            temperature=FALLBACK_TEMPERATURES if self.settings.temperature_fallback else 0.0,
         )
         segments, info = self.model.transcribe(
             audio,
