@@ -157,6 +157,13 @@ async fn run(
     logs: &gpuhost::logwriter::Flush,
 ) -> anyhow::Result<std::process::ExitCode> {
     let config = load_config(args.config.as_deref())?;
+    // What the server says to the person who started it: plain lines, or under `--log-format
+    // json` log events like every other line (a JSON log reader takes every line as JSON).
+    let json_logs = matches!(args.log_format, LogFormat::Json);
+    let say = |line: &str| match json_logs {
+        true => tracing::info!("{line}"),
+        false => gpuhost::say!("{line}"),
+    };
     match args.command {
         Command::Serve => {
             // Descendants that leave their worker's process group become ours when orphaned,
@@ -164,11 +171,14 @@ async fn run(
             if let Err(e) = gpuhost::process::adopted::become_subreaper() {
                 tracing::warn!(error = %e, "cannot become a child subreaper; a worker's descendants that leave its process group may outlive it");
             }
-            gpuhost::setup::ensure(&config, &|line| gpuhost::say!("{line}")).await?;
+            gpuhost::setup::ensure(&config, &say).await?;
             let server = gpuhost::bind(config).await?;
             // After the log lines of the start, which go through the log thread.
             tokio::task::block_in_place(|| logs.now());
-            gpuhost::say!("gpuhost listening on http://{}", server.local_addr());
+            say(&format!(
+                "gpuhost listening on http://{}",
+                server.local_addr()
+            ));
             server.run(shutdown_signal()).await?;
             Ok(std::process::ExitCode::SUCCESS)
         }
@@ -184,8 +194,7 @@ async fn run(
         // Answered in `main` before anything else starts.
         Command::DecodeAudio { .. } => Ok(std::process::ExitCode::SUCCESS),
         Command::Setup { workers, force } => {
-            gpuhost::setup::setup(&config, &workers, force, &|line| gpuhost::say!("{line}"))
-                .await?;
+            gpuhost::setup::setup(&config, &workers, force, &say).await?;
             Ok(std::process::ExitCode::SUCCESS)
         }
     }

@@ -157,25 +157,24 @@ pub fn build(stages: &Map<String, Value>) -> Option<Transcript> {
             .get("language")
             .and_then(Value::as_str)
             .map(String::from),
-        warnings: warnings_of(asr),
+        warnings: warnings_of(asr, stages.get("aligner")),
         text,
     })
 }
 
-/// A stage's `warnings`: its strings, at most 8, each cut to 1000 characters (a worker's
-/// words reach every client).
-fn warnings_of(result: &Value) -> Vec<String> {
-    result
-        .get("warnings")
-        .and_then(Value::as_array)
-        .map(|all| {
-            all.iter()
-                .filter_map(Value::as_str)
-                .take(8)
-                .map(|w| crate::text::cut(w.to_string(), 1000))
-                .collect()
-        })
-        .unwrap_or_default()
+/// The ASR's `warnings` and what the aligner `skipped` (a language it has no model for: the word
+/// times are the ASR's): strings, at most 8, each cut to 1000 characters (a worker's words reach
+/// every client).
+fn warnings_of(asr: &Value, aligner: Option<&Value>) -> Vec<String> {
+    let said = asr.get("warnings").and_then(Value::as_array);
+    let skipped = aligner.and_then(|a| a.get("skipped"));
+    said.into_iter()
+        .flatten()
+        .chain(skipped)
+        .filter_map(Value::as_str)
+        .take(8)
+        .map(|w| crate::text::cut(w.to_string(), 1000))
+        .collect()
 }
 
 fn number(v: &Value, key: &str) -> Option<f64> {

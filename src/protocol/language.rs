@@ -107,21 +107,149 @@ const LANGUAGES: &[(&str, &str)] = &[
     ("yue", "cantonese"),
 ];
 
+/// ISO 639-2 codes (bibliographic and terminology, `ger` and `deu`) of Whisper's languages, and
+/// `jv`, Javanese's ISO 639-1 code, which Whisper writes `jw`: the code engines take for each.
+const OTHER_CODES: &[(&str, &str)] = &[
+    ("eng", "en"),
+    ("zho", "zh"),
+    ("chi", "zh"),
+    ("deu", "de"),
+    ("ger", "de"),
+    ("spa", "es"),
+    ("rus", "ru"),
+    ("kor", "ko"),
+    ("fra", "fr"),
+    ("fre", "fr"),
+    ("jpn", "ja"),
+    ("por", "pt"),
+    ("tur", "tr"),
+    ("pol", "pl"),
+    ("cat", "ca"),
+    ("nld", "nl"),
+    ("dut", "nl"),
+    ("ara", "ar"),
+    ("swe", "sv"),
+    ("ita", "it"),
+    ("ind", "id"),
+    ("hin", "hi"),
+    ("fin", "fi"),
+    ("vie", "vi"),
+    ("heb", "he"),
+    ("ukr", "uk"),
+    ("ell", "el"),
+    ("gre", "el"),
+    ("msa", "ms"),
+    ("may", "ms"),
+    ("ces", "cs"),
+    ("cze", "cs"),
+    ("ron", "ro"),
+    ("rum", "ro"),
+    ("dan", "da"),
+    ("hun", "hu"),
+    ("tam", "ta"),
+    ("nor", "no"),
+    ("tha", "th"),
+    ("urd", "ur"),
+    ("hrv", "hr"),
+    ("bul", "bg"),
+    ("lit", "lt"),
+    ("lat", "la"),
+    ("mri", "mi"),
+    ("mao", "mi"),
+    ("mal", "ml"),
+    ("cym", "cy"),
+    ("wel", "cy"),
+    ("slk", "sk"),
+    ("slo", "sk"),
+    ("tel", "te"),
+    ("fas", "fa"),
+    ("per", "fa"),
+    ("lav", "lv"),
+    ("ben", "bn"),
+    ("srp", "sr"),
+    ("aze", "az"),
+    ("slv", "sl"),
+    ("kan", "kn"),
+    ("est", "et"),
+    ("mkd", "mk"),
+    ("mac", "mk"),
+    ("bre", "br"),
+    ("eus", "eu"),
+    ("baq", "eu"),
+    ("isl", "is"),
+    ("ice", "is"),
+    ("hye", "hy"),
+    ("arm", "hy"),
+    ("nep", "ne"),
+    ("mon", "mn"),
+    ("bos", "bs"),
+    ("kaz", "kk"),
+    ("sqi", "sq"),
+    ("alb", "sq"),
+    ("swa", "sw"),
+    ("glg", "gl"),
+    ("mar", "mr"),
+    ("pan", "pa"),
+    ("sin", "si"),
+    ("khm", "km"),
+    ("sna", "sn"),
+    ("yor", "yo"),
+    ("som", "so"),
+    ("afr", "af"),
+    ("oci", "oc"),
+    ("kat", "ka"),
+    ("geo", "ka"),
+    ("bel", "be"),
+    ("tgk", "tg"),
+    ("snd", "sd"),
+    ("guj", "gu"),
+    ("amh", "am"),
+    ("yid", "yi"),
+    ("lao", "lo"),
+    ("uzb", "uz"),
+    ("fao", "fo"),
+    ("hat", "ht"),
+    ("pus", "ps"),
+    ("tuk", "tk"),
+    ("nno", "nn"),
+    ("mlt", "mt"),
+    ("san", "sa"),
+    ("ltz", "lb"),
+    ("mya", "my"),
+    ("bur", "my"),
+    ("bod", "bo"),
+    ("tib", "bo"),
+    ("tgl", "tl"),
+    ("mlg", "mg"),
+    ("asm", "as"),
+    ("tat", "tt"),
+    ("lin", "ln"),
+    ("hau", "ha"),
+    ("bak", "ba"),
+    ("jav", "jw"),
+    ("jv", "jw"),
+    ("sun", "su"),
+];
+
 /// The English name of a Whisper language code (`ko` → `korean`).
 pub fn name(code: &str) -> Option<&'static str> {
     LANGUAGES.iter().find(|(c, _)| *c == code).map(|(_, n)| *n)
 }
 
 /// The code a request's `language` stands for: a language's English name (any case) is its
-/// code, and otherwise the primary subtag, lowercased (`EN`, `en-US`, `zh_Hant` → `en`, `en`,
-/// `zh`): engines take bare lowercase codes, and no engine here tells regions or scripts apart.
-/// `None` when nothing is left (`-US`).
+/// code, and otherwise the primary subtag, lowercased, its ISO 639-2 form taken as the two-letter
+/// one (`EN`, `en-US`, `zh_Hant`, `kor`, `ger` → `en`, `en`, `zh`, `ko`, `de`): engines take bare
+/// lowercase codes, and no engine here tells regions or scripts apart. `None` when nothing is
+/// left (`-US`).
 pub fn code(language: &str) -> Option<String> {
     let lower = language.trim().to_ascii_lowercase();
     if let Some((code, _)) = LANGUAGES.iter().find(|(_, n)| *n == lower) {
         return Some((*code).to_string());
     }
     let primary = lower.split(['-', '_']).next().unwrap_or("");
+    if let Some((_, code)) = OTHER_CODES.iter().find(|(other, _)| *other == primary) {
+        return Some((*code).to_string());
+    }
     (!primary.is_empty()).then(|| primary.to_string())
 }
 
@@ -141,7 +269,14 @@ mod tests {
             ("zh-Hant", Some("zh")),
             ("haitian creole", Some("ht")),
             ("yue", Some("yue")),
-            ("kor", Some("kor")),
+            ("kor", Some("ko")),
+            ("KOR-kr", Some("ko")),
+            ("eng", Some("en")),
+            ("ger", Some("de")),
+            ("deu", Some("de")),
+            ("jv", Some("jw")),
+            ("haw", Some("haw")),
+            ("tlh", Some("tlh")),
             ("-US", None),
             ("", None),
         ] {
@@ -150,5 +285,15 @@ mod tests {
         assert_eq!(name("ko"), Some("korean"));
         assert_eq!(name("xx"), None);
         assert_eq!(LANGUAGES.len(), 100);
+        // Every other code stands for one of Whisper's languages, and none is one itself.
+        for (other, code) in OTHER_CODES {
+            assert!(name(code).is_some(), "{other} → {code}");
+            assert!(name(other).is_none(), "{other}");
+        }
+        let alpha3 = OTHER_CODES.iter().filter(|(o, _)| o.len() == 3).count();
+        assert!(
+            alpha3 >= 97,
+            "one or two ISO 639-2 codes for each language but yue and haw"
+        );
     }
 }

@@ -268,6 +268,14 @@ fn the_asrs_warnings_reach_the_transcript_bounded() {
     assert!(out.warnings[1].ends_with("(4000 characters left out)"));
     let json = serde_json::to_value(&out).unwrap();
     assert_eq!(json["warnings"][0], "this may not be English");
+    // An aligner without a model for the language says so there too.
+    let skipped = json!({"asr": {"language": "de", "segments": []},
+        "aligner": {"segments": [], "skipped": "pocketsphinx en-us has no model for language 'de'"}});
+    let out = build(skipped.as_object().unwrap()).unwrap();
+    assert_eq!(
+        out.warnings,
+        ["pocketsphinx en-us has no model for language 'de'"]
+    );
     // None: the field stays out of the result.
     let plain = json!({"asr": {"segments": []}});
     let out = serde_json::to_value(build(plain.as_object().unwrap()).unwrap()).unwrap();

@@ -285,7 +285,8 @@ fn serve_stderr(extra: &[&str], env: &[(&str, &str)]) -> Vec<String> {
         .lines()
         .map_while(Result::ok)
     {
-        let done = line.starts_with("gpuhost listening on ");
+        // In JSON, the same words are an event's message.
+        let done = line.contains("gpuhost listening on ");
         lines.push(line);
         if done {
             break;
@@ -303,12 +304,19 @@ fn logs_are_json_lines_when_asked_and_never_coloured_into_a_pipe() {
         (vec![], vec![("GPUHOST_LOG_FORMAT", "json")]),
     ] {
         let lines = serve_stderr(&extra, &env);
+        // Every line, the address it listens on too: a JSON log reader takes each as JSON.
         let logs: Vec<serde_json::Value> = lines
             .iter()
-            .filter(|l| !l.starts_with("gpuhost listening on "))
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
             .collect();
         assert!(!logs.is_empty(), "{lines:?}");
+        let last = logs.last().unwrap();
+        assert!(
+            last["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("gpuhost listening on http://")),
+            "{last}"
+        );
         for log in &logs {
             assert!(
                 log["level"].is_string() && log["message"].is_string(),
