@@ -19,6 +19,7 @@ use crate::transcript::Transcript;
 use crate::AppState;
 
 mod form;
+mod words;
 use form::read_form;
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
@@ -382,7 +383,10 @@ fn verbose(
         body["words"] = transcript
             .whole_words()
             .iter()
-            .map(|w| json!({"word": w.word, "start": w.start, "end": w.end, "speaker": w.speaker}))
+            .filter_map(|w| {
+                let word = words::bare(&w.word)?;
+                Some(json!({"word": word, "start": w.start, "end": w.end, "speaker": w.speaker}))
+            })
             .collect();
     }
     body

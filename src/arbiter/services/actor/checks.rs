@@ -30,7 +30,9 @@ impl Actor {
             None => std::env::var_os("PATH"),
         };
         if find_program_in(program, cwd, path.as_deref()).is_none() {
-            return Err(if program.contains('/') {
+            return Err(if program.starts_with('/') {
+                format!("cannot run `{program}`: no executable file there")
+            } else if program.contains('/') {
                 format!(
                     "cannot run `{program}`: no executable file there (relative to {})",
                     cwd.display()
