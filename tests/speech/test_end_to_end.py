@@ -145,7 +145,7 @@ def test_openai_client_works_unchanged(server, recordings):
     assert verbose.words and verbose.words[0].end > verbose.words[0].start
     # Words as OpenAI writes them: without the punctuation the text has around them.
     assert any(c in verbose.text for c in ".,?"), verbose.text
-    assert not [w.word for w in verbose.words if w.word[-1] in ".,?!" or w.word[0] in "\"¿"]
+    assert not [w.word for w in verbose.words if w.word[-1] in ".,?!" or w.word[0] in '"¿']
     speakers = {
         s.model_extra.get("speaker") if hasattr(s, "model_extra") else s["speaker"]
         for s in verbose.segments
