@@ -13,8 +13,11 @@ pub(crate) async fn run(
     task: &Path,
 ) -> anyhow::Result<ExitCode> {
     let Some(mut spec) = config.worker_spec(worker) else {
-        let known: Vec<&String> = config.workers.keys().collect();
-        bail!("no worker `{worker}` in the config (known: {known:?})");
+        let known: Vec<&str> = config.workers.keys().map(String::as_str).collect();
+        bail!(
+            "no worker `{worker}` in the config (configured: {})",
+            known.join(", ")
+        );
     };
     spec.mode = Mode::Oneshot;
     let text = if task == Path::new("-") {
