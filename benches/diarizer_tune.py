@@ -48,6 +48,8 @@ VARIANTS = {
     "floor in 3 windows": {"FLOOR_WINDOWS": 3},
     "no fill": {"FILL_S": 0.0},
     "fill 0.25 s": {"FILL_S": 0.25},
+    "turns of any length": {"MIN_TURN_S": 0.0},
+    "turns ≥ 0.2 s": {"MIN_TURN_S": 0.2},
     "fill 1 s": {"FILL_S": 1.0},
     "neither": {"FLOOR_S": None, "FILL_S": 0.0},
     "drop the rest": {"MERGE_REST": False},

@@ -214,6 +214,20 @@ def test_short_pauses_stay_inside_a_turn():
     assert row.astype(int).tolist() == [0, 1, 1, 0, 0, 1, 0]
 
 
+def test_a_speaker_heard_for_a_frame_or_two_is_no_turn():
+    from gpuhost_diarizer.overlap import _drop_short
+
+    row = np.array([1, 0, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 1, 1], dtype=bool)
+    _drop_short(row, 3)
+    assert row.astype(int).tolist() == [0, 0, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_more_speakers_asked_for_than_talk_give_no_sliver_turns(engine, crosstalk):
+    result = engine.diarize(read_wav(crosstalk[0]), num_speakers=4)
+    short = [t for t in result["turns"] if t["end"] - t["start"] < 0.1]
+    assert not short, result["turns"]
+
+
 def test_a_stretch_several_windows_see_is_embedded_once(engine, crosstalk, monkeypatch):
     audio = np.tile(read_wav(crosstalk[0]), 2)  # ~30 s: windows overlap by three quarters
     calls = []

@@ -37,6 +37,7 @@ THRESHOLD = 1.1  # average distance between unit embeddings below which clusters
 MIN_EMBED_S = 0.25  # below this a local speaker gets no embedding and is dropped
 EMBED_MAX_S = 3.0  # an embedding looks at most at this long a stretch of its window
 FILL_S = 0.5  # a speaker's pauses up to this long are part of the turn
+MIN_TURN_S = 0.1  # a speaker's stretch shorter than this (after the fill) is no turn
 REUSE_DIFFER = 0.05  # reused for the same stretch when frames differing ≤ 5 % of its speech
 
 
@@ -228,7 +229,20 @@ def assemble(local: Local, threshold, num_speakers, min_speakers, max_speakers, 
         others = on.sum(axis=0)
         for row in on:
             _fill(row, round(FILL_S * RATE / FRAME_HOP), others - row)
+    if MIN_TURN_S > 0:
+        for row in on:
+            _drop_short(row, round(MIN_TURN_S * RATE / FRAME_HOP))
     return _turns(on, engine, local.duration)
+
+
+def _drop_short(row: np.ndarray, frames: int) -> None:
+    """Active stretches of `row` shorter than `frames` become inactive: a speaker heard for a
+    frame or two (17 ms turns, often where more speakers were asked for than talk) is noise in
+    the transcript and the RTTM."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(int), [0]])))
+    for a, b in zip(edges[::2], edges[1::2]):
+        if b - a < frames:
+            row[a:b] = False
 
 
 def _fill(row: np.ndarray, frames: int, others: np.ndarray) -> None:
