@@ -161,7 +161,7 @@ async fn run(
     // json` log events like every other line (a JSON log reader takes every line as JSON).
     let json_logs = matches!(args.log_format, LogFormat::Json);
     let say = |line: &str| match json_logs {
-        true => tracing::info!("{line}"),
+        true => tracing::info!(target: SAY, "{line}"),
         false => gpuhost::say!("{line}"),
     };
     match args.command {
@@ -200,6 +200,11 @@ async fn run(
     }
 }
 
+/// The log target of what the server says to the person who started it, as JSON events.
+const SAY: &str = "gpuhost::say";
+/// Its filter directive: always shown.
+const SAY_LEVEL: &str = "gpuhost::say=info";
+
 /// Logs to stderr through [`gpuhost::logwriter`] (a stderr nobody reads must not stop the host);
 /// the returned guard writes what is still queued at exit. `GPUHOST_LOG` filters (default
 /// `info`; `warn` for `gpuhost transcribe`, whose progress bars would be broken up by log lines,
@@ -222,6 +227,12 @@ fn init_logging(args: &Args) -> gpuhost::logwriter::Flush {
             "info"
         })
     });
+    // What the server says to the person who started it (`say` in `run`, an event under
+    // `--log-format json`) passes whatever level the filter sets, as its plain lines do.
+    let filter = match SAY_LEVEL.parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    };
     let (writer, flush) = gpuhost::logwriter::non_blocking(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_writer(writer)

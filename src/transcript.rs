@@ -168,9 +168,10 @@ pub fn build(stages: &Map<String, Value>) -> Option<Transcript> {
 fn warnings_of(asr: &Value, aligner: Option<&Value>) -> Vec<String> {
     let said = asr.get("warnings").and_then(Value::as_array);
     let skipped = aligner.and_then(|a| a.get("skipped"));
-    said.into_iter()
-        .flatten()
-        .chain(skipped)
+    // The aligner's first: the ASR may fill all eight places.
+    skipped
+        .into_iter()
+        .chain(said.into_iter().flatten())
         .filter_map(Value::as_str)
         .take(8)
         .map(|w| crate::text::cut(w.to_string(), 1000))

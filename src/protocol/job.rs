@@ -72,7 +72,7 @@ fn unsupported_language(language: &str, stage: &str, model: &str, known: &[Strin
         // No model would help: a typo, or a code of a language no engine here knows.
         return format!(
             "language `{language}` is not a language code any engine here knows (Whisper's \
-             100 languages, by ISO 639-1 code such as `ko` or English name such as `korean`); \
+             100 languages, by ISO 639 code such as `ko` or `kor`, or English name such as `korean`); \
              the `{stage}` worker's {model} knows {}. Leave `language` out, or fix it",
             known.join(", ")
         );

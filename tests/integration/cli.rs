@@ -280,21 +280,31 @@ fn serve_stderr(extra: &[&str], env: &[(&str, &str)]) -> Vec<String> {
         command.env(k, v);
     }
     let mut child = command.spawn().unwrap();
-    let mut lines = Vec::new();
-    for line in std::io::BufReader::new(child.stderr.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-    {
-        // In JSON, the same words are an event's message.
-        let done = line.contains("gpuhost listening on ");
-        lines.push(line);
-        if done {
-            break;
+    let stderr = child.stderr.take().unwrap();
+    // Read on a thread: a server that never says where it listens is killed after 20 s, and
+    // what it said by then is the answer (its stderr closes with it).
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            // In JSON, the same words are an event's message.
+            let done = line.contains("gpuhost listening on ");
+            lines.push(line);
+            if done {
+                break;
+            }
         }
+        lines
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !reader.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let _ = child.kill();
     let _ = child.wait();
-    lines
+    reader.join().unwrap()
 }
 
 #[test]
@@ -302,6 +312,8 @@ fn logs_are_json_lines_when_asked_and_never_coloured_into_a_pipe() {
     for (extra, env) in [
         (vec!["--log-format", "json"], vec![]),
         (vec![], vec![("GPUHOST_LOG_FORMAT", "json")]),
+        // A filter that hides info events still lets the listening line through.
+        (vec!["--log-format", "json"], vec![("GPUHOST_LOG", "warn")]),
     ] {
         let lines = serve_stderr(&extra, &env);
         // Every line, the address it listens on too: a JSON log reader takes each as JSON.

@@ -356,6 +356,8 @@ impl Binary {
             .args(["serve", "--config"])
             .arg(&config)
             .env_remove("GPUHOST_TOKEN")
+            // Its plain `gpuhost listening on` line is read below, whatever the caller exported.
+            .env_remove("GPUHOST_LOG_FORMAT")
             .stderr(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null());
         for (key, value) in env {
@@ -383,9 +385,15 @@ impl Binary {
                 }
             }
         });
-        let url = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("the server announces its address");
+        let url = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(url) => url,
+            Err(_) => {
+                // Not left running (with its workers) when the test fails here.
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the server did not announce its address within 20 s");
+            }
+        };
         Binary { child, url, dir }
     }
 

@@ -239,19 +239,46 @@ def test_neighbouring_segments_meet_in_the_middle_of_their_overlap():
     assert times == [(5.58, 5.82), (5.82, 5.845), (5.845, 6.01)]
 
 
-def test_words_the_pieces_disagree_about_are_not_called_aligned():
+def test_a_word_the_pieces_disagree_about_is_demoted_not_its_neighbours():
     from gpuhost_aligner.words import keep_order, placed
 
-    # Two halves aligned apart put "me" late and "at 3" before it ("please call me at three
-    # o'clock", espeak-ng): meeting in the middle left "at" and "3" aligned with no length.
-    said = [("me", 1.03, 1.16), ("at", 0.76, 0.86), ("3", 0.86, 1.15), ("o'clock", 1.2, 1.5)]
-    words = [placed({"word": w}, a, b, 0.5, True) for w, a, b in said]
-    out = keep_order([{"words": words}])[0]["words"]
-    assert [w["aligned"] for w in out] == [True, False, False, True]
-    assert all(w["end"] > w["start"] for w in out if w["aligned"])
+    def words(said):
+        return [
+            placed({"word": w, "start": a0, "end": b0, "probability": 0.9}, a, b, 0.5, True)
+            for w, a0, b0, a, b in said
+        ]
+
+    # Two halves aligned apart put "me" late, after "at 3" ("please call me at three o'clock",
+    # espeak-ng; aligned whole: me 0.64–0.76, at 0.76–0.86, 3 0.86–1.15). Meeting in the middle
+    # left "at" and "3" aligned with no length; now "me" alone is demoted, to the ASR's times.
+    out = keep_order(
+        [
+            {
+                "words": words(
+                    [
+                        ("me", 0.62, 0.78, 1.03, 1.16),
+                        ("at", 0.78, 0.9, 0.76, 0.86),
+                        ("3", 0.9, 1.1, 0.86, 1.15),
+                        ("o'clock", 1.1, 1.6, 1.2, 1.5),
+                    ]
+                )
+            }
+        ]
+    )[0]["words"]
+    assert [w["aligned"] for w in out] == [False, True, True, True]
+    assert (out[0]["start"], out[0]["end"], out[0]["score"]) == (0.62, 0.76, 0.9)
+    assert [(w["start"], w["end"]) for w in out[1:]] == [(0.76, 0.86), (0.86, 1.15), (1.2, 1.5)]
+    assert all("_asr" not in w for w in out)
+    # One word placed far too late costs only itself, not the good words after it.
+    said = [("a", 0.0, 0.2), ("b", 3.0, 3.3), ("c", 0.4, 0.6), ("d", 0.7, 0.9), ("e", 1.0, 1.2)]
+    said.append(("f", 3.5, 3.8))
+    out = keep_order([{"words": words([(w, a, b, a, b) for w, a, b in said])}])[0]["words"]
+    assert [w["word"] for w in out if not w["aligned"]] == ["b"]
     starts = [w["start"] for w in out]
     assert starts == sorted(starts), out
-    assert (out[0]["start"], out[0]["end"], out[3]["start"]) == (1.03, 1.16, 1.2)
+    # Two that cannot both stay: the earlier is kept.
+    out = keep_order([{"words": words([("x", 0, 1, 1.0, 1.2), ("y", 1, 2, 0.8, 1.0)])}])
+    assert [w["aligned"] for w in out[0]["words"]] == [True, False]
 
 
 def test_a_word_left_unaligned_moves_not_its_aligned_neighbours():

@@ -42,6 +42,15 @@ def test_settings_validate_engine_and_options():
         AsrSettings.from_options("cpu", {"beam": 3})
     with pytest.raises(ValueError, match="unknown ASR engine"):
         AsrSettings.from_options("tpu", {})
+    # A switch given as a string would read as true: refused, as are other wrong kinds.
+    with pytest.raises(ValueError, match="temperature_fallback must be bool"):
+        AsrSettings.from_options("cpu", {"temperature_fallback": "false"})
+    with pytest.raises(ValueError, match="beam_size must be int"):
+        AsrSettings.from_options("cpu", {"beam_size": 2.5})
+    with pytest.raises(ValueError, match="log_prob_threshold must be float"):
+        AsrSettings.from_options("cpu", {"log_prob_threshold": True})
+    assert AsrSettings.from_options("cpu", {"log_prob_threshold": -2}).log_prob_threshold == -2
+    assert AsrSettings.from_options("cpu", {"model": "/models/x"}).model == "/models/x"
 
 
 def test_without_the_temperature_fallback_the_same_audio_reads_the_same(

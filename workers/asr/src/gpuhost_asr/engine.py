@@ -117,8 +117,29 @@ class AsrSettings:
                 f"(known: {sorted(known)})"
             )
         for key, value in options.items():
+            _check_type(key, value, getattr(base, key))
             setattr(base, key, value)
         return base
+
+
+def _check_type(key: str, value, default) -> None:
+    """An option given as the wrong kind of value (`"false"` for a switch, which Python would
+    take as true) is an error, not a silent misreading. Options whose default is None (a model
+    name or path, a threshold that is off) are not checked here."""
+    if default is None:
+        return
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, (int, float)):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and (isinstance(value, int) or not isinstance(default, int))
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise ValueError(
+            f"ASR option {key} must be {type(default).__name__} like its default {default!r}, "
+            f"not {value!r}"
+        )
 
 
 def transcriber(settings: AsrSettings):
