@@ -37,6 +37,23 @@ pub(super) fn service(gpu: &FakeGpu, name: &str, flags: &str, extra: &str) -> St
     )
 }
 
+/// A one-second job sent with `query`, once its stage has started.
+async fn running_job(host: &TestHost, query: &str) -> EventReader {
+    let mut job = EventReader::new(
+        host.post(&format!("/transcribe{query}"))
+            .body(wav(1.0, 16_000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let first = job.next().await;
+    assert!(matches!(&first, Some(e) if started(e)), "{first:?}");
+    job
+}
+
+/// Two idle GPUs, GPU 0 with the more free memory.
+const TWO_GPUS: &str = "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\ngpu: NVIDIA RTX A4000, 0, 300, 16376, 35, 20.0\n";
+
 pub(super) fn arbiter_config(gpu: &FakeGpu, rest: &str) -> String {
     format!(
         "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}\n{rest}",
@@ -301,15 +318,7 @@ async fn workers_on_the_cpu_are_not_unloaded_and_their_jobs_run_beside_a_lease()
     );
     // A job of that worker alone takes nothing of the GPU: it runs beside the lease at once,
     // and /status says what it is while it runs.
-    let mut beside = EventReader::new(
-        host.post("/transcribe?stages=c&prompt=fake:sleep=1500")
-            .body(wav(1.0, 16_000, 1))
-            .send()
-            .await
-            .unwrap(),
-    );
-    let first = beside.next().await;
-    assert!(matches!(&first, Some(e) if started(e)), "{first:?}");
+    let mut beside = running_job(&host, "?stages=c&prompt=fake:sleep=1500").await;
     let holders = status(&host).await["holders"].to_string();
     assert!(holders.contains("speech job on the CPU"), "{holders}");
     let last = beside.until(ClientEvent::is_final).await;
@@ -362,9 +371,7 @@ async fn workers_on_the_cpu_are_not_unloaded_and_their_jobs_run_beside_a_lease()
 #[tokio::test]
 async fn a_job_on_the_cpu_leaves_its_gpu_free_for_any_lease_and_says_so_in_the_history() {
     // GPU 0 has the most free memory; only a speech job on the CPU holds its queue.
-    let gpu = FakeGpu::new(
-        "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\ngpu: NVIDIA RTX A4000, 0, 300, 16376, 35, 20.0\n",
-    );
+    let gpu = FakeGpu::new(TWO_GPUS);
     let config = format!(
         "[gpu]\ndevices = [0, 1]\n[pipeline]\nstages = [\"c\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
         fake_worker(
@@ -374,15 +381,7 @@ async fn a_job_on_the_cpu_leaves_its_gpu_free_for_any_lease_and_says_so_in_the_h
         gpu.config("")
     );
     let host = TestHost::start(&config).await.ready().await;
-    let mut job = EventReader::new(
-        host.post("/transcribe?prompt=fake:sleep=2000")
-            .body(wav(1.0, 16_000, 1))
-            .send()
-            .await
-            .unwrap(),
-    );
-    let first = job.next().await;
-    assert!(matches!(&first, Some(e) if started(e)), "{first:?}");
+    let mut job = running_job(&host, "?prompt=fake:sleep=2000").await;
     let any = host
         .post("/gpu/lease")
         .json(&json!({"holder": "y", "vram_mib": 1000, "device": "any"}))
@@ -2327,9 +2326,7 @@ async fn a_worker_is_not_loaded_by_hand_beside_a_lease() {
 
 #[tokio::test]
 async fn several_gpus_get_a_queue_each() {
-    let gpu = FakeGpu::new(
-        "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\ngpu: NVIDIA RTX A4000, 0, 300, 16376, 35, 20.0\n",
-    );
+    let gpu = FakeGpu::new(TWO_GPUS);
     let config = format!(
         "[gpu]\ndevices = [0, 1]\n{}",
         arbiter_config(
@@ -2595,9 +2592,7 @@ async fn a_lease_id_of_an_earlier_run_is_nobody_elses() {
 async fn a_job_whose_worker_is_pinned_to_another_gpu_waits_for_that_gpus_lease() {
     // Jobs queued on [gpu] device only: a lease holding GPU 1 (its resident unloaded for it)
     // did not stop a job from loading the GPU 1 worker beside it.
-    let gpu = FakeGpu::new(
-        "gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\ngpu: NVIDIA RTX A4000, 0, 300, 16376, 35, 20.0\n",
-    );
+    let gpu = FakeGpu::new(TWO_GPUS);
     let config = format!(
         "[gpu]\ndevices = [0, 1]\n[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
         fake_worker("w", "device = 1\n"),
