@@ -135,7 +135,9 @@ impl Core {
         let gpu = snap.gpus.iter().find(|g| g.index == self.device)?;
         let (mut loaded, mut unloaded) = (0, 0);
         for status in self.device_workers() {
-            if status.mode != Mode::Resident {
+            // A resident that said it runs on the CPU takes none of the GPU's memory, whatever
+            // its configured `vram_mib` (set for when it runs a CUDA engine).
+            if status.mode != Mode::Resident || status.runs_on_cpu() {
                 continue;
             }
             let mib = self

@@ -2003,6 +2003,33 @@ async fn share_vram_packs_holders_that_fit_and_keeps_fifo() {
 }
 
 #[tokio::test]
+async fn share_vram_counts_no_memory_for_a_resident_on_the_cpu() {
+    let gpu = FakeGpu::new(IDLE);
+    // A `vram_mib` left from when it ran on CUDA: now it says it runs on the CPU.
+    let config = format!(
+        "[pipeline]\nstages = [\"c\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
+        fake_worker(
+            "c",
+            "vram_mib = 20000\nenv = { FAKE_READY_META = '{\"protocol\":1,\"device\":\"cpu\"}' }"
+        ),
+        gpu.config("").replace(
+            "[gpu.status]",
+            "[gpu]\nshare = \"vram\"\nheadroom_mib = 1024\n[gpu.status]"
+        )
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    wait_status(&host, "a sample", |s| s["gpu"]["memory_total_mib"] == 32607).await;
+    // A first lease is granted alone in any case; a second beside it only if they fit:
+    // 5 000 + 10 000 do in 31 583, but not with the resident's 20 000 counted.
+    let first = lease_now(&host, "a", 5_000).await;
+    assert_eq!(first.status(), 200, "{:?}", first.text().await);
+    let second = lease_now(&host, "b", 10_000).await;
+    assert_eq!(second.status(), 200, "{:?}", second.text().await);
+    assert_eq!(host.worker("c").await["state"], "ready");
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn fallback_oneshot_serves_a_job_without_bringing_the_resident_back() {
     let gpu = FakeGpu::new(IDLE);
     let config = arbiter_config(&gpu, "").replace(
