@@ -174,7 +174,12 @@ impl History {
             peak_mib: None,
             on_cpu,
         };
-        tracing::info!(target: "gpuhost::audit", grant = id, device, kind = record.kind.as_str(), holder, waited_s = record.waited_s, on_cpu, "GPU granted");
+        let what = if on_cpu {
+            "job place granted (the job runs on the CPU)"
+        } else {
+            "GPU granted"
+        };
+        tracing::info!(target: "gpuhost::audit", grant = id, device, kind = record.kind.as_str(), holder, waited_s = record.waited_s, on_cpu, "{what}");
         let mut rings = self.lock();
         rings.grants.push_back(record);
         self.trim(&mut rings);
@@ -191,7 +196,12 @@ impl History {
         {
             let end = unix_now();
             r.end = Some(end);
-            tracing::info!(target: "gpuhost::audit", grant = id, kind = r.kind.as_str(), holder = %r.holder, held_s = end - r.start, peak_mib = r.peak_mib, "GPU released");
+            let what = if r.on_cpu {
+                "job place released"
+            } else {
+                "GPU released"
+            };
+            tracing::info!(target: "gpuhost::audit", grant = id, kind = r.kind.as_str(), holder = %r.holder, held_s = end - r.start, peak_mib = r.peak_mib, "{what}");
         }
     }
 
