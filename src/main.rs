@@ -229,10 +229,7 @@ fn init_logging(args: &Args) -> gpuhost::logwriter::Flush {
     });
     // What the server says to the person who started it (`say` in `run`, an event under
     // `--log-format json`) passes whatever level the filter sets, as its plain lines do.
-    let filter = match SAY_LEVEL.parse() {
-        Ok(directive) => filter.add_directive(directive),
-        Err(_) => filter,
-    };
+    let filter = filter.add_directive(SAY_LEVEL.parse().expect("SAY_LEVEL is a directive"));
     let (writer, flush) = gpuhost::logwriter::non_blocking(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_writer(writer)

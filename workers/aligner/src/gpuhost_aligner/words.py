@@ -101,9 +101,8 @@ def _demote(w: dict) -> None:
     """`w` is no longer counted aligned: it gets back the ASR's times and probability."""
     w["aligned"] = False
     if "_asr" in w:
-        w["start"], w["end"], w["score"] = (round(w["_asr"][0], 3), round(w["_asr"][1], 3)) + (
-            w["_asr"][2],
-        )
+        start, end, probability = w["_asr"]
+        w["start"], w["end"], w["score"] = round(start, 3), round(end, 3), probability
 
 
 def keep_order(segments: list) -> list:

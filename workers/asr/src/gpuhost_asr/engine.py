@@ -130,9 +130,10 @@ def _check_type(key: str, value, default) -> None:
         return
     if isinstance(default, bool):
         ok = isinstance(value, bool)
-    elif isinstance(default, (int, float)):
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        ok = ok and (isinstance(value, int) or not isinstance(default, int))
     else:
         ok = isinstance(value, type(default))
     if not ok:

@@ -239,10 +239,15 @@ def _drop_short(row: np.ndarray, frames: int) -> None:
     """Active stretches of `row` shorter than `frames` become inactive: a speaker heard for a
     frame or two (17 ms turns, often where more speakers were asked for than talk) is noise in
     the transcript and the RTTM."""
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], row.astype(int), [0]])))
-    for a, b in zip(edges[::2], edges[1::2]):
+    for a, b in _runs(row):
         if b - a < frames:
             row[a:b] = False
+
+
+def _runs(mask: np.ndarray) -> list:
+    """The (start, end) frames, end exclusive, of each stretch where `mask` is true."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(int), [0]])))
+    return list(zip(edges[::2], edges[1::2]))
 
 
 def _fill(row: np.ndarray, frames: int, others: np.ndarray) -> None:
@@ -266,16 +271,14 @@ def _turns(on: np.ndarray, engine: str, duration: float | None = None) -> dict:
 
     raw = []
     for k in range(on.shape[0]):
-        edges = np.flatnonzero(np.diff(np.concatenate([[0], on[k].astype(int), [0]])))
-        raw += [(time(a), time(b), k) for a, b in zip(edges[::2], edges[1::2])]
+        raw += [(time(a), time(b), k) for a, b in _runs(on[k])]
     raw = sorted(r for r in raw if r[1] > r[0])
     names: dict = {}
     for _, _, k in raw:
         names.setdefault(k, f"SPEAKER_{len(names):02d}")
     turns = [{"start": a, "end": b, "speaker": names[k]} for a, b, k in raw]
     many = on.sum(axis=0) >= 2
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], many.astype(int), [0]])))
-    overlaps = [[time(a), time(b)] for a, b in zip(edges[::2], edges[1::2]) if time(b) > time(a)]
+    overlaps = [[time(a), time(b)] for a, b in _runs(many) if time(b) > time(a)]
     return {
         "engine": engine,
         "turns": turns,
