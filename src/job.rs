@@ -62,17 +62,21 @@ impl QueueFull {
     /// Before an upload of `stages` is read: full when `limits.max_queue` requests wait. A job
     /// that runs on the CPU goes past them (`Ticket::on_cpu`): only joining the queue, after its
     /// upload, tells whether it has to wait and so counts.
+    /// The queue is the first GPU's the job would run on (`job_cores`).
     pub fn check(app: &AppState, stages: Option<&[String]>) -> Result<(), QueueFull> {
-        if stages.is_some_and(|stages| runs_on_cpu(app, stages)) {
+        let stages = stages.unwrap_or(&app.config.pipeline.stages);
+        let cores = job_cores(app, stages);
+        if runs_on_cpu(stages, &cores) {
             return Ok(());
         }
-        if app.queue.waiting() >= app.config.limits.max_queue {
-            return Err(QueueFull::now(app));
+        let queue = &cores.first().unwrap_or(app.arbiter.core()).queue;
+        if queue.waiting() >= app.config.limits.max_queue {
+            return Err(QueueFull::now(app, queue));
         }
         Ok(())
     }
 
-    fn now(app: &AppState) -> QueueFull {
+    fn now(app: &AppState, queue: &crate::arbiter::queue::GpuQueue) -> QueueFull {
         let jobs = app.stats.total();
         let mean_s = if jobs == 0 {
             10.0
@@ -83,7 +87,7 @@ impl QueueFull {
                 / 1e6
                 / jobs as f64
         };
-        let ahead = (app.queue.waiting() + app.queue.running()) as f64;
+        let ahead = (queue.waiting() + queue.running()) as f64;
         let slots = app.config.gpu.max_concurrent_jobs.max(1) as f64;
         QueueFull {
             retry_after_s: (mean_s * ahead / slots).ceil().clamp(1.0, 3600.0) as u64,
@@ -142,18 +146,26 @@ pub fn start_job(
     app: AppState,
     job: PreparedJob,
 ) -> Result<mpsc::Receiver<ClientEvent>, QueueFull> {
-    let on_cpu = runs_on_cpu(&app, &job.stages);
-    let waiter = app
+    let cores = job_cores(&app, &job.stages);
+    let on_cpu = runs_on_cpu(&job.stages, &cores);
+    // The first of its GPUs (`[gpu] device` for a job on the CPU: a place among its jobs) is
+    // where it waits its turn and where `limits.max_queue` counts it.
+    let mut cores = cores.into_iter();
+    let first = cores
+        .next()
+        .unwrap_or_else(|| std::sync::Arc::clone(app.arbiter.core()));
+    let waiter = first
         .queue
         .try_enqueue(
-            ticket(&app, app.arbiter.core(), &job, on_cpu),
+            ticket(&app, &first, &job, on_cpu),
             app.config.limits.max_queue,
         )
-        .ok_or_else(|| QueueFull::now(&app))?;
+        .ok_or_else(|| QueueFull::now(&app, &first.queue))?;
+    let others = cores.collect();
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(async move {
         let events = tx.clone();
-        let outcome = std::panic::AssertUnwindSafe(run_job(app, job, waiter, on_cpu, events))
+        let outcome = std::panic::AssertUnwindSafe(run_job(app, job, waiter, others, events))
             .catch_unwind()
             .await;
         if outcome.is_err() {
@@ -184,7 +196,7 @@ async fn run_job(
     app: AppState,
     job: PreparedJob,
     mut waiter: crate::arbiter::queue::Waiter,
-    on_cpu: bool,
+    others: Vec<std::sync::Arc<crate::arbiter::Core>>,
     tx: mpsc::Sender<ClientEvent>,
 ) {
     let permit = loop {
@@ -204,16 +216,10 @@ async fn run_job(
             _ = tx.closed() => return, // dropping the waiter leaves the queue
         }
     };
-    // Its stages' workers pinned to other GPUs: those GPUs' queues too, after this one and in
-    // the order of their indices (every job takes them in the same order: no two wait on each
-    // other), so a lease or service there is never run beside them.
-    // A job on the CPU takes nothing of any GPU: no other GPU's queue either.
+    // Its other GPUs' queues too, after the first and in the order of their indices (every job
+    // takes them in the same order: no two wait on each other), so a lease or service there is
+    // never run beside it.
     let mut pinned = Vec::new();
-    let others = if on_cpu {
-        Vec::new()
-    } else {
-        pinned_cores(&app, &job.stages)
-    };
     for core in others {
         let waiter = core
             .queue
@@ -350,36 +356,40 @@ fn ticket(
     ticket
 }
 
-/// Whether every one of `stages` runs on a resident that said, when it last loaded, that it runs
-/// on the CPU (loaded now, or unloaded or loading again since: its config is the same): the job
-/// takes nothing of any GPU (`Ticket::on_cpu`). A one-shot stage, or a resident that never
-/// loaded or is failing, has not said so; such a job takes the GPU as any other.
-fn runs_on_cpu(app: &AppState, stages: &[String]) -> bool {
-    !stages.is_empty()
-        && stages.iter().all(|stage| {
-            app.supervisor.get(stage).is_some_and(|w| {
-                let status = w.status();
-                status.mode == crate::config::Mode::Resident
-                    && matches!(
-                        status.state,
-                        WorkerState::Ready
-                            | WorkerState::Busy
-                            | WorkerState::Unloaded
-                            | WorkerState::Starting
-                    )
-                    && status.runs_on_cpu()
-            })
-        })
+/// Whether a job of `stages` takes nothing of any GPU (`Ticket::on_cpu`): every stage runs on
+/// the CPU (`job_cores` found no GPU for any).
+fn runs_on_cpu(stages: &[String], cores: &[std::sync::Arc<crate::arbiter::Core>]) -> bool {
+    !stages.is_empty() && cores.is_empty()
 }
 
-/// The cores of the GPUs other than `[gpu] device` that `stages`' workers are pinned to, by
-/// index.
-fn pinned_cores(app: &AppState, stages: &[String]) -> Vec<std::sync::Arc<crate::arbiter::Core>> {
+/// Whether `stage` runs on a resident that said, when it last loaded, that it runs on the CPU
+/// (loaded now, or unloaded or loading again since: its config is the same). A one-shot stage,
+/// or a resident that never loaded or is failing, has not said so: it takes its GPU.
+fn stage_on_cpu(app: &AppState, stage: &str) -> bool {
+    app.supervisor.get(stage).is_some_and(|w| {
+        let status = w.status();
+        status.mode == crate::config::Mode::Resident
+            && matches!(
+                status.state,
+                WorkerState::Ready
+                    | WorkerState::Busy
+                    | WorkerState::Unloaded
+                    | WorkerState::Starting
+            )
+            && status.runs_on_cpu()
+    })
+}
+
+/// The GPUs a job of `stages` takes, by index: each GPU a worker of a stage runs on, the
+/// residents on the CPU left out. A job takes no GPU its stages do not use (one whose workers are
+/// all pinned to GPU 1 leaves `[gpu] device` to leases and services); none at all when every
+/// stage runs on the CPU.
+fn job_cores(app: &AppState, stages: &[String]) -> Vec<std::sync::Arc<crate::arbiter::Core>> {
     let main = app.arbiter.core().device;
     let mut devices: Vec<u32> = stages
         .iter()
-        .filter_map(|s| app.supervisor.get(s).map(|w| w.device()))
-        .filter(|&d| d != main)
+        .filter(|s| !stage_on_cpu(app, s))
+        .map(|s| app.supervisor.get(s).map_or(main, |w| w.device()))
         .collect();
     devices.sort_unstable();
     devices.dedup();

@@ -200,28 +200,33 @@ pub fn render(app: &App) -> String {
         );
     }
 
-    let waiting = app.queue.waiting() as f64;
-    scrape.gauge(
+    let waiting = scrape.gauges(
         "gpuhost_queue_waiting",
         "Requests waiting for the GPU: jobs, service starts, leases",
-        waiting,
     );
-    let running = app.queue.running() as f64;
-    scrape.gauge(
+    let running = scrape.gauges(
         "gpuhost_queue_running",
         "Holders of the GPU now: jobs, services, leases",
-        running,
     );
+    let blocked = scrape.gauges(
+        "gpuhost_gpu_blocked",
+        "1 while nothing is granted because a holder's memory did not come back",
+    );
+    for core in &app.arbiter.cores {
+        let gpu = || vec![("gpu", core.device.to_string())];
+        set(&waiting, gpu(), core.queue.waiting() as f64);
+        set(&running, gpu(), core.queue.running() as f64);
+        set(
+            &blocked,
+            gpu(),
+            flag(core.queue.blocked_on_memory().is_some()),
+        );
+    }
     let leases = app.arbiter.leases.list().len() as f64;
     scrape.gauge(
         "gpuhost_leases",
         "GPU leases held by outside programs",
         leases,
-    );
-    scrape.gauge(
-        "gpuhost_gpu_blocked",
-        "1 while nothing is granted because a holder's memory did not come back",
-        flag(app.queue.blocked_on_memory().is_some()),
     );
 
     let service_state = scrape.gauges(

@@ -39,13 +39,15 @@ pub(super) async fn health(State(app): State<AppState>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    let mut queue = app.arbiter.queue_totals();
+    queue["max_waiting"] = json!(app.config.limits.max_queue);
     let body = json!({
         "status": if problems.is_empty() { "ok" } else { "unhealthy" },
         "problems": problems,
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": crate::pipeline::round3(app.started.elapsed().as_secs_f64()),
         "workers": { "total": statuses.len(), "ready": ready, "loading": loading },
-        "queue": { "running": app.queue.running(), "waiting": app.queue.waiting(), "max_waiting": app.config.limits.max_queue },
+        "queue": queue,
         "gpu": app.gpu_health(),
         // Not a reason to restart by itself (running jobs would end): said, and logged.
         "orphan_guard": if crate::process::guard::gone() { "gone" } else { "ok" },
@@ -108,12 +110,20 @@ pub(super) async fn ready(
             ));
         }
     }
-    let waiting = app.queue.waiting();
-    if waiting >= app.config.limits.max_queue {
-        reasons.push(format!(
-            "the GPU queue is full ({waiting} waiting, limits.max_queue = {})",
-            app.config.limits.max_queue
-        ));
+    // Each GPU's queue is bounded on its own (a job waits its turn on the first GPU it uses).
+    for core in &app.arbiter.cores {
+        let waiting = core.queue.waiting();
+        if waiting >= app.config.limits.max_queue {
+            let which = if app.arbiter.cores.len() > 1 {
+                format!("the GPU {} queue", core.device)
+            } else {
+                "the GPU queue".to_string()
+            };
+            reasons.push(format!(
+                "{which} is full ({waiting} waiting, limits.max_queue = {})",
+                app.config.limits.max_queue
+            ));
+        }
     }
     if let Err(why) = app.temp_probe.check().await {
         reasons.push(why);

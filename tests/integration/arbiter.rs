@@ -2666,6 +2666,51 @@ async fn a_job_whose_worker_is_pinned_to_another_gpu_waits_for_that_gpus_lease()
 }
 
 #[tokio::test]
+async fn a_job_whose_workers_are_all_on_another_gpu_leaves_the_main_gpu_to_its_lease() {
+    // Jobs queued on [gpu] device first: a job whose every worker runs on GPU 1 waited for a
+    // lease on GPU 0, and held GPU 0 while it ran.
+    let gpu = FakeGpu::new(TWO_GPUS);
+    let config = format!(
+        "[gpu]\ndevices = [0, 1]\n[pipeline]\nstages = [\"w\"]\n{}\n{}",
+        fake_worker("w", "device = 1\n"),
+        gpu.config("")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let (id, _) = granted_lease(
+        &host,
+        json!({"holder": "y", "device": 0, "wait": true, "ttl_s": 60}),
+    )
+    .await;
+    let response = host
+        .post("/transcribe")
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    let events = tokio::time::timeout(Duration::from_secs(20), read_events(response))
+        .await
+        .expect("the job waited for GPU 0's lease");
+    result_of(&events);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, gpuhost::protocol::ClientEvent::Queued { .. })),
+        "{events:?}"
+    );
+    let history = host.get_json("/gpu/history").await;
+    let jobs: Vec<&Value> = history["grants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["kind"] == "job")
+        .collect();
+    assert_eq!(jobs.len(), 1, "{history}");
+    assert_eq!(jobs[0]["device"], 1, "{history}");
+    assert_eq!(release(&host, id).await, 200);
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_query_on_a_control_endpoint_is_refused_by_name() {
     let gpu = FakeGpu::new(IDLE);
     let host = arbiter_host(&gpu).await;
