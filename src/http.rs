@@ -60,6 +60,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), origin::check));
     Router::new()
+        .route("/live", get(health::live))
         .route("/health", get(health::health))
         .route("/ready", get(health::ready))
         .route("/openapi.json", get(openapi::spec))

@@ -1,6 +1,6 @@
-//! The open probes: `/health` (liveness: the process answers and can take jobs at all) and
-//! `/ready` (readiness: it should get traffic now). Neither reveals paths or command lines, and
-//! neither waits on the GPU lock.
+//! The open probes: `/live` (the process answers), `/health` (it answers and can take jobs at
+//! all) and `/ready` (it should get traffic now). None reveals paths or command lines, and none
+//! waits on the GPU lock.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -12,6 +12,18 @@ use serde_json::json;
 use super::SpareConnection;
 use crate::worker::WorkerState;
 use crate::AppState;
+
+/// Liveness alone, for a probe that restarts the process when it fails (Kubernetes'
+/// `livenessProbe`): 200 whenever the server answers. Nothing a restart cannot mend makes it
+/// fail — a full or read-only temp dir stays full across a restart (an `emptyDir` outlives its
+/// container), so it is `/health`'s and `/ready`'s 503, not this one's, and a node's running
+/// jobs are not killed in a loop for it.
+#[utoipa::path(get, path = "/live", responses(
+    (status = 200, description = "The server answers", body = Object),
+))]
+pub(super) async fn live() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
 
 /// Liveness plus a summary. 503 when the temp dir cannot take job folders (a full or read-only
 /// disk): every upload would fail.

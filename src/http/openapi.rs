@@ -63,6 +63,7 @@ pub enum GuardErrors {
 #[openapi(
     info(title = "gpuhost", description = "Time-share one GPU between many AI models. Every error is JSON: `{\"error\": code, \"message\": text}`."),
     paths(
+        super::health::live,
         super::health::health,
         super::health::ready,
         super::transcribe::transcribe,
@@ -121,6 +122,7 @@ mod tests {
     fn every_route_is_documented() {
         let doc = ApiDoc::openapi();
         for path in [
+            "/live",
             "/health",
             "/ready",
             "/transcribe",

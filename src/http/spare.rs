@@ -20,7 +20,7 @@ pub(super) async fn probes_only(request: Request, next: Next) -> Response {
     let Some(spare) = request.extensions().get::<SpareConnection>().copied() else {
         return next.run(request).await;
     };
-    if matches!(request.uri().path(), "/health" | "/ready") {
+    if matches!(request.uri().path(), "/live" | "/health" | "/ready") {
         return next.run(request).await;
     }
     ApiError::new(

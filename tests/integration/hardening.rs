@@ -629,6 +629,8 @@ async fn leftovers_are_swept_and_paths_stay_private() {
         let temp_name = temp.file_name().unwrap().to_string_lossy().into_owned();
         assert!(!text.contains(&temp_name), "{probe}: {text}");
     }
+    // Not on /live: a restart would not mend it, and would kill the running jobs.
+    assert_eq!(host.get("/live").send().await.unwrap().status(), 200);
     host.stop().await;
 }
 

@@ -145,6 +145,7 @@ async fn a_trickled_upload_is_cut_off_and_probes_answer_while_it_holds_every_slo
     // The probes answer on the spare connections meanwhile: alive, but not ready for traffic.
     let health = host.get("/health").send().await.unwrap();
     assert_eq!(health.status(), 200);
+    assert_eq!(host.get("/live").send().await.unwrap().status(), 200);
     let ready = host.get("/ready").send().await.unwrap();
     assert_eq!(ready.status(), 503);
     let ready: serde_json::Value = ready.json().await.unwrap();
