@@ -18,6 +18,7 @@ and streaming, as a share of that time.
 """
 
 import json
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -197,6 +198,15 @@ def run(mode, folder, names, rounds):
 
 
 def main():
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
+        return
+    known = {"--real-only", "--sets", "--diarizer", "--asr", "--asr-options"}
+    unknown = [a for a in sys.argv[1:] if a.startswith("-") and a.split("=", 1)[0] not in known]
+    if unknown:
+        sys.exit(f"unknown option {unknown[0]}; see --help")
+    # A SIGTERM (a CI timeout, `kill`) ends the run through the `finally`s that stop its server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     rounds = int(args[0]) if args else 3
     flags = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
