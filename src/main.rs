@@ -75,6 +75,9 @@ enum Command {
     Stop(cli::control::ControlArgs),
     /// Enrolled voices on a server: list, add (enrol), delete.
     Speakers(cli::speakers::SpeakersArgs),
+    /// The orphan guard, started by a server in place of one that died (the pipe is fd 3).
+    #[command(hide = true)]
+    OrphanGuard { host: u32, token: String },
     /// Decode one upload into 16 kHz mono WAV (the server runs this in a child process).
     #[command(hide = true)]
     DecodeAudio {
@@ -109,6 +112,9 @@ fn main() -> std::process::ExitCode {
     } = &args.command
     {
         return gpuhost::audio::child_main(input, output, *max_seconds);
+    }
+    if let Command::OrphanGuard { host, token } = &args.command {
+        gpuhost::process::guard::child_main(*host, token);
     }
     // Before any thread exists: the orphan guard is forked, and forking is only safe now.
     if let Err(e) = gpuhost::process::guard::install() {
@@ -192,7 +198,9 @@ async fn run(
         Command::Stop(c) => cli::control::control(&config, cli::control::Action::Stop, c).await,
         Command::Speakers(s) => cli::speakers::speakers(&config, s).await,
         // Answered in `main` before anything else starts.
-        Command::DecodeAudio { .. } => Ok(std::process::ExitCode::SUCCESS),
+        Command::DecodeAudio { .. } | Command::OrphanGuard { .. } => {
+            Ok(std::process::ExitCode::SUCCESS)
+        }
         Command::Setup { workers, force } => {
             gpuhost::setup::setup(&config, &workers, force, &say).await?;
             Ok(std::process::ExitCode::SUCCESS)

@@ -174,7 +174,8 @@ pub fn sweep_before_exit(proc: &ProcFs) {
     reap(proc);
 }
 
-/// Sweeps at every SIGCHLD and every 2 s until dropped (the server aborts it).
+/// Sweeps at every SIGCHLD and every 2 s until dropped (the server aborts it), and mends the
+/// orphan guard.
 /// A killed orphan's exit is the next SIGCHLD, whose sweep reaps it.
 pub async fn sweep_forever(proc: ProcFs) {
     use tokio::signal::unix::{signal, SignalKind};
@@ -191,6 +192,8 @@ pub async fn sweep_forever(proc: ProcFs) {
             _ = tick.tick() => {}
             Some(()) = async { children.as_mut()?.recv().await } => {}
         }
+        // A guard that died is reaped and replaced first (its SIGCHLD is one of these).
+        super::guard::mend();
         let proc = proc.clone();
         let _ = tokio::task::spawn_blocking(move || sweep(&proc)).await;
     }

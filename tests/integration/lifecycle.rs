@@ -427,9 +427,13 @@ async fn the_guard_outlives_a_kill_aimed_at_the_hosts_command_line() {
 }
 
 #[tokio::test]
-async fn health_says_when_the_orphan_guard_was_killed_and_it_is_reaped() {
+async fn a_killed_orphan_guard_is_reaped_and_replaced_by_one_that_does_its_work() {
+    // A killed guard was only said on /health ("restart gpuhost"): until then a SIGKILLed host
+    // left its workers' children behind.
     let binary = with_a_session_child("");
     binary.ready_workers(1).await;
+    let children = child_pids(binary.dir.path());
+    assert_eq!(children.len(), 1, "{children:?}");
     let health = |url: String| async move {
         reqwest::get(format!("{url}/health"))
             .await
@@ -444,17 +448,39 @@ async fn health_says_when_the_orphan_guard_was_killed_and_it_is_reaped() {
     let guard = guard_of(host);
     // SAFETY: kill(2) of the guard of the host this test started.
     unsafe { libc::kill(guard as i32, libc::SIGKILL) };
-    let url = binary.url.clone();
-    wait_for("/health to say so", Duration::from_secs(10), || {
-        let url = url.clone();
-        async move { health(url).await["orphan_guard"] == "gone" }
+    let another = || {
+        procfs.pids().into_iter().find(|&p| {
+            p != guard
+                && procfs.ppid(p) == Some(host)
+                && procfs.comm(p).as_deref() == Some("gpuhost-guard")
+        })
+    };
+    wait_for("a new guard", Duration::from_secs(10), || {
+        let found = another().is_some();
+        async move { found }
     })
     .await;
+    let second = another().unwrap();
     // Reaped: no zombie of it is left under the host.
     assert!(
         procfs.ppid(guard) != Some(host),
         "the dead guard was not reaped"
     );
+    assert_eq!(health(binary.url.clone()).await["orphan_guard"], "ok");
+    let cmdline = procfs.cmdline(second).unwrap();
+    assert!(
+        cmdline.starts_with("gpuhost-guard") && !cmdline.contains("orphan-guard"),
+        "its command line (with the mark's token) is overwritten: {cmdline}"
+    );
+    // It looks below the host once a second, as the first did.
+    std::thread::sleep(Duration::from_millis(1500));
+    binary.signal(libc::SIGKILL);
+    until_dead(
+        children[0],
+        "the session child to go with the SIGKILLed host",
+    )
+    .await;
+    until_dead(second, "the new guard to exit after its work").await;
 }
 
 /// The orphan guard of the host `host` (its child named `gpuhost-guard`).

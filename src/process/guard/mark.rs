@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::Seen;
+use super::life::Seen;
 use crate::gpu::procfs::ProcFs;
 
 /// The environment variable that marks this host's children.
