@@ -257,6 +257,14 @@ pub(super) async fn translations(
 /// One job from the form; the transcript (or translation) in `response_format`.
 async fn answer(app: AppState, request: Request, translate: bool) -> Result<Response, OpenAiError> {
     // Refused before the upload is read (the drain layer reads it after the answer).
+    if let Some(name) = form::field_in_query(request.uri()) {
+        return Err(ApiError::bad_request(format!(
+            "`{name}` is given as a query parameter; this endpoint reads it from the multipart \
+             form only (beside `file`), so it would be ignored"
+        ))
+        .at(name)
+        .into());
+    }
     let pipeline = &app.config.pipeline.stages;
     if crate::render::fits(crate::render::Format::Txt, pipeline).is_err() {
         return Err(ApiError::bad_request(format!(

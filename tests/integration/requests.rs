@@ -169,7 +169,35 @@ async fn the_openai_form_refuses_what_it_would_otherwise_drop() {
             assert_eq!(body["error"]["param"], param, "{body}");
         }
     }
+    // A form field in the query was ignored (`?language=ko`: English came back).
+    for query in [
+        "language=ko",
+        "x=1&response_format=srt",
+        "timestamp_granularities%5B%5D=word",
+    ] {
+        let r = host
+            .post(&format!("/v1/audio/transcriptions?{query}"))
+            .multipart(form_with_file())
+            .send()
+            .await
+            .unwrap();
+        let (message, body) = openai_error(r, 400).await;
+        assert!(message.contains("query parameter"), "{query}: {body}");
+        let name = body["error"]["param"].as_str().unwrap().to_string();
+        assert!(
+            query.contains(&name.replace("[]", "%5B%5D")),
+            "{query}: {body}"
+        );
+    }
     assert_eq!(tasks_done(&host).await, 0, "nothing reached a worker");
+    // Azure OpenAI clients add `api-version`: not a field, let through.
+    let r = host
+        .post("/v1/audio/transcriptions?api-version=2024-06-01")
+        .multipart(form_with_file())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
     // What clients send and gpuhost has no use for is accepted, and so are its speaker counts.
     let form = form_with_file()
         .text("model", "whisper-1")

@@ -117,6 +117,18 @@ pub(super) async fn read_form(
     Ok(form)
 }
 
+/// A form field given as a query parameter instead (`?language=ko`): OpenAI's endpoints read
+/// the form only, so it would be dropped without a word (an English transcript for a Korean
+/// request). Other query parameters (`api-version`, as Azure OpenAI clients add) pass.
+pub(super) fn field_in_query(uri: &axum::http::Uri) -> Option<String> {
+    let axum::extract::Query(pairs) =
+        axum::extract::Query::<Vec<(String, String)>>::try_from_uri(uri).ok()?;
+    pairs
+        .into_iter()
+        .map(|(name, _)| name)
+        .find(|name| name == "file" || known(name))
+}
+
 /// Whether the form reads a field of this name. `model`, `chunking_strategy` and `include`
 /// are accepted and ignored, as clients send them: the server's pipeline decides (the official
 /// client sends an object as `chunking_strategy[type]` and so on).
