@@ -322,6 +322,35 @@ def test_a_request_starts_afresh_whatever_came_before(aligner, speech_wav, monke
     assert seen[seen_before] == seen[0], "the second request started where the first did"
 
 
+def test_a_request_called_off_mid_utterance_leaves_no_broken_decoder(speech_wav, monkeypatch):
+    """A task called off (the host's SIGINT raises `TaskCancelled` wherever the code is) between
+    an utterance's start and end left that decoder refusing every later alignment: the next
+    requests' words moved by up to seconds, still `aligned: true`."""
+    import gpuhost_aligner.engine as engine
+
+    aligner = SphinxAligner()
+    audio = read_wav(speech_wav)
+    segments = rough_words(audio, "hello world, this is a test of the speech worker")
+    first = aligner.align(audio, segments)
+    preferred = aligner._preferred  # the beam setting that aligned it
+    decode = engine._decode
+
+    def called_off(decoder, text, padded):
+        decoder.set_align_text(text)
+        decoder.start_utt()
+        decoder.process_raw(padded, full_utt=True)
+        raise KeyboardInterrupt  # as TaskCancelled, a BaseException
+
+    monkeypatch.setattr(engine, "_decode", called_off)
+    with pytest.raises(KeyboardInterrupt):
+        aligner.align(audio, segments)
+    monkeypatch.setattr(engine, "_decode", decode)
+    assert aligner.align(audio, segments) == first
+    # Aligned by the same decoder, not by the next beam setting after the first refused.
+    assert aligner._preferred == preferred
+    assert aligner.align(audio, segments) == first
+
+
 def test_no_word_ends_past_the_recording():
     # The last word of a recording aligned against the padding after it: 19.65-20.03 in a
     # 20.0 s recording (a real call's last 20 s). Its end is the recording's.

@@ -56,17 +56,13 @@ class SphinxAligner:
     device = "cpu"
 
     def __init__(self, beams=BEAMS):
-        from pocketsphinx import Decoder
-
-        self._decoders = []
-        for beam, wbeam, pbeam in beams:
-            config = Decoder.default_config()
-            config["beam"], config["wbeam"], config["pbeam"] = beam, wbeam, pbeam
-            config["loglevel"] = "FATAL"
-            self._decoders.append(Decoder(config))
+        self._beams = list(beams)
+        self._decoders = [_decoder(b) for b in self._beams]
         self._rng = np.random.default_rng(0)
         # The setting that aligned the last piece goes first: a recording's channel does not change.
         self._preferred = 0
+        # The decoder whose utterance a cancelled task left open, if one did.
+        self._open = None
 
     def _ensure_words(self, tokens):
         # In a fixed order: the order words join the dictionary can tip the decoder's ties.
@@ -87,14 +83,16 @@ class SphinxAligner:
         order = [self._preferred] + [i for i in range(len(self._decoders)) if i != self._preferred]
         for i in order[:tries]:
             decoder = self._decoders[i]
+            # Until the utterance has ended: a task called off in between (the SDK's
+            # `TaskCancelled`, raised wherever the code is) leaves it open (see `align`).
+            self._open = i
             try:
-                decoder.set_align_text(text)
-                decoder.start_utt()
-                decoder.process_raw(padded, full_utt=True)
-                decoder.end_utt()
+                _decode(decoder, text, padded)
             except RuntimeError:
+                self._open = None
                 decoder.reinit_feat()  # a failed utterance leaves state behind (see `align`)
                 continue
+            self._open = None
             words = [
                 s
                 for s in (decoder.seg() or [])
@@ -155,6 +153,12 @@ class SphinxAligner:
         learned stay in its dictionary."""
         self._preferred = 0
         self._rng = np.random.default_rng(0)
+        if self._open is not None:
+            # Called off mid-utterance: that decoder refuses every alignment from then on (and
+            # ending its utterance late can crash it), which moved later requests' words by
+            # seconds while they still read as aligned. A new one in its place (~0.3 s).
+            self._decoders[self._open] = _decoder(self._beams[self._open])
+            self._open = None
         for decoder in self._decoders:
             decoder.reinit_feat()
         out_segments = []
@@ -173,6 +177,24 @@ class SphinxAligner:
             if progress:
                 progress(i + 1, len(segments))
         return result(self.name, out_segments, len(audio) / RATE)
+
+
+def _decoder(beams):
+    """A pocketsphinx decoder with these (beam, wbeam, pbeam)."""
+    from pocketsphinx import Decoder
+
+    config = Decoder.default_config()
+    config["beam"], config["wbeam"], config["pbeam"] = beams
+    config["loglevel"] = "FATAL"
+    return Decoder(config)
+
+
+def _decode(decoder, text: str, padded: bytes) -> None:
+    """One utterance: `padded` aligned to `text` (RuntimeError when it does not align)."""
+    decoder.set_align_text(text)
+    decoder.start_utt()
+    decoder.process_raw(padded, full_utt=True)
+    decoder.end_utt()
 
 
 def _dithered(audio: np.ndarray, rng) -> np.ndarray:
