@@ -180,3 +180,31 @@ def test_nothing_is_decoded_again_when_nothing_was_lost(tmp_path, speech_wav):
     transcriber.model.transcribe = counted
     transcriber.transcribe(speech_wav)
     assert calls == [None]
+
+
+def test_speech_the_prompt_kept_from_being_written_is_decoded_without_it(tmp_path, speech_wav):
+    """A prompt can make Whisper stop after a window's first words (tiny.en with "Ebenezer,
+    Andrew, marketing" gave an empty transcript of a real 30 s meeting, with a 200), and the
+    pauses decoded again carried the same prompt: the speech still unwritten is decoded once
+    more without it, and the result says so."""
+    from gpuhost_asr.engine import AsrSettings, Transcriber
+
+    twice, spoken = said_twice(tmp_path, speech_wav)
+    transcriber = Transcriber(AsrSettings())
+    decode, prompts = transcriber.model.transcribe, []
+
+    def silenced_by_the_prompt(audio, **options):
+        prompts.append(options.get("initial_prompt"))
+        segments, info = decode(audio, **options)
+        return ([] if options.get("initial_prompt") else list(segments)), info
+
+    transcriber.model.transcribe = silenced_by_the_prompt
+    result = transcriber.transcribe(str(twice), prompt="Ebenezer, Andrew, marketing")
+    text = " ".join(s["text"] for s in result["segments"]).lower()
+    assert text.count("worker") == 2, result["segments"]
+    assert prompts[0] == "Ebenezer, Andrew, marketing" and prompts[-1] is None, prompts
+    assert any("decoded without it" in w for w in result.get("warnings", [])), result
+    # Without a prompt there is no such pass.
+    prompts.clear()
+    transcriber.transcribe(str(twice))
+    assert prompts == [None], prompts

@@ -371,8 +371,17 @@ class Transcriber:
             **decoding,
         )
         out = [segment_of(seg, info.duration, on_segment) for seg in segments]
+        warnings = []
         if self.settings.recover_gaps:
             out = self._recover(audio, out, info, decoding, on_segment)
+            if decoding["initial_prompt"]:
+                out, seconds = self._without_prompt(audio, out, info, decoding, on_segment)
+                if seconds:
+                    warnings.append(
+                        f"with the prompt Whisper wrote nothing for {seconds:.1f} s of speech; "
+                        "that speech was decoded without it (a prompt of names alone can stop "
+                        "Whisper early: a sentence that uses them works better)"
+                    )
         result = {
             "language": info.language,
             "language_probability": round(info.language_probability, 4),
@@ -382,9 +391,9 @@ class Transcriber:
             "segments": out,
         }
         if self.english_only and not language:
-            warnings = not_english_warnings(self.model_name, out)
-            if warnings:
-                result["warnings"] = warnings
+            warnings += not_english_warnings(self.model_name, out)
+        if warnings:
+            result["warnings"] = warnings
         return result
 
     def _decode_clips(self, audio, clips, info, decoding, on_segment=None) -> list:
@@ -396,6 +405,20 @@ class Transcriber:
             **decoding,
         )
         return [segment_of(seg, info.duration, on_segment) for seg in segments]
+
+    def _without_prompt(self, audio, out: list, info, decoding, on_segment) -> tuple:
+        """`out` with the speech still unwritten after `_recover` decoded again without the
+        prompt, and how many seconds of it there were. A prompt can make Whisper end a window
+        after its first sentence (tiny.en, "Ebenezer, Andrew, marketing" on a real 30 s meeting
+        clip: nothing at all came back), and `_recover`'s decodes carry the same prompt."""
+        clips = gaps.unheard(audio, out, info.duration, speech_in)
+        if not clips:
+            return out, 0.0
+        bare = dict(decoding, initial_prompt=None)
+        recovered = self._decode_clips(audio, clips, info, bare, on_segment)
+        if not recovered:
+            return out, 0.0
+        return gaps.merged(out, recovered), sum(b - a for a, b in clips)
 
     def _recover(self, audio, out: list, info, decoding, on_segment) -> list:
         """`out` with the speech it skipped decoded again (gaps.py), and each segment that
