@@ -34,7 +34,12 @@ def rough_words(audio, text):
             "end": round(end, 2),
             "text": text,
             "words": [
-                {"word": w, "start": start + i * step, "end": start + (i + 1) * step}
+                {
+                    "word": w,
+                    "start": start + i * step,
+                    "end": start + (i + 1) * step,
+                    "probability": round(0.5 + i / 40, 3),
+                }
                 for i, w in enumerate(words)
             ],
         }
@@ -52,6 +57,9 @@ def test_aligns_every_word_in_order(aligner, speech_wav):
     result = aligner.align(audio, rough_words(audio, text))
     words = result["segments"][0]["words"]
     assert result["aligned_words"] == result["total_words"] == 10
+    # The ASR's probability (pocketsphinx gives none when it aligns: it read as 1.0 for all).
+    probabilities = [w["probability"] for s in rough_words(audio, text) for w in s["words"]]
+    assert [w["score"] for w in words] == probabilities
     starts = [w["start"] for w in words]
     assert starts == sorted(starts)
     assert all(w["end"] > w["start"] for w in words)

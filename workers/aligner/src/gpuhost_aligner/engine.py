@@ -171,8 +171,9 @@ class SphinxAligner:
                 if t is None:
                     words.append(placed(w, w["start"], w["end"], w.get("probability", 0.0), False))
                 else:
-                    score = round(float(np.exp(max(min(t[2], 0), -700) / 10000)), 4)
-                    words.append(placed(w, t[0], t[1], score, True))
+                    # pocketsphinx scores nothing in alignment (every placed word's probability
+                    # is 0, which read as a score of 1.0): the ASR's probability is the word's.
+                    words.append(placed(w, t[0], t[1], w.get("probability", 0.0), True))
             out_segments.append(segment(seg, words))
             if progress:
                 progress(i + 1, len(segments))
