@@ -77,7 +77,7 @@ enum Command {
     Speakers(cli::speakers::SpeakersArgs),
     /// The orphan guard, started by a server in place of one that died (the pipe is fd 3).
     #[command(hide = true)]
-    OrphanGuard { host: u32, token: String },
+    OrphanGuard { host: u32 },
     /// Decode one upload into 16 kHz mono WAV (the server runs this in a child process).
     #[command(hide = true)]
     DecodeAudio {
@@ -113,8 +113,10 @@ fn main() -> std::process::ExitCode {
     {
         return gpuhost::audio::child_main(input, output, *max_seconds);
     }
-    if let Command::OrphanGuard { host, token } = &args.command {
-        gpuhost::process::guard::child_main(*host, token);
+    if let Command::OrphanGuard { host } = &args.command {
+        let Err(why) = gpuhost::process::guard::child_main(*host);
+        gpuhost::say!("gpuhost: {why}");
+        return std::process::ExitCode::from(2);
     }
     // Before any thread exists: the orphan guard is forked, and forking is only safe now.
     if let Err(e) = gpuhost::process::guard::install() {

@@ -60,11 +60,11 @@ fn host_side() -> MutexGuard<'static, Option<HostSide>> {
     GUARD.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Whether this process has an orphan guard that died and could not be replaced: the workers'
-/// children would then outlive a killed host. Tries a replacement first (see [`mend`]). `false`
-/// where there never was one (library use, tests in-process).
+/// Whether this process has an orphan guard that is gone and not replaced yet (the server's
+/// sweep replaces one within 2 s; see [`mend`]): the workers' children would then outlive a
+/// killed host. Reads the state only (the open `/health` asks). `false` where there never was
+/// one (library use, tests in-process).
 pub fn gone() -> bool {
-    mend();
     host_side().as_ref().is_some_and(|side| side.pipe.is_none())
 }
 
@@ -102,7 +102,8 @@ pub fn mend() {
 
 /// Starts a guard in place of the dead one: the host's binary (`/proc/self/exe`, which works
 /// even when the file was replaced since) as `gpuhost orphan-guard`, the pipe's read end as its
-/// fd 3, no death signal (it must outlive the host); then says every standing registration.
+/// fd 3, the mark's token in its environment (a command line is world-readable and audited), no
+/// death signal (it must outlive the host); then says every standing registration.
 fn restart(side: &mut HostSide) -> io::Result<libc::pid_t> {
     let mut fds = [0 as RawFd; 2];
     // SAFETY: pipe2 fills the two-element array.
@@ -118,7 +119,8 @@ fn restart(side: &mut HostSide) -> io::Result<libc::pid_t> {
     let mut cmd = std::process::Command::new("/proc/self/exe");
     use std::os::unix::process::CommandExt;
     cmd.arg0("gpuhost-guard")
-        .args(["orphan-guard", &side.host.to_string(), &side.token])
+        .args(["orphan-guard", &side.host.to_string()])
+        .env(TOKEN_VAR, &side.token)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null());
     for key in super::SECRET_ENV {
@@ -140,6 +142,7 @@ fn restart(side: &mut HostSide) -> io::Result<libc::pid_t> {
     }
     let child = super::adopted::recorded(|| cmd.spawn(), |c| Some(c.id()))?;
     drop(read);
+    nonblocking(&write);
     let pid = child.id() as libc::pid_t;
     side.pid = Some(pid);
     side.pipe = Some(write);
@@ -149,9 +152,39 @@ fn restart(side: &mut HostSide) -> io::Result<libc::pid_t> {
     Ok(pid)
 }
 
-/// The guard's life in a process started by [`restart`]: the pipe is fd 3.
-pub fn child_main(host: u32, token: &str) -> ! {
-    run_guard(3, host, token)
+/// How [`restart`] hands the mark's token to the new guard.
+const TOKEN_VAR: &str = "GPUHOST_GUARD_TOKEN";
+
+/// The guard's life in a process started by [`restart`]: the pipe is fd 3. Anything else (a
+/// person running `gpuhost orphan-guard` by hand) is refused: its end would stop every process
+/// carrying the token's mark.
+pub fn child_main(host: u32) -> Result<std::convert::Infallible, String> {
+    let token = std::env::var(TOKEN_VAR).unwrap_or_default();
+    // SAFETY: getppid has no preconditions; fstat fills the struct it is given.
+    let (parent, fifo) = unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        let fifo = libc::fstat(3, &mut stat) == 0 && stat.st_mode & libc::S_IFMT == libc::S_IFIFO;
+        (libc::getppid() as u32, fifo)
+    };
+    if parent != host || !fifo || token.is_empty() {
+        return Err(
+            "gpuhost orphan-guard is started by `gpuhost serve` itself, not by hand".into(),
+        );
+    }
+    std::env::remove_var(TOKEN_VAR);
+    run_guard(3, host, &token)
+}
+
+/// The write end made non-blocking: a guard that stops reading (SIGSTOP, a debugger) must not
+/// block the host, which writes under a process-wide lock; a full pipe is an unresponsive guard.
+fn nonblocking(pipe: &OwnedFd) {
+    // SAFETY: fcntl on a descriptor of ours.
+    unsafe {
+        let flags = libc::fcntl(pipe.as_raw_fd(), libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(pipe.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+    }
 }
 
 /// Forks the guard. Call it from `main` while the process has a single thread (before the async
@@ -178,8 +211,10 @@ pub fn install() -> io::Result<()> {
             mark::set(mark);
             // SAFETY: the read end belongs to the guard now; the write end is ours alone.
             unsafe { libc::close(read_end) };
+            let pipe = unsafe { OwnedFd::from_raw_fd(write_end) };
+            nonblocking(&pipe);
             *host_side() = Some(HostSide {
-                pipe: Some(unsafe { OwnedFd::from_raw_fd(write_end) }),
+                pipe: Some(pipe),
                 pid: Some(guard),
                 host,
                 token,
@@ -219,17 +254,33 @@ fn send(line: &str) {
     write_line(side, line);
 }
 
-/// One registration line to the guard, when one runs (a replacement is told them all).
+/// One registration line to the guard, when one runs (a replacement is told them all). A guard
+/// whose pipe is full has stopped reading (stopped, not dead): it is killed, so that the sweep
+/// replaces it with one that is told everything, this line included.
 fn write_line(side: &HostSide, line: &str) {
     let Some(fd) = &side.pipe else {
         return;
     };
     let line = format!("{line}\n");
-    // A few bytes to a pipe the guard drains continuously: one write, never a partial one.
+    // A few bytes to a pipe the guard drains continuously: one write, never a partial one (a
+    // write of at most PIPE_BUF bytes is all or nothing, non-blocking too).
     // SAFETY: writing a valid buffer to an open descriptor.
     let n = unsafe { libc::write(fd.as_raw_fd(), line.as_ptr().cast(), line.len()) };
-    if n < 0 {
-        tracing::warn!(error = %io::Error::last_os_error(), "the orphan guard is gone; worker children may outlive a killed host until a new one runs");
+    if n >= 0 {
+        return;
+    }
+    let error = io::Error::last_os_error();
+    if error.kind() == io::ErrorKind::WouldBlock {
+        if let Some(pid) = side.pid {
+            tracing::warn!(
+                pid,
+                "the orphan guard stopped reading (its pipe is full); killing it for a new one"
+            );
+            // SAFETY: signals our own unreaped child (only `mend` reaps it).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    } else {
+        tracing::warn!(%error, "the orphan guard is gone; worker children may outlive a killed host until a new one runs");
     }
 }
 
@@ -274,7 +325,40 @@ impl Registered {
 
 #[cfg(test)]
 mod tests {
-    use super::{apply, Registered};
+    use super::{apply, nonblocking, write_line, HostSide, Registered};
+    use std::os::fd::{FromRawFd, OwnedFd};
+
+    #[test]
+    fn a_guard_that_stops_reading_is_killed_not_waited_for() {
+        // A stopped guard's pipe filled up, and the blocking write, under the process-wide
+        // lock, froze every spawn, the sweep and /health.
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills the two-element array.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh descriptors of ours.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        nonblocking(&write);
+        #[allow(clippy::disallowed_methods)] // a stand-in guard, never a worker
+        let mut stopped = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let side = HostSide {
+            pipe: Some(write),
+            pid: Some(stopped.id() as libc::pid_t),
+            host: 0,
+            token: "t".into(),
+            registered: Registered::default(),
+        };
+        let started = std::time::Instant::now();
+        for _ in 0..20_000 {
+            write_line(&side, "+123456"); // 160 KB: more than a pipe holds
+        }
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(stopped.wait().unwrap().signal(), Some(libc::SIGKILL));
+        drop(read);
+    }
 
     #[test]
     fn registrations_add_and_remove() {

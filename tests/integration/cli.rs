@@ -747,3 +747,28 @@ fn a_lease_whose_release_is_never_answered_ends_all_the_same() {
     assert_eq!(status.code(), Some(0), "the program's status: {said}");
     assert!(said.contains("release failed"), "{said}");
 }
+
+#[test]
+fn the_hidden_orphan_guard_command_refuses_to_run_by_hand() {
+    // Run by hand it read EOF on a missing pipe at once and stopped every process carrying the
+    // mark's token (a worker's environment shows it), then exited 0.
+    let mut marked = Command::new("sleep")
+        .arg("30")
+        .env("GPUHOST_GUARD", "sometoken")
+        .spawn()
+        .unwrap();
+    let out = gpuhost()
+        .args(["orphan-guard", &std::process::id().to_string()])
+        .env("GPUHOST_GUARD_TOKEN", "sometoken")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not by hand"), "{stderr}");
+    assert!(
+        marked.try_wait().unwrap().is_none(),
+        "the marked process was stopped"
+    );
+    marked.kill().unwrap();
+    marked.wait().unwrap();
+}
