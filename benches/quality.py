@@ -201,10 +201,17 @@ def main():
     if {"-h", "--help"} & set(sys.argv[1:]):
         print(__doc__)
         return
-    known = {"--real-only", "--sets", "--diarizer", "--asr", "--asr-options"}
-    unknown = [a for a in sys.argv[1:] if a.startswith("-") and a.split("=", 1)[0] not in known]
-    if unknown:
-        sys.exit(f"unknown option {unknown[0]}; see --help")
+    valued = {"--sets", "--diarizer", "--asr", "--asr-options"}
+    for a in sys.argv[1:]:
+        if not a.startswith("-"):
+            if not a.isdigit():
+                sys.exit(f"{a!r} is not a number of rounds; see --help")
+            continue
+        name, is_set, _ = a.partition("=")
+        if name in valued and not is_set:
+            sys.exit(f"{name} takes a value: {name}=...; see --help")
+        if a != "--real-only" and name not in valued:
+            sys.exit(f"unknown option {a}; see --help")
     # A SIGTERM (a CI timeout, `kill`) ends the run through the `finally`s that stop its server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     args = [a for a in sys.argv[1:] if not a.startswith("--")]

@@ -231,15 +231,6 @@ impl Arbiter {
         self.cores.iter().find(|c| c.device == device)
     }
 
-    /// Holders and waiters over every GPU's queue (`/health`, `/status`): a job on two GPUs is
-    /// a holder (or a waiter) on each.
-    pub fn queue_totals(&self) -> serde_json::Value {
-        let (running, waiting) = self.cores.iter().fold((0, 0), |(r, w), c| {
-            (r + c.queue.running(), w + c.queue.waiting())
-        });
-        serde_json::json!({ "running": running, "waiting": waiting })
-    }
-
     /// Why `/status` must say busy whatever the sample shows: an exclusive grant, or a block.
     pub fn busy_reason(&self) -> Option<String> {
         self.core().busy_reason()

@@ -62,16 +62,14 @@ impl QueueFull {
     /// Before an upload of `stages` is read: full when `limits.max_queue` requests wait. A job
     /// that runs on the CPU goes past them (`Ticket::on_cpu`): only joining the queue, after its
     /// upload, tells whether it has to wait and so counts.
-    /// The queue is the first GPU's the job would run on (`job_cores`).
+    /// The queue is the first GPU's the job would run on (`job_cores`); `None`: the pipeline's.
     pub fn check(app: &AppState, stages: Option<&[String]>) -> Result<(), QueueFull> {
         let stages = stages.unwrap_or(&app.config.pipeline.stages);
-        let cores = job_cores(app, stages);
-        if runs_on_cpu(stages, &cores) {
+        let Some(core) = waits_on(app, stages) else {
             return Ok(());
-        }
-        let queue = &cores.first().unwrap_or(app.arbiter.core()).queue;
-        if queue.waiting() >= app.config.limits.max_queue {
-            return Err(QueueFull::now(app, queue));
+        };
+        if core.queue.waiting() >= app.config.limits.max_queue {
+            return Err(QueueFull::now(app, &core.queue));
         }
         Ok(())
     }
@@ -354,6 +352,23 @@ fn ticket(
         ticket.need_mib = ticket.need_mib.zip(need).map(|(a, b)| a.saturating_add(b));
     }
     ticket
+}
+
+/// The queue a job of `stages` waits its turn in and `limits.max_queue` counts it in: its first
+/// GPU's (`[gpu] device`'s for a job of no stage). `None` for a job on the CPU, which goes past
+/// waiting jobs (`Ticket::on_cpu`). With `app.config.pipeline.stages`: the speech jobs' queue,
+/// whose numbers `/health` gives and whose fullness `/ready` says.
+pub fn waits_on(app: &AppState, stages: &[String]) -> Option<std::sync::Arc<crate::arbiter::Core>> {
+    let cores = job_cores(app, stages);
+    if runs_on_cpu(stages, &cores) {
+        return None;
+    }
+    Some(
+        cores
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| std::sync::Arc::clone(app.arbiter.core())),
+    )
 }
 
 /// Whether a job of `stages` takes nothing of any GPU (`Ticket::on_cpu`): every stage runs on

@@ -7,9 +7,10 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GpuConfig {
-    /// How many pipeline jobs may hold the GPU at once.
+    /// How many pipeline jobs may hold one GPU at once (each GPU's queue on its own).
     pub max_concurrent_jobs: usize,
-    /// Index of the GPU reported as `gpu` in `/status`, where speech jobs are queued.
+    /// Index of the GPU reported as `gpu` in `/status`, and the one workers and services without
+    /// a `device` of their own run on (a speech job queues on its stages' GPUs).
     pub device: usize,
     /// Every GPU the arbiter keeps a queue for (besides `device` and any a worker or service
     /// names); leases may ask for one of them or `"any"`.

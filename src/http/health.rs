@@ -51,8 +51,14 @@ pub(super) async fn health(State(app): State<AppState>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let mut queue = app.arbiter.queue_totals();
-    queue["max_waiting"] = json!(app.config.limits.max_queue);
+    // The queue the pipeline's jobs wait in (its first GPU's; `[gpu] device`'s on the CPU).
+    let speech = crate::job::waits_on(&app, &app.config.pipeline.stages);
+    let queue = &speech.as_ref().unwrap_or(app.arbiter.core()).queue;
+    let queue = json!({
+        "running": queue.running(),
+        "waiting": queue.waiting(),
+        "max_waiting": app.config.limits.max_queue,
+    });
     let body = json!({
         "status": if problems.is_empty() { "ok" } else { "unhealthy" },
         "problems": problems,
@@ -122,8 +128,9 @@ pub(super) async fn ready(
             ));
         }
     }
-    // Each GPU's queue is bounded on its own (a job waits its turn on the first GPU it uses).
-    for core in &app.arbiter.cores {
+    // Full as `/transcribe` finds it: the queue the pipeline's jobs wait in (its first GPU's),
+    // none for a pipeline on the CPU (its jobs go past waiters).
+    if let Some(core) = crate::job::waits_on(&app, &app.config.pipeline.stages) {
         let waiting = core.queue.waiting();
         if waiting >= app.config.limits.max_queue {
             let which = if app.arbiter.cores.len() > 1 {

@@ -273,7 +273,7 @@ async fn answer(app: AppState, request: Request, translate: bool) -> Result<Resp
         ))
         .into());
     }
-    let (intake, request) = upload::FormIntake::begin(&app, request)?;
+    let (intake, request) = upload::FormIntake::begin(&app, request, &app.config.pipeline.stages)?;
     let form = read_form(
         request,
         intake.dir(),

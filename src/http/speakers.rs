@@ -97,7 +97,7 @@ pub(super) async fn enroll(
     let stage = voiceprint_stage(&app)?;
     // Before the body: a DELETE of this name while the upload still comes in must win too.
     let enrolment = app.speakers.enrolment();
-    let (intake, request) = upload::FormIntake::begin(&app, request)?;
+    let (intake, request) = upload::FormIntake::begin(&app, request, std::slice::from_ref(&stage))?;
     let form = read_form(request, intake.dir(), intake.limits.max_bytes, &app)
         .await
         .map_err(|e| intake.failed(e))?;

@@ -151,12 +151,14 @@ pub(super) struct FormIntake {
 }
 
 impl FormIntake {
+    /// `stages`: what the request's job will run (the whole pipeline for the OpenAI endpoints,
+    /// the `[speakers] stage` for an enrolment): its first GPU's queue is the one checked.
     pub(super) fn begin(
         app: &crate::AppState,
         request: Request,
+        stages: &[String],
     ) -> Result<(FormIntake, Request), ApiError> {
-        // Every request of a form goes through the whole pipeline.
-        crate::job::QueueFull::check(app, Some(&app.config.pipeline.stages))
+        crate::job::QueueFull::check(app, Some(stages))
             .map_err(|full| ApiError::queue_full(&full))?;
         let limits = BodyLimits::from_config(&app.config);
         // Said before anything is read or made, as for `/transcribe`.

@@ -2711,6 +2711,48 @@ async fn a_job_whose_workers_are_all_on_another_gpu_leaves_the_main_gpu_to_its_l
 }
 
 #[tokio::test]
+async fn leases_waiting_on_a_gpu_no_speech_job_uses_leave_ready_and_health_alone() {
+    // Every GPU's queue counted: leases waiting on GPU 1 made /ready 503 ("the GPU 1 queue is
+    // full") for a pipeline on GPU 0, whose jobs ran meanwhile.
+    let gpu = FakeGpu::new(TWO_GPUS);
+    let config = format!(
+        "[gpu]\ndevices = [0, 1]\n[limits]\nmax_queue = 1\n[pipeline]\nstages = [\"w\"]\n{}\n{}",
+        fake_worker("w", ""),
+        gpu.config("")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let (id, _) = granted_lease(
+        &host,
+        json!({"holder": "a", "device": 1, "wait": true, "ttl_s": 60}),
+    )
+    .await;
+    let waiting = {
+        let request = host
+            .post("/gpu/lease")
+            .json(&json!({"holder": "b", "device": 1, "wait": true, "ttl_s": 60}));
+        tokio::spawn(async move { grant_events(request.send().await.unwrap()).await })
+    };
+    wait_for("b waiting on GPU 1", Duration::from_secs(10), || async {
+        host.get_json("/gpu/leases").await["devices"][1]["waiting"]
+            .as_array()
+            .is_some_and(|w| !w.is_empty())
+    })
+    .await;
+    let ready = host.get("/ready").send().await.unwrap();
+    assert_eq!(ready.status(), 200, "{:?}", ready.text().await);
+    let health = host.get_json("/health").await;
+    assert_eq!(health["queue"]["waiting"], 0, "{health}");
+    result_of(&host.transcribe("", wav(0.2, 16000, 1)).await);
+    assert_eq!(release(&host, id).await, 200);
+    let events = waiting.await.unwrap();
+    let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(release(&host, lease_id).await, 200);
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_query_on_a_control_endpoint_is_refused_by_name() {
     let gpu = FakeGpu::new(IDLE);
     let host = arbiter_host(&gpu).await;
