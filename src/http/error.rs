@@ -94,6 +94,10 @@ impl ApiError {
         let text = text
             .replace("invalid digit found in string", digits)
             .replace(
+                "cannot parse integer from empty string",
+                &format!("empty, {digits}"),
+            )
+            .replace(
                 "number too large to fit in target type",
                 "a number too large",
             )

@@ -160,6 +160,7 @@ impl FormIntake {
     ) -> Result<(FormIntake, Request), ApiError> {
         crate::job::QueueFull::check(app, Some(stages))
             .map_err(|full| ApiError::queue_full(&full))?;
+        refuse_encoded(request.headers())?;
         let limits = BodyLimits::from_config(&app.config);
         // Said before anything is read or made, as for `/transcribe`.
         if declared_length(request.headers()).is_some_and(|n| n > limits.max_bytes) {
@@ -225,6 +226,33 @@ fn room_for_declared(
     }
 }
 
+/// A body sent compressed (`Content-Encoding: gzip`) is not undone: refused by name before it is
+/// read, not decoded as audio (a gzipped WAV got a 415 about playlists).
+fn refuse_encoded(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(axum::http::header::CONTENT_ENCODING) else {
+        return Ok(());
+    };
+    let coding = String::from_utf8_lossy(value.as_bytes())
+        .trim()
+        .to_ascii_lowercase();
+    if coding.is_empty() || coding == "identity" {
+        return Ok(());
+    }
+    let shown: String = coding
+        .chars()
+        .take(40)
+        .flat_map(char::escape_debug)
+        .collect();
+    Err(ApiError::new(
+        axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_audio_format",
+        format!(
+            "the body is sent with Content-Encoding: {shown}, which gpuhost does not undo: send \
+             the file as it is (audio formats are compressed already)"
+        ),
+    ))
+}
+
 /// The body length the request declares (`Content-Length`), if it does.
 pub(super) fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
     headers
@@ -252,6 +280,7 @@ async fn receive_guarded(
     limits: BodyLimits,
 ) -> Result<Source, ApiError> {
     let limit = limits.max_bytes;
+    refuse_encoded(request.headers())?;
     if declared_length(request.headers()).is_some_and(|n| n > limit) {
         return Err(too_large("the request body", limit));
     }

@@ -199,6 +199,25 @@ async fn bad_queries_and_routes() {
         // Said in words, not serde's "invalid digit found in string".
         assert!(msg.contains("num_speakers: not a whole number"), "{msg}");
     }
+    // A compressed body is refused by name, not decoded as audio.
+    let r = host
+        .post("/transcribe")
+        .header("content-encoding", "gzip")
+        .body(wav(0.2, 16000, 1))
+        .send()
+        .await
+        .unwrap();
+    let msg = json_error(r, 415, "unsupported_audio_format").await;
+    assert!(msg.contains("Content-Encoding: gzip"), "{msg}");
+    // Empty: not serde's "cannot parse integer from empty string".
+    let r = host
+        .post_body("/transcribe?num_speakers=", wav(0.2, 16000, 1))
+        .await;
+    let msg = json_error(r, 400, "bad_request").await;
+    assert!(
+        msg.contains("num_speakers: empty, not a whole number"),
+        "{msg}"
+    );
     let r = host
         .client()
         .delete(format!("{}/gpu/lease/abc", host.url))
