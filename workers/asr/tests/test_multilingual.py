@@ -6,6 +6,7 @@ from gpuhost_asr.engine import (
     AsrSettings,
     Transcriber,
     UnsupportedRequest,
+    in_doubt,
     not_english_warnings,
 )
 
@@ -130,10 +131,10 @@ def test_other_speech_through_the_english_model_is_judged_by_its_own_scores(
     transcriber_en, tmp_path
 ):
     # No `language`: tiny.en assumes English and wrote "Good and modern, Hoi just has met a
-    # nation" for German, with nothing to tell the reader. Whether a recording gets the
-    # warning follows its segments' scores (`not_english_warnings`); which words a sampled
-    # decoding of foreign speech gives varies between runs, so the words are not pinned here
-    # (the threshold was chosen on real voices: docs/benchmarks.md).
+    # nation" for German, with nothing to tell the reader. A doubt (a low score, or nothing
+    # written of seconds of speech) is decided by Whisper base's language detection, which
+    # names the language. (Which words a sampled decoding of foreign speech gives varies
+    # between runs, so the words are not pinned here.)
     for lang, text in LONGER.items():
         raw, wav = tmp_path / f"{lang}raw.wav", tmp_path / f"{lang}.wav"
         subprocess.run(["espeak-ng", "-v", lang, "-w", str(raw), text], check=True)
@@ -142,19 +143,43 @@ def test_other_speech_through_the_english_model_is_judged_by_its_own_scores(
         )
         result = transcriber_en.transcribe(str(wav))
         assert result["language"] == "en"
-        expected = not_english_warnings(transcriber_en.model_name, result["segments"])
-        assert result.get("warnings", []) == expected, (lang, result["segments"])
-        for warning in expected:
-            assert "may not be English" in warning and 'engine = "base"' in warning, warning
+        [warning] = result.get("warnings", []) or [None]
+        assert warning and f"sounds like language {lang!r}" in warning, (lang, result)
+        assert 'engine = "base"' in warning, warning
         # Given `language = "en"`, the caller said what it is: no doubt raised.
         assert "warnings" not in transcriber_en.transcribe(str(wav), language="en")
 
 
+def test_english_in_doubt_is_no_warning(transcriber_en, speech_wav, monkeypatch):
+    # Real English meetings score as low as real Spanish (-0.72 to -0.92 on 3 of 14 clips):
+    # the score alone warned "this may not be English" on them. Made doubtful here, the
+    # detector hears English.
+    monkeypatch.setattr("gpuhost_asr.engine.DOUBT_LOGPROB", 0.0)
+    result = transcriber_en.transcribe(speech_wav)
+    assert result["segments"] and "warnings" not in result, result
+
+
 def test_the_doubt_needs_enough_speech_scored_low():
+    import numpy as np
+
     def seg(seconds, logprob):
         return {"start": 0.0, "end": seconds, "avg_logprob": logprob}
 
+    five_s = np.zeros(5 * 16000, dtype=np.float32)
+    speech = lambda audio: [(0, len(audio))]  # noqa: E731 (the VAD hears speech throughout)
+    silence = lambda audio: []  # noqa: E731
+    assert in_doubt([seg(5, -0.6)], five_s, silence)
+    assert not in_doubt([seg(5, -0.4)], five_s, speech)
+    assert not in_doubt([seg(4, -0.3), seg(2, -0.9)], five_s, speech)  # mean -0.5
+    # Nothing (or too little) written: a doubt when the VAD hears seconds of speech.
+    assert in_doubt([], five_s, speech) and in_doubt([seg(2, -0.1)], five_s, speech)
+    assert not in_doubt([], five_s, silence)
+    assert not in_doubt([], five_s[:16000], speech)  # a second says too little
+    # The detector decides; without it, the score alone (below -0.7, 3 s or more).
+    assert not not_english_warnings("tiny.en", [seg(5, -1.2)], ("en", 0.6))
+    assert not not_english_warnings("tiny.en", [seg(5, -1.2)], ("de", 0.4))
+    [warning] = not_english_warnings("tiny.en", [], ("it", 0.99))
+    assert "'it'" in warning and "nothing written" in warning, warning
     assert not_english_warnings("tiny.en", [seg(5, -1.2)])
-    assert not not_english_warnings("tiny.en", [seg(5, -0.4)])
-    assert not not_english_warnings("tiny.en", [seg(2, -1.5)])  # too little to tell
-    assert not not_english_warnings("tiny.en", [seg(4, -0.3), seg(2, -1.2)])  # mean -0.6
+    assert not not_english_warnings("tiny.en", [seg(5, -0.6)])
+    assert not not_english_warnings("tiny.en", [seg(2, -1.5)])

@@ -239,31 +239,66 @@ def segment_of(seg, duration: float, on_segment) -> dict:
 
 
 # An English-only model given no `language` assumes English. Speech in another language comes
-# out as confident-looking English ("Guten Tag, it must avoid a new mass meter"), but the model
-# scores its own words low: the mean log-probability of its segments, weighted by their length.
-# Chosen on real voices (docs/benchmarks.md, "Speech that is not English"): tune split, English
-# recordings -0.54 at the lowest, Spanish/French/Italian/Russian prompts -0.86 at the highest.
-DOUBT_LOGPROB = -0.7
-DOUBT_MIN_S = 3.0  # less decoded speech than this says too little either way
+# out as confident-looking English ("Guten Tag, it must avoid a new mass meter"), or as nothing,
+# but the model scores its own words low: the mean log-probability of its segments, weighted by
+# their length. That alone cannot tell (docs/benchmarks.md, "Speech that is not English"): real
+# English meetings score down to -0.92, real Spanish prompts up to -0.65. So a low score (or
+# nothing written of seconds of speech) is a doubt, and the packaged multilingual Whisper base's
+# language detection decides it: on those real sets it named every language right.
+DOUBT_LOGPROB = -0.5
+DOUBT_MIN_S = 3.0  # less speech than this says too little either way
+# Without the detector (its model failed to load), the score alone, at the threshold that set it
+# apart from clean English.
+ALONE_LOGPROB = -0.7
 
 
-def not_english_warnings(model_name: str, segments: list) -> list:
-    """The warning for a transcript an English-only model made of speech that does not sound
-    like English to it (empty when it does, or when there is too little to tell)."""
+def decoded(segments: list) -> tuple:
+    """(seconds, mean log-probability) of the segments with a score (mean None without any)."""
     spoken = [(s["end"] - s["start"], s.get("avg_logprob")) for s in segments]
     spoken = [(d, lp) for d, lp in spoken if d > 0 and lp is not None]
     seconds = sum(d for d, _ in spoken)
-    if seconds < DOUBT_MIN_S:
-        return []
-    mean = sum(d * lp for d, lp in spoken) / seconds
-    if mean >= DOUBT_LOGPROB:
+    mean = sum(d * lp for d, lp in spoken) / seconds if seconds else None
+    return seconds, mean
+
+
+def not_english_warnings(model_name: str, segments: list, detected=None) -> list:
+    """The warning for a transcript an English-only model made of speech in another language:
+    `detected` is (language, probability) from the detector, asked when in doubt; without it
+    (None), the model's own low score decides (empty when too little was written to tell)."""
+    seconds, mean = decoded(segments)
+    advice = (
+        'for it configure [workers.asr] engine = "base" (multilingual) and give `language`, or '
+        "leave it out to have it detected"
+    )
+    if detected is not None:
+        language, probability = detected
+        if language == "en" or probability < 0.5:
+            return []
+        scored = f"mean log-probability {mean:.2f}" if mean is not None else "nothing written"
+        return [
+            f"this sounds like language {language!r}, not English (Whisper base's language "
+            f"detection: {probability:.2f}; {model_name}: {scored}): the model {model_name} "
+            f"is English-only and assumed English; {advice}"
+        ]
+    if seconds < DOUBT_MIN_S or mean >= ALONE_LOGPROB:
         return []
     return [
         f"this may not be English: the model {model_name} is English-only and assumed English, "
         f"and it scores its own words low (mean log-probability {mean:.2f} over {seconds:.0f} s); "
-        'for another language configure [workers.asr] engine = "base" (multilingual) and give '
-        "`language`, or leave it out to have it detected"
+        f"{advice}"
     ]
+
+
+def in_doubt(segments: list, audio, speech_in) -> bool:
+    """Whether an English-only model's transcript is doubtful enough to ask the detector: at
+    least DOUBT_MIN_S s written with a mean log-probability below DOUBT_LOGPROB, or less than
+    that written of at least DOUBT_MIN_S s of speech by the VAD (Italian came out as nothing)."""
+    seconds, mean = decoded(segments)
+    if seconds >= DOUBT_MIN_S:
+        return mean < DOUBT_LOGPROB
+    if len(audio) < DOUBT_MIN_S * gaps.RATE:
+        return False
+    return sum(e - s for s, e in speech_in(audio)) >= DOUBT_MIN_S * gaps.RATE
 
 
 def speech_in(clip) -> list:
@@ -292,6 +327,29 @@ class Transcriber:
         )
         self.english_only = not self.model.model.is_multilingual
         self._languages = self._known_languages()
+        # Whisper base, for an English-only model's doubts: loaded at the first (~1 s, ~150 MB).
+        self._detector = None
+
+    def _detect(self, audio):
+        """(language, probability) of `audio`'s speech by Whisper base, or None when its model
+        cannot load (the score alone decides then)."""
+        try:
+            if self._detector is None:
+                from faster_whisper import WhisperModel
+
+                from . import models
+
+                self._detector = WhisperModel(
+                    models.base_model_path(),
+                    device="cpu",
+                    compute_type="int8",
+                    cpu_threads=self.settings.cpu_threads or min(4, os.cpu_count() or 1),
+                )
+            language, probability, _ = self._detector.detect_language(audio, vad_filter=True)
+            return language, float(probability)
+        except Exception as e:  # a missing or broken model: the score alone decides
+            print(f"language detection unavailable: {e}", file=sys.stderr, flush=True)
+            return None
 
     def _known_languages(self) -> list:
         """The language codes the model can transcribe: those its tokenizer has a token for.
@@ -391,7 +449,8 @@ class Transcriber:
             "segments": out,
         }
         if self.english_only and not language:
-            warnings += not_english_warnings(self.model_name, out)
+            detected = self._detect(audio) if in_doubt(out, audio, speech_in) else None
+            warnings += not_english_warnings(self.model_name, out, detected)
         if warnings:
             result["warnings"] = warnings
         return result
