@@ -399,7 +399,7 @@ fn stage_on_cpu(app: &AppState, stage: &str) -> bool {
 /// residents on the CPU left out. A job takes no GPU its stages do not use (one whose workers are
 /// all pinned to GPU 1 leaves `[gpu] device` to leases and services); none at all when every
 /// stage runs on the CPU.
-fn job_cores(app: &AppState, stages: &[String]) -> Vec<std::sync::Arc<crate::arbiter::Core>> {
+pub fn job_cores(app: &AppState, stages: &[String]) -> Vec<std::sync::Arc<crate::arbiter::Core>> {
     let main = app.arbiter.core().device;
     let mut devices: Vec<u32> = stages
         .iter()

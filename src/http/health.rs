@@ -116,8 +116,10 @@ pub(super) async fn ready(
         }
     }
     // A queue blocked on memory that never came back grants nothing until someone frees it:
-    // jobs there would not wait their turn, they would wait for a person.
-    for core in &app.arbiter.cores {
+    // jobs there would not wait their turn, they would wait for a person. Only the GPUs the
+    // pipeline's jobs take count (none for a pipeline on the CPU: blocks do not hold its jobs).
+    let stages = &app.config.pipeline.stages;
+    for core in crate::job::job_cores(&app, stages) {
         // Why it is blocked names the processes on the GPU and their command lines: not for an
         // open endpoint (`/status` and `/gpu/leases` say it to a caller with the token).
         if core.queue.blocked_on_memory().is_some() {
@@ -128,21 +130,21 @@ pub(super) async fn ready(
             ));
         }
     }
-    // Full as `/transcribe` finds it: the queue the pipeline's jobs wait in (its first GPU's),
-    // none for a pipeline on the CPU (its jobs go past waiters).
-    if let Some(core) = crate::job::waits_on(&app, &app.config.pipeline.stages) {
-        let waiting = core.queue.waiting();
-        if waiting >= app.config.limits.max_queue {
-            let which = if app.arbiter.cores.len() > 1 {
-                format!("the GPU {} queue", core.device)
-            } else {
-                "the GPU queue".to_string()
-            };
-            reasons.push(format!(
-                "{which} is full ({waiting} waiting, limits.max_queue = {})",
-                app.config.limits.max_queue
-            ));
-        }
+    // Full as `/transcribe` finds it, in the queue the pipeline's jobs wait in: its first GPU's
+    // (`[gpu] device`'s for a pipeline on the CPU, whose jobs wait there for a job place).
+    let first = crate::job::waits_on(&app, stages);
+    let core = first.as_ref().unwrap_or(app.arbiter.core());
+    let waiting = core.queue.waiting();
+    if waiting >= app.config.limits.max_queue {
+        let which = if app.arbiter.cores.len() > 1 {
+            format!("the GPU {} queue", core.device)
+        } else {
+            "the GPU queue".to_string()
+        };
+        reasons.push(format!(
+            "{which} is full ({waiting} waiting, limits.max_queue = {})",
+            app.config.limits.max_queue
+        ));
     }
     if let Err(why) = app.temp_probe.check().await {
         reasons.push(why);

@@ -144,18 +144,22 @@ fn restart(side: &mut HostSide) -> io::Result<libc::pid_t> {
     drop(read);
     nonblocking(&write);
     let pid = child.id() as libc::pid_t;
+    // Room for the whole copy before the new guard reads a line (64 KiB by default, 4 KiB for a
+    // user past `pipe-user-pages-soft`): a full pipe here is not a stopped guard.
+    // SAFETY: fcntl on a descriptor of ours; a refusal leaves the default size.
+    unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
     side.pid = Some(pid);
     side.pipe = Some(write);
     for line in side.registered.lines() {
-        write_line(side, &line);
+        write_line(side, &line, false);
     }
     Ok(pid)
 }
 
-/// How [`restart`] hands the mark's token to the new guard.
+/// How `restart` hands the mark's token to the new guard.
 const TOKEN_VAR: &str = "GPUHOST_GUARD_TOKEN";
 
-/// The guard's life in a process started by [`restart`]: the pipe is fd 3. Anything else (a
+/// The guard's life in a process started by `restart`: the pipe is fd 3. Anything else (a
 /// person running `gpuhost orphan-guard` by hand) is refused: its end would stop every process
 /// carrying the token's mark.
 pub fn child_main(host: u32) -> Result<std::convert::Infallible, String> {
@@ -251,13 +255,14 @@ fn send(line: &str) {
         return; // no guard (library use, tests in-process): PR_SET_PDEATHSIG still applies
     };
     apply(&mut side.registered, line.as_bytes());
-    write_line(side, line);
+    write_line(side, line, true);
 }
 
-/// One registration line to the guard, when one runs (a replacement is told them all). A guard
-/// whose pipe is full has stopped reading (stopped, not dead): it is killed, so that the sweep
-/// replaces it with one that is told everything, this line included.
-fn write_line(side: &HostSide, line: &str) {
+/// One registration line to the guard, when one runs (a replacement is told them all). With
+/// `kill_when_full`, a guard whose pipe is full has stopped reading (stopped, not dead): it is
+/// killed, so that the sweep replaces it with one that is told everything, this line included.
+/// (Not while a new guard is told the copy: it has not started reading yet.)
+fn write_line(side: &HostSide, line: &str, kill_when_full: bool) {
     let Some(fd) = &side.pipe else {
         return;
     };
@@ -271,7 +276,7 @@ fn write_line(side: &HostSide, line: &str) {
     }
     let error = io::Error::last_os_error();
     if error.kind() == io::ErrorKind::WouldBlock {
-        if let Some(pid) = side.pid {
+        if let Some(pid) = side.pid.filter(|_| kill_when_full) {
             tracing::warn!(
                 pid,
                 "the orphan guard stopped reading (its pipe is full); killing it for a new one"
@@ -352,7 +357,7 @@ mod tests {
         };
         let started = std::time::Instant::now();
         for _ in 0..20_000 {
-            write_line(&side, "+123456"); // 160 KB: more than a pipe holds
+            write_line(&side, "+123456", true); // 160 KB: more than a pipe holds
         }
         assert!(started.elapsed() < std::time::Duration::from_secs(10));
         use std::os::unix::process::ExitStatusExt;

@@ -2753,6 +2753,49 @@ async fn leases_waiting_on_a_gpu_no_speech_job_uses_leave_ready_and_health_alone
 }
 
 #[tokio::test]
+async fn a_pipeline_on_the_cpu_is_unready_when_its_jobs_queue_is_full() {
+    // Jobs on the CPU wait for a job place in [gpu] device's queue: /ready said 200 while the
+    // next /transcribe got a 429.
+    let gpu = FakeGpu::new(IDLE);
+    let config = format!(
+        "[limits]\nmax_queue = 1\n[pipeline]\nstages = [\"c\"]\n{}\n{}",
+        fake_worker(
+            "c",
+            "env = { FAKE_READY_META = '{\"protocol\":1,\"device\":\"cpu\"}' }"
+        ),
+        gpu.config("")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let mut first = running_job(&host, "?prompt=fake:sleep=3000").await;
+    let mut second = EventReader::new(
+        host.post("/transcribe")
+            .body(wav(0.2, 16_000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let queued = second.next().await;
+    assert!(
+        matches!(queued, Some(ClientEvent::Queued { .. })),
+        "{queued:?}"
+    );
+    let ready = host.get("/ready").send().await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let body: Value = ready.json().await.unwrap();
+    assert!(
+        body["reasons"][0].as_str().unwrap().contains("is full"),
+        "{body}"
+    );
+    let third = host.post_body("/transcribe", wav(0.2, 16_000, 1)).await;
+    assert_eq!(third.status(), 429);
+    for job in [&mut first, &mut second] {
+        let last = job.until(ClientEvent::is_final).await;
+        assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
+    }
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_query_on_a_control_endpoint_is_refused_by_name() {
     let gpu = FakeGpu::new(IDLE);
     let host = arbiter_host(&gpu).await;
