@@ -168,13 +168,22 @@ def test_the_doubt_needs_enough_speech_scored_low():
     five_s = np.zeros(5 * 16000, dtype=np.float32)
     speech = lambda audio: [(0, len(audio))]  # noqa: E731 (the VAD hears speech throughout)
     silence = lambda audio: []  # noqa: E731
-    assert in_doubt([seg(5, -0.6)], five_s, silence)
+    # The detector hears the doubtful segments (at most 30 s of them)...
+    low = [seg(5, -0.6), {"start": 5.0, "end": 40.0, "avg_logprob": -0.9}]
+    assert in_doubt([seg(5, -0.6)], five_s, silence) == [(0.0, 5.0)]
+    assert in_doubt(low, five_s, silence) == [(0.0, 5.0), (5.0, 30.0)]
     assert not in_doubt([seg(5, -0.4)], five_s, speech)
     assert not in_doubt([seg(4, -0.3), seg(2, -0.9)], five_s, speech)  # mean -0.5
-    # Nothing (or too little) written: a doubt when the VAD hears seconds of speech.
-    assert in_doubt([], five_s, speech) and in_doubt([seg(2, -0.1)], five_s, speech)
+    # ...or, with nothing (or too little) written, the speech the VAD hears.
+    assert in_doubt([], five_s, speech) == [(0.0, 5.0)]
+    assert in_doubt([seg(2, -0.1)], five_s, speech)
     assert not in_doubt([], five_s, silence)
     assert not in_doubt([], five_s[:16000], speech)  # a second says too little
+    # The VAD looks at the first 5 minutes only (its cost grows with the recording).
+    seen = []
+    long = np.zeros(600 * 16000, dtype=np.float32)
+    in_doubt([], long, lambda audio: seen.append(len(audio)) or [])
+    assert seen == [300 * 16000]
     # The detector decides; without it, the score alone (below -0.7, 3 s or more).
     assert not not_english_warnings("tiny.en", [seg(5, -1.2)], ("en", 0.6))
     assert not not_english_warnings("tiny.en", [seg(5, -1.2)], ("de", 0.4))

@@ -289,16 +289,41 @@ def not_english_warnings(model_name: str, segments: list, detected=None) -> list
     ]
 
 
-def in_doubt(segments: list, audio, speech_in) -> bool:
-    """Whether an English-only model's transcript is doubtful enough to ask the detector: at
-    least DOUBT_MIN_S s written with a mean log-probability below DOUBT_LOGPROB, or less than
-    that written of at least DOUBT_MIN_S s of speech by the VAD (Italian came out as nothing)."""
+# What the detector hears: at most this much of the doubtful speech (Whisper's window), and the
+# VAD looks for speech nobody wrote in at most the first LOOK_S of a recording (it costs about
+# 1.2 s per 10 min on 2 cores).
+DETECT_S = 30.0
+LOOK_S = 300.0
+
+
+def in_doubt(segments: list, audio, speech_in) -> list:
+    """The stretches ((start, end) seconds, DETECT_S at most in all) of an English-only model's
+    transcript doubtful enough to ask the detector about, empty when there is no doubt: the
+    segments scored below DOUBT_LOGPROB when at least DOUBT_MIN_S s were written at a mean below
+    it, or the speech the VAD hears (in the first LOOK_S) when less than that was written of at
+    least DOUBT_MIN_S s of it (Italian came out as nothing)."""
     seconds, mean = decoded(segments)
     if seconds >= DOUBT_MIN_S:
-        return mean < DOUBT_LOGPROB
-    if len(audio) < DOUBT_MIN_S * gaps.RATE:
-        return False
-    return sum(e - s for s, e in speech_in(audio)) >= DOUBT_MIN_S * gaps.RATE
+        if mean >= DOUBT_LOGPROB:
+            return []
+        spans = [
+            (s["start"], s["end"])
+            for s in segments
+            if s.get("avg_logprob") is not None and s["avg_logprob"] < DOUBT_LOGPROB
+        ]
+    else:
+        head = audio[: int(LOOK_S * gaps.RATE)]
+        spans = [(a / gaps.RATE, b / gaps.RATE) for a, b in speech_in(head)]
+        if sum(b - a for a, b in spans) < DOUBT_MIN_S:
+            return []
+    out, total = [], 0.0
+    for a, b in spans:
+        take = min(b - a, DETECT_S - total)
+        if take <= 0:
+            break
+        out.append((a, a + take))
+        total += take
+    return out
 
 
 def speech_in(clip) -> list:
@@ -327,12 +352,15 @@ class Transcriber:
         )
         self.english_only = not self.model.model.is_multilingual
         self._languages = self._known_languages()
-        # Whisper base, for an English-only model's doubts: loaded at the first (~1 s, ~150 MB).
+        # Whisper base, for an English-only model's doubts: loaded at the first (~1 s, ~150 MB);
+        # False once it failed to load (not tried again: the score alone decides).
         self._detector = None
 
-    def _detect(self, audio):
-        """(language, probability) of `audio`'s speech by Whisper base, or None when its model
-        cannot load (the score alone decides then)."""
+    def _detect(self, audio, spans):
+        """(language, probability) of the speech of `audio` in `spans` ((start, end) seconds)
+        by Whisper base, or None when its model cannot load (the score alone decides then)."""
+        if self._detector is False:
+            return None
         try:
             if self._detector is None:
                 from faster_whisper import WhisperModel
@@ -345,11 +373,19 @@ class Transcriber:
                     compute_type="int8",
                     cpu_threads=self.settings.cpu_threads or min(4, os.cpu_count() or 1),
                 )
-            language, probability, _ = self._detector.detect_language(audio, vad_filter=True)
-            return language, float(probability)
         except Exception as e:  # a missing or broken model: the score alone decides
             print(f"language detection unavailable: {e}", file=sys.stderr, flush=True)
+            self._detector = False
             return None
+        import numpy as np
+
+        speech = np.concatenate([audio[int(a * gaps.RATE) : int(b * gaps.RATE)] for a, b in spans])
+        try:
+            language, probability, _ = self._detector.detect_language(speech, vad_filter=False)
+        except Exception as e:  # never fails the transcript it only doubts
+            print(f"language detection failed: {e}", file=sys.stderr, flush=True)
+            return None
+        return language, float(probability)
 
     def _known_languages(self) -> list:
         """The language codes the model can transcribe: those its tokenizer has a token for.
@@ -436,8 +472,8 @@ class Transcriber:
                 out, seconds = self._without_prompt(audio, out, info, decoding, on_segment)
                 if seconds:
                     warnings.append(
-                        f"with the prompt Whisper wrote nothing for {seconds:.1f} s of speech; "
-                        "that speech was decoded without it (a prompt of names alone can stop "
+                        f"with the prompt Whisper left speech unwritten; {seconds:.1f} s of it "
+                        "were decoded again without the prompt (a prompt of names alone can stop "
                         "Whisper early: a sentence that uses them works better)"
                     )
         result = {
@@ -449,7 +485,8 @@ class Transcriber:
             "segments": out,
         }
         if self.english_only and not language:
-            detected = self._detect(audio) if in_doubt(out, audio, speech_in) else None
+            spans = in_doubt(out, audio, speech_in)
+            detected = self._detect(audio, spans) if spans else None
             warnings += not_english_warnings(self.model_name, out, detected)
         if warnings:
             result["warnings"] = warnings
@@ -470,14 +507,14 @@ class Transcriber:
         prompt, and how many seconds of it there were. A prompt can make Whisper end a window
         after its first sentence (tiny.en, "Ebenezer, Andrew, marketing" on a real 30 s meeting
         clip: nothing at all came back), and `_recover`'s decodes carry the same prompt."""
-        clips = gaps.unheard(audio, out, info.duration, speech_in)
-        if not clips:
+        if not gaps.unheard(audio, out, info.duration, speech_in):
             return out, 0.0
+        # The same recovery, suspects and all (a segment kept at the wrong time is checked
+        # against what its own span says, not written twice), without the prompt.
         bare = dict(decoding, initial_prompt=None)
-        recovered = self._decode_clips(audio, clips, info, bare, on_segment)
-        if not recovered:
-            return out, 0.0
-        return gaps.merged(out, recovered), sum(b - a for a, b in clips)
+        after = self._recover(audio, out, info, bare, on_segment)
+        added = [s for s in after if not any(s is o for o in out)]
+        return after, sum(s["end"] - s["start"] for s in added)
 
     def _recover(self, audio, out: list, info, decoding, on_segment) -> list:
         """`out` with the speech it skipped decoded again (gaps.py), and each segment that
