@@ -178,6 +178,35 @@ pub fn start_job(
     Ok(rx)
 }
 
+/// Waits for `waiter`'s grant, telling the client its place (`queued`) at first and whenever it
+/// changes. `None` when the job ends instead: the client went away (dropping the waiter leaves
+/// the queue), or gpuhost shuts down (the client is told).
+async fn turn(
+    waiter: &mut crate::arbiter::queue::Waiter,
+    tx: &mpsc::Sender<ClientEvent>,
+) -> Option<crate::arbiter::queue::GpuPermit> {
+    loop {
+        tokio::select! {
+            turn = waiter.next() => match turn {
+                Turn::Granted(permit) => return Some(permit),
+                // Not waited for: a client that does not read must not keep its turn from
+                // coming.
+                Turn::Waiting { position, waiting_for } => {
+                    let _ = tx.try_send(ClientEvent::Queued {
+                        position,
+                        waiting_for,
+                    });
+                }
+                Turn::Closed => {
+                    shutting_down(tx).await;
+                    return None;
+                }
+            },
+            _ = tx.closed() => return None,
+        }
+    }
+}
+
 /// A queued job's last event when gpuhost shuts down before its turn came.
 async fn shutting_down(tx: &mpsc::Sender<ClientEvent>) {
     let _ = tx
@@ -197,45 +226,22 @@ async fn run_job(
     others: Vec<std::sync::Arc<crate::arbiter::Core>>,
     tx: mpsc::Sender<ClientEvent>,
 ) {
-    let permit = loop {
-        tokio::select! {
-            turn = waiter.next() => match turn {
-                Turn::Granted(permit) => break permit,
-                // Not waited for: a client that does not read must not keep its turn from
-                // coming.
-                Turn::Waiting { position, waiting_for } => {
-                    let _ = tx.try_send(ClientEvent::Queued {
-                        position,
-                        waiting_for,
-                    });
-                }
-                Turn::Closed => return shutting_down(&tx).await,
-            },
-            _ = tx.closed() => return, // dropping the waiter leaves the queue
-        }
+    let Some(permit) = turn(&mut waiter, &tx).await else {
+        return;
     };
     // Its other GPUs' queues too, after the first and in the order of their indices (every job
     // takes them in the same order: no two wait on each other), so a lease or service there is
     // never run beside it.
     let mut pinned = Vec::new();
     for core in others {
-        let waiter = core
+        let mut waiter = core
             .queue
             .try_enqueue(ticket(&app, &core, &job, false), usize::MAX)
             .expect("an unbounded queue is never full");
-        if let Some(position) = waiter.position() {
-            let _ = tx.try_send(ClientEvent::Queued {
-                position,
-                waiting_for: core.queue.waiting_for(),
-            });
-        }
-        tokio::select! {
-            permit = waiter.granted() => match permit {
-                Some(permit) => pinned.push(permit),
-                None => return shutting_down(&tx).await,
-            },
-            _ = tx.closed() => return,
-        }
+        let Some(permit) = turn(&mut waiter, &tx).await else {
+            return;
+        };
+        pinned.push(permit);
     }
     let started = std::time::Instant::now();
     let extra = fields::stage_fields(&app, &job);

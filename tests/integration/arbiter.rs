@@ -2796,6 +2796,69 @@ async fn a_pipeline_on_the_cpu_is_unready_when_its_jobs_queue_is_full() {
 }
 
 #[tokio::test]
+async fn a_job_waiting_on_its_second_gpu_hears_its_place_change() {
+    // On a job's second GPU only the first place was said; PROTOCOL promises `queued` again
+    // whenever it changes.
+    let gpu = FakeGpu::new(TWO_GPUS);
+    let config = format!(
+        "[gpu]\ndevices = [0, 1]\n[pipeline]\nstages = [\"w0\", \"w1\"]\nparallel = []\n{}\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
+        fake_worker("w0", ""),
+        fake_worker("w1", "device = 1\n"),
+        gpu.config("")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    let (a, _) = granted_lease(
+        &host,
+        json!({"holder": "a", "device": 1, "wait": true, "ttl_s": 60}),
+    )
+    .await;
+    let b = {
+        let request = host
+            .post("/gpu/lease")
+            .json(&json!({"holder": "b", "device": 1, "wait": true, "ttl_s": 60}));
+        tokio::spawn(async move { grant_events(request.send().await.unwrap()).await })
+    };
+    let waiting_on_1 = || async {
+        host.get_json("/gpu/leases").await["devices"][1]["waiting"]
+            .as_array()
+            .map_or(0, Vec::len)
+    };
+    wait_for("b waiting on GPU 1", Duration::from_secs(10), || async {
+        waiting_on_1().await == 1
+    })
+    .await;
+    let mut job = EventReader::new(
+        host.post("/transcribe")
+            .body(wav(0.2, 16_000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let first = job.next().await;
+    assert!(
+        matches!(first, Some(ClientEvent::Queued { position: 2, .. })),
+        "{first:?}"
+    );
+    assert_eq!(release(&host, a).await, 200);
+    let events = b.await.unwrap();
+    let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
+        panic!("{events:?}")
+    };
+    // (What it waits for may be said first: a's memory being checked.)
+    let next = job
+        .until(|e| !matches!(e, ClientEvent::Queued { position: 2, .. }))
+        .await;
+    assert!(
+        matches!(next, ClientEvent::Queued { position: 1, .. }),
+        "{next:?}"
+    );
+    assert_eq!(release(&host, lease_id).await, 200);
+    let last = job.until(ClientEvent::is_final).await;
+    assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_query_on_a_control_endpoint_is_refused_by_name() {
     let gpu = FakeGpu::new(IDLE);
     let host = arbiter_host(&gpu).await;
