@@ -64,12 +64,12 @@ impl QueueFull {
     /// upload, tells whether it has to wait and so counts.
     /// The queue is the first GPU's the job would run on (`job_cores`); `None`: the pipeline's.
     pub fn check(app: &AppState, stages: Option<&[String]>) -> Result<(), QueueFull> {
-        let stages = stages.unwrap_or(&app.config.pipeline.stages);
-        let Some(core) = waits_on(app, stages) else {
+        let route = route(app, stages.unwrap_or(&app.config.pipeline.stages));
+        if route.on_cpu {
             return Ok(());
-        };
-        if core.queue.waiting() >= app.config.limits.max_queue {
-            return Err(QueueFull::now(app, &core.queue));
+        }
+        if route.first.queue.waiting() >= app.config.limits.max_queue {
+            return Err(QueueFull::now(app, &route.first.queue));
         }
         Ok(())
     }
@@ -144,14 +144,11 @@ pub fn start_job(
     app: AppState,
     job: PreparedJob,
 ) -> Result<mpsc::Receiver<ClientEvent>, QueueFull> {
-    let cores = job_cores(&app, &job.stages);
-    let on_cpu = runs_on_cpu(&job.stages, &cores);
-    // The first of its GPUs (`[gpu] device` for a job on the CPU: a place among its jobs) is
-    // where it waits its turn and where `limits.max_queue` counts it.
-    let mut cores = cores.into_iter();
-    let first = cores
-        .next()
-        .unwrap_or_else(|| std::sync::Arc::clone(app.arbiter.core()));
+    let Route {
+        first,
+        others,
+        on_cpu,
+    } = route(&app, &job.stages);
     let waiter = first
         .queue
         .try_enqueue(
@@ -159,7 +156,6 @@ pub fn start_job(
             app.config.limits.max_queue,
         )
         .ok_or_else(|| QueueFull::now(&app, &first.queue))?;
-    let others = cores.collect();
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(async move {
         let events = tx.clone();
@@ -360,27 +356,41 @@ fn ticket(
     ticket
 }
 
-/// The queue a job of `stages` waits its turn in and `limits.max_queue` counts it in: its first
-/// GPU's (`[gpu] device`'s for a job of no stage). `None` for a job on the CPU, which goes past
-/// waiting jobs (`Ticket::on_cpu`). With `app.config.pipeline.stages`: the speech jobs' queue,
-/// whose numbers `/health` gives and whose fullness `/ready` says.
-pub fn waits_on(app: &AppState, stages: &[String]) -> Option<std::sync::Arc<crate::arbiter::Core>> {
-    let cores = job_cores(app, stages);
-    if runs_on_cpu(stages, &cores) {
-        return None;
-    }
-    Some(
-        cores
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| std::sync::Arc::clone(app.arbiter.core())),
-    )
+/// Where a job of `stages` goes: the GPUs it takes (`job_cores`), the first of which is the queue
+/// it waits its turn in and `limits.max_queue` counts it in, and the rest taken after it.
+pub struct Route {
+    /// Its first GPU's core; `[gpu] device`'s for a job on the CPU (a place among its jobs) or
+    /// of no stage. With `app.config.pipeline.stages`: the speech jobs' queue, whose numbers
+    /// `/health` gives and whose fullness `/ready` says.
+    pub first: std::sync::Arc<crate::arbiter::Core>,
+    /// Its other GPUs' cores, by index.
+    pub others: Vec<std::sync::Arc<crate::arbiter::Core>>,
+    /// Every stage runs on the CPU (`Ticket::on_cpu`): it takes nothing of any GPU, and goes
+    /// past jobs waiting for one.
+    pub on_cpu: bool,
 }
 
-/// Whether a job of `stages` takes nothing of any GPU (`Ticket::on_cpu`): every stage runs on
-/// the CPU (`job_cores` found no GPU for any).
-fn runs_on_cpu(stages: &[String], cores: &[std::sync::Arc<crate::arbiter::Core>]) -> bool {
-    !stages.is_empty() && cores.is_empty()
+impl Route {
+    /// The GPUs the job takes (none on the CPU).
+    pub fn gpus(&self) -> impl Iterator<Item = &std::sync::Arc<crate::arbiter::Core>> {
+        std::iter::once(&self.first)
+            .filter(|_| !self.on_cpu)
+            .chain(&self.others)
+    }
+}
+
+/// Where a job of `stages` goes (see [`Route`]).
+pub fn route(app: &AppState, stages: &[String]) -> Route {
+    let cores = job_cores(app, stages);
+    let on_cpu = !stages.is_empty() && cores.is_empty();
+    let mut cores = cores.into_iter();
+    Route {
+        first: cores
+            .next()
+            .unwrap_or_else(|| std::sync::Arc::clone(app.arbiter.core())),
+        others: cores.collect(),
+        on_cpu,
+    }
 }
 
 /// Whether `stage` runs on a resident that said, when it last loaded, that it runs on the CPU
@@ -405,7 +415,7 @@ fn stage_on_cpu(app: &AppState, stage: &str) -> bool {
 /// residents on the CPU left out. A job takes no GPU its stages do not use (one whose workers are
 /// all pinned to GPU 1 leaves `[gpu] device` to leases and services); none at all when every
 /// stage runs on the CPU.
-pub fn job_cores(app: &AppState, stages: &[String]) -> Vec<std::sync::Arc<crate::arbiter::Core>> {
+fn job_cores(app: &AppState, stages: &[String]) -> Vec<std::sync::Arc<crate::arbiter::Core>> {
     let main = app.arbiter.core().device;
     let mut devices: Vec<u32> = stages
         .iter()

@@ -52,8 +52,9 @@ pub(super) async fn health(State(app): State<AppState>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     // The queue the pipeline's jobs wait in (its first GPU's; `[gpu] device`'s on the CPU).
-    let speech = crate::job::waits_on(&app, &app.config.pipeline.stages);
-    let queue = &speech.as_ref().unwrap_or(app.arbiter.core()).queue;
+    let queue = &crate::job::route(&app, &app.config.pipeline.stages)
+        .first
+        .queue;
     let queue = json!({
         "running": queue.running(),
         "waiting": queue.waiting(),
@@ -118,8 +119,8 @@ pub(super) async fn ready(
     // A queue blocked on memory that never came back grants nothing until someone frees it:
     // jobs there would not wait their turn, they would wait for a person. Only the GPUs the
     // pipeline's jobs take count (none for a pipeline on the CPU: blocks do not hold its jobs).
-    let stages = &app.config.pipeline.stages;
-    for core in crate::job::job_cores(&app, stages) {
+    let route = crate::job::route(&app, &app.config.pipeline.stages);
+    for core in route.gpus() {
         // Why it is blocked names the processes on the GPU and their command lines: not for an
         // open endpoint (`/status` and `/gpu/leases` say it to a caller with the token).
         if core.queue.blocked_on_memory().is_some() {
@@ -132,8 +133,7 @@ pub(super) async fn ready(
     }
     // Full as `/transcribe` finds it, in the queue the pipeline's jobs wait in: its first GPU's
     // (`[gpu] device`'s for a pipeline on the CPU, whose jobs wait there for a job place).
-    let first = crate::job::waits_on(&app, stages);
-    let core = first.as_ref().unwrap_or(app.arbiter.core());
+    let core = &route.first;
     let waiting = core.queue.waiting();
     if waiting >= app.config.limits.max_queue {
         let which = if app.arbiter.cores.len() > 1 {

@@ -105,13 +105,7 @@ pub fn mend() {
 /// fd 3, the mark's token in its environment (a command line is world-readable and audited), no
 /// death signal (it must outlive the host); then says every standing registration.
 fn restart(side: &mut HostSide) -> io::Result<libc::pid_t> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: pipe2 fills the two-element array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both ends are fresh descriptors of ours.
-    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let (read, write) = pipe()?;
     let raw = read.as_raw_fd();
     // The one child gpuhost starts without a process group of its own to kill or a death
     // signal: it is what acts once the host is dead.
@@ -179,6 +173,17 @@ pub fn child_main(host: u32) -> Result<std::convert::Infallible, String> {
     run_guard(3, host, &token)
 }
 
+/// A pipe, both ends close-on-exec: (read end, write end).
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 fills the two-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both ends are fresh descriptors of ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
 /// The write end made non-blocking: a guard that stops reading (SIGSTOP, a debugger) must not
 /// block the host, which writes under a process-wide lock; a full pipe is an unresponsive guard.
 fn nonblocking(pipe: &OwnedFd) {
@@ -194,31 +199,23 @@ fn nonblocking(pipe: &OwnedFd) {
 /// Forks the guard. Call it from `main` while the process has a single thread (before the async
 /// runtime starts): the forked child then runs ordinary code safely.
 pub fn install() -> io::Result<()> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: pipe2 fills the two-element array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let (read_end, write_end) = (fds[0], fds[1]);
+    let (read, write) = pipe()?;
     let host = std::process::id();
     let (token, mark) = mark::new(host);
     // SAFETY: the caller guarantees a single-threaded process, so the child may run any code.
     match unsafe { libc::fork() } {
         -1 => Err(io::Error::last_os_error()),
         0 => {
-            // SAFETY: closing our copy of the write end; the host keeps its own.
-            unsafe { libc::close(write_end) };
-            run_guard(read_end, host, &token)
+            drop(write); // the host keeps its own copy
+            run_guard(read.as_raw_fd(), host, &token)
         }
         guard => {
             super::adopted::record(guard as u32);
             mark::set(mark);
-            // SAFETY: the read end belongs to the guard now; the write end is ours alone.
-            unsafe { libc::close(read_end) };
-            let pipe = unsafe { OwnedFd::from_raw_fd(write_end) };
-            nonblocking(&pipe);
+            drop(read); // the guard's now; the write end is ours alone
+            nonblocking(&write);
             *host_side() = Some(HostSide {
-                pipe: Some(pipe),
+                pipe: Some(write),
                 pid: Some(guard),
                 host,
                 token,
@@ -330,18 +327,13 @@ impl Registered {
 
 #[cfg(test)]
 mod tests {
-    use super::{apply, nonblocking, write_line, HostSide, Registered};
-    use std::os::fd::{FromRawFd, OwnedFd};
+    use super::{apply, nonblocking, pipe, write_line, HostSide, Registered};
 
     #[test]
     fn a_guard_that_stops_reading_is_killed_not_waited_for() {
         // A stopped guard's pipe filled up, and the blocking write, under the process-wide
         // lock, froze every spawn, the sweep and /health.
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 fills the two-element array.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: fresh descriptors of ours.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (read, write) = pipe().unwrap();
         nonblocking(&write);
         #[allow(clippy::disallowed_methods)] // a stand-in guard, never a worker
         let mut stopped = std::process::Command::new("sleep")

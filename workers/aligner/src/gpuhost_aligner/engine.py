@@ -74,7 +74,7 @@ class SphinxAligner:
                     d.add_word(t, letter_to_phones(t), False)
 
     def _align_piece(self, audio: np.ndarray, tokens: list, tries: int | None = None):
-        """Word (start, end, score) per token in seconds relative to `audio`, or None. `tries`:
+        """Word (start, end) per token in seconds relative to `audio`, or None. `tries`:
         how many beam settings to try (all when None), the last one that worked first."""
         noise_level = max(4.0, float(np.percentile(np.abs(audio), 10)) if audio.size else 4.0)
         pad = (self._rng.standard_normal(int(PAD_S * RATE)) * noise_level).astype(np.int16)
@@ -104,13 +104,13 @@ class SphinxAligner:
                 continue  # partial alignment: try the next beam setting
             self._preferred = i
             return [
-                (s.start_frame * FRAME_S - PAD_S, (s.end_frame + 1) * FRAME_S - PAD_S, s.prob)
+                (s.start_frame * FRAME_S - PAD_S, (s.end_frame + 1) * FRAME_S - PAD_S)
                 for s in words
             ]
         return None
 
     def _word_times(self, audio: np.ndarray, words: list, start: float, end: float, depth=0):
-        """(start, end, score) in seconds of the recording for each ASR word of `audio[start:end]`,
+        """(start, end) in seconds of the recording for each ASR word of `audio[start:end]`,
         None for a word left unaligned. A stretch whose words do not all align is cut in two at
         the widest pause between the ASR's words and each half aligned alone (at most
         `SPLIT_DEPTH` times over): overlapped speech or one misheard word then costs only its
@@ -141,7 +141,7 @@ class SphinxAligner:
             k += len(ts)
             span = (start + max(first[0], 0.0), start + max(last[1], first[0] + FRAME_S))
             for i, (a, b) in zip(group, _shares([words[i]["word"] for i in group], *span)):
-                out[i] = (a, b, first[2])
+                out[i] = (a, b)
         return out
 
     def align(self, audio: np.ndarray, segments: list, progress=None) -> dict:
@@ -172,7 +172,7 @@ class SphinxAligner:
                     words.append(placed(w, w["start"], w["end"], w.get("probability", 0.0), False))
                 else:
                     # pocketsphinx scores nothing in alignment (every placed word's probability
-                    # is 0, which read as a score of 1.0): the ASR's probability is the word's.
+                    # is 0, which read as 1.0): the ASR's probability is the word's score.
                     words.append(placed(w, t[0], t[1], w.get("probability", 0.0), True))
             out_segments.append(segment(seg, words))
             if progress:

@@ -342,12 +342,12 @@ class Transcriber:
         self.settings = settings
         self.device = f"{settings.device}/{settings.compute_type}"
         self.model_path, self.model_name = model_path_and_name(settings.model)
-        threads = settings.cpu_threads or min(4, os.cpu_count() or 1)
+        self._threads = settings.cpu_threads or min(4, os.cpu_count() or 1)
         self.model = WhisperModel(
             self.model_path,
             device=settings.device,
             compute_type=settings.compute_type,
-            cpu_threads=threads,
+            cpu_threads=self._threads,
             local_files_only=settings.local_files_only,
         )
         self.english_only = not self.model.model.is_multilingual
@@ -371,7 +371,7 @@ class Transcriber:
                     models.base_model_path(),
                     device="cpu",
                     compute_type="int8",
-                    cpu_threads=self.settings.cpu_threads or min(4, os.cpu_count() or 1),
+                    cpu_threads=self._threads,
                 )
         except Exception as e:  # a missing or broken model: the score alone decides
             print(f"language detection unavailable: {e}", file=sys.stderr, flush=True)
@@ -507,8 +507,6 @@ class Transcriber:
         prompt, and how many seconds of it there were. A prompt can make Whisper end a window
         after its first sentence (tiny.en, "Ebenezer, Andrew, marketing" on a real 30 s meeting
         clip: nothing at all came back), and `_recover`'s decodes carry the same prompt."""
-        if not gaps.unheard(audio, out, info.duration, speech_in):
-            return out, 0.0
         # The same recovery, suspects and all (a segment kept at the wrong time is checked
         # against what its own span says, not written twice), without the prompt.
         bare = dict(decoding, initial_prompt=None)
