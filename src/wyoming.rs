@@ -165,6 +165,16 @@ impl Connection {
                 }
             };
             let event = match read {
+                // A stream of audio that stopped coming: the client is told why its
+                // transcript will not come (a silent close reads as a server fault).
+                Err(_) if matches!(self.audio, Audio::Receiving { .. }) => {
+                    self.audio = Audio::Idle;
+                    let idle = self.app.config.http.body_idle_timeout_s;
+                    let text = format!(
+                        "no audio came for {idle} s (http.body_idle_timeout_s) after `audio-start`; the stream was dropped, send it again with `audio-stop` at its end"
+                    );
+                    return Err(self.error("audio_timeout", &text).await);
+                }
                 Err(_) => return Err(ConnectionError::Idle),
                 Ok(Ok(Some(event))) => event,
                 Ok(Ok(None)) => return Ok(()),

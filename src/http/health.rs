@@ -37,6 +37,10 @@ pub(super) async fn health(State(app): State<AppState>) -> Response {
         .iter()
         .filter(|s| matches!(s.state, WorkerState::Ready | WorkerState::Busy))
         .count();
+    let busy = statuses
+        .iter()
+        .filter(|s| s.state == WorkerState::Busy)
+        .count();
     let loading = statuses
         .iter()
         .filter(|s| s.state == WorkerState::Starting)
@@ -65,7 +69,8 @@ pub(super) async fn health(State(app): State<AppState>) -> Response {
         "problems": problems,
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": crate::pipeline::round3(app.started.elapsed().as_secs_f64()),
-        "workers": { "total": statuses.len(), "ready": ready, "loading": loading },
+        // `ready`: loaded and serving, busy ones included (`busy` of them running a task now).
+        "workers": { "total": statuses.len(), "ready": ready, "busy": busy, "loading": loading },
         "queue": queue,
         "gpu": app.gpu_health(),
         // Not a reason to restart by itself (running jobs would end): said, and logged.

@@ -168,3 +168,38 @@ async fn a_client_that_stops_reading_does_not_keep_the_gpu() {
     drop(stalled);
     host.stop().await;
 }
+
+#[tokio::test]
+async fn health_tells_the_busy_workers_among_the_ready_ones() {
+    // `/health` counted a worker running a task as `ready` and nothing else: a monitor could not
+    // tell an idle pipeline from one at work.
+    let config = format!("[pipeline]\nstages = [\"w\"]\n{}", fake_worker("w", ""));
+    let host = TestHost::start(&config).await.ready().await;
+    let idle = host.get_json("/health").await;
+    assert_eq!(
+        (&idle["workers"]["ready"], &idle["workers"]["busy"]),
+        (&serde_json::json!(1), &serde_json::json!(0)),
+        "{idle}"
+    );
+    let mut running = EventReader::new(
+        host.post_body("/transcribe?prompt=fake:sleep=3000", wav(0.2, 16000, 1))
+            .await,
+    );
+    running.until(started).await;
+    wait_for(
+        "/health to say the worker is busy",
+        Duration::from_secs(10),
+        || async { host.get_json("/health").await["workers"]["busy"] == 1 },
+    )
+    .await;
+    let busy = host.get_json("/health").await;
+    assert_eq!(busy["workers"]["ready"], 1, "loaded, busy included: {busy}");
+    drop(running);
+    wait_for(
+        "the worker to be free again",
+        Duration::from_secs(10),
+        || async { host.get_json("/health").await["workers"]["busy"] == 0 },
+    )
+    .await;
+    host.stop().await;
+}

@@ -435,6 +435,7 @@ async fn pings_are_answered_but_keep_no_stream_of_audio_open() {
     client.send("audio-chunk", format, &[0u8; 640]).await;
     let began = std::time::Instant::now();
     let mut pace = tokio::time::interval(Duration::from_millis(200));
+    let mut told = None;
     loop {
         pace.tick().await;
         assert!(
@@ -446,7 +447,11 @@ async fn pings_are_answered_but_keep_no_stream_of_audio_open() {
             break;
         }
         match client.try_recv().await {
-            Some((kind, _)) => assert_eq!(kind, "pong"),
+            Some((kind, _)) if kind == "pong" => {}
+            Some((kind, event)) => {
+                assert_eq!(kind, "error", "{event}");
+                told = Some(event);
+            }
             None => break, // closed
         }
     }
@@ -454,5 +459,9 @@ async fn pings_are_answered_but_keep_no_stream_of_audio_open() {
         began.elapsed() >= Duration::from_millis(900),
         "closed too early"
     );
+    // The client hears why its transcript will not come, not only a closed connection.
+    let told = told.expect("the stream was dropped without an `error` event");
+    assert_eq!(told["code"], "audio_timeout", "{told}");
+    assert!(told["text"].as_str().unwrap().contains("1 s"), "{told}");
     host.stop().await;
 }
