@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use crate::gpu::Snapshot;
+use crate::gpu::{GpuProcess, Snapshot};
 
 /// Measured peaks by holder key (`worker asr`, `service vllm`).
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -69,14 +69,16 @@ impl Footprints {
             .or((configured_mib > 0).then_some(configured_mib))
     }
 
-    /// Records the memory `pgid`'s processes use in `snap` as a new peak for `key` when higher;
-    /// persists the file when a peak grew. Returns the memory seen now.
-    pub fn observe(&self, key: &str, pgid: u32, device: u32, snap: &Snapshot) -> u64 {
+    /// Records the memory `owner`'s processes use in `snap` as a new peak for `key` when
+    /// higher; persists the file when a peak grew. Returns the memory seen now. Its processes:
+    /// those in its process group `owner.pgid`, and those the sample gives to it (a child it
+    /// started in a session of its own: `/status` counts it as the owner's, so does this).
+    pub fn observe(&self, key: &str, owner: Owner<'_>, device: u32, snap: &Snapshot) -> u64 {
         let used: u64 = snap
             .processes
             .iter()
             .filter(|p| p.gpu_index == device)
-            .filter(|p| p.pid == pgid || super::teardown::process_group(p.pid) == Some(pgid))
+            .filter(|p| owner.owns(p))
             .map(|p| p.used_memory_mib)
             .fold(0, u64::saturating_add);
         if used == 0 {
@@ -112,10 +114,28 @@ impl Footprints {
     }
 }
 
+/// Whose memory [`Footprints::observe`] measures.
+#[derive(Debug, Clone, Copy)]
+pub enum Owner<'a> {
+    /// A worker: its process group, and the processes the sample names it the worker of.
+    Worker { pgid: u32, name: &'a str },
+    /// A `[[services]]` entry: likewise.
+    Service { pgid: u32, name: &'a str },
+}
+
+impl Owner<'_> {
+    fn owns(&self, p: &GpuProcess) -> bool {
+        let (pgid, named) = match *self {
+            Owner::Worker { pgid, name } => (pgid, p.worker.as_deref() == Some(name)),
+            Owner::Service { pgid, name } => (pgid, p.service.as_deref() == Some(name)),
+        };
+        named || p.pid == pgid || super::teardown::process_group(p.pid) == Some(pgid)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::GpuProcess;
 
     fn snap(pid: u32, mib: u64) -> Snapshot {
         Snapshot {
@@ -137,13 +157,44 @@ mod tests {
         assert_eq!(f.need("worker asr", 14_000), Some(14_000));
         assert_eq!(f.need("worker asr", 0), None);
         let me = std::process::id();
-        assert_eq!(f.observe("worker asr", me, 0, &snap(me, 900)), 900);
-        f.observe("worker asr", me, 0, &snap(me, 1200));
-        f.observe("worker asr", me, 0, &snap(me, 300));
+        let asr = Owner::Worker {
+            pgid: me,
+            name: "asr",
+        };
+        assert_eq!(f.observe("worker asr", asr, 0, &snap(me, 900)), 900);
+        f.observe("worker asr", asr, 0, &snap(me, 1200));
+        f.observe("worker asr", asr, 0, &snap(me, 300));
         assert_eq!(f.need("worker asr", 14_000), Some(1200));
         let again = Footprints::load(Some(file.clone()));
         assert_eq!(again.measured("worker asr"), Some(1200));
         std::fs::write(&file, "not json").unwrap();
         assert_eq!(Footprints::load(Some(file)).measured("worker asr"), None);
+    }
+
+    #[test]
+    fn a_child_in_a_session_of_its_own_is_measured_with_its_service() {
+        // A service whose launcher starts its engine with `setsid`: `/status` gave the child to
+        // the service, the footprint counted the launcher's 10 MiB only, and the GPU was
+        // over-committed on that figure.
+        let f = Footprints::load(None);
+        let launcher = std::process::id();
+        let mut sample = snap(launcher, 10);
+        sample.processes.push(GpuProcess {
+            pid: u32::MAX - 1, // in no process group of ours
+            gpu_index: 0,
+            used_memory_mib: 16_000,
+            service: Some("vllm".into()),
+            ..GpuProcess::default()
+        });
+        let vllm = Owner::Service {
+            pgid: launcher,
+            name: "vllm",
+        };
+        assert_eq!(f.observe("service vllm", vllm, 0, &sample), 16_010);
+        let other = Owner::Service {
+            pgid: u32::MAX - 2,
+            name: "comfy",
+        };
+        assert_eq!(f.observe("service comfy", other, 0, &sample), 0);
     }
 }

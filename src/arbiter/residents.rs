@@ -82,8 +82,12 @@ impl Core {
                 WorkerState::Starting | WorkerState::Ready | WorkerState::Busy
             );
             if let (Some(pid), true) = (status.pid, up) {
+                let owner = super::footprints::Owner::Worker {
+                    pgid: pid,
+                    name: &status.name,
+                };
                 self.footprints
-                    .observe(&worker_key(&status.name), pid, self.device, &snap);
+                    .observe(&worker_key(&status.name), owner, self.device, &snap);
             }
         }
     }

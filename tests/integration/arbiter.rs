@@ -1643,6 +1643,36 @@ async fn measured_footprints_replace_the_guess_and_survive_a_restart() {
 }
 
 #[tokio::test]
+async fn a_services_engine_in_a_session_of_its_own_is_in_its_footprint() {
+    // A launcher that `setsid`s its engine: /status gave the engine to the service, but the
+    // footprint counted the launcher's process group only (10 MiB), and room was made, or not,
+    // on that figure.
+    let gpu = FakeGpu::new(IDLE);
+    // The real /proc: who started whom is read there.
+    let fake_proc = format!("proc_root = {:?}", gpu.proc_root().display().to_string());
+    let config = arbiter_config(
+        &gpu,
+        &service(&gpu, "llm", "--load-s 0.2 --mib 10 --engine-mib 6000", ""),
+    )
+    .replace(&fake_proc, "proc_root = \"/proc\"");
+    assert!(config.contains("proc_root = \"/proc\""), "{config}");
+    let host = TestHost::start(&config).await.ready().await;
+    assert_healthy(&start_service(&host, "llm").await);
+    wait_for(
+        "the engine's memory to be measured with the service's",
+        Duration::from_secs(10),
+        || async { host.get_json("/services").await["services"][0]["measured_vram_mib"] == 6010 },
+    )
+    .await;
+    host.post("/services/llm/stop").send().await.unwrap();
+    wait_status(&host, "llm stopped", |s| {
+        service_state(s, "llm") == "stopped"
+    })
+    .await;
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn the_history_shows_who_held_the_gpu_and_who_waited() {
     let gpu = FakeGpu::new(IDLE);
     let host = arbiter_host(&gpu).await;

@@ -317,9 +317,13 @@ impl Actor {
     fn measure(&self, pgid: u32) {
         let key = footprint_key(&self.spec.name);
         let snap = self.core.snapshot();
+        let owner = super::super::footprints::Owner::Service {
+            pgid,
+            name: &self.spec.name,
+        };
         self.core
             .footprints
-            .observe(&key, pgid, self.core.device, &snap);
+            .observe(&key, owner, self.core.device, &snap);
         let measured = self.core.footprints.measured(&key);
         self.status.send_modify(|s| s.measured_vram_mib = measured);
     }
