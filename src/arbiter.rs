@@ -29,7 +29,7 @@ use crate::supervisor::Supervisor;
 use crate::worker::WorkerState;
 use footprints::Footprints;
 use leases::Leases;
-use queue::{GpuQueue, HolderKind};
+use queue::GpuQueue;
 use services::Services;
 
 /// What every part of the arbiter shares.
@@ -70,19 +70,22 @@ pub struct Arbiter {
 }
 
 impl Core {
-    /// Why this device must read busy whatever the sample shows: an exclusive grant, memory a
-    /// holder left behind (a watched program that loads reads `loading` as sampled).
+    /// Why this device must read busy whatever the sample shows: a grant (a service, a lease,
+    /// a speech job on this GPU: a one-shot worker granted the GPU has not touched it yet, and
+    /// a script that starts vLLM on `idle` would start it beside the worker), memory a holder
+    /// left behind (a watched program that loads reads `loading` as sampled). A job on the CPU
+    /// takes no part of the GPU and leaves it idle.
     pub fn busy_reason(&self) -> Option<String> {
         if let Some(why) = self.queue.blocked_on_memory() {
             return Some(why);
         }
-        let held: Vec<String> = self
-            .queue
-            .holders()
-            .into_iter()
-            .filter(|h| h.kind != HolderKind::Job)
-            .map(|h| h.label)
-            .collect();
+        let mut held: Vec<String> = Vec::new();
+        for holder in self.queue.holders().into_iter().filter(|h| !h.on_cpu) {
+            // Several jobs at once: "speech job" once.
+            if !held.contains(&holder.label) {
+                held.push(holder.label);
+            }
+        }
         (!held.is_empty()).then(|| format!("the GPU is granted to {}", held.join(", ")))
     }
 

@@ -11,6 +11,10 @@ pub struct HolderView {
     pub kind: HolderKind,
     pub label: String,
     pub held_s: f64,
+    /// A speech job that runs on the CPU only (`Ticket::on_cpu`): a place among the jobs, no
+    /// part of the GPU.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub on_cpu: bool,
 }
 
 /// A waiter, as `/gpu/leases` shows it.
@@ -31,6 +35,7 @@ impl GpuQueue {
                 kind: h.ticket.kind,
                 label: h.ticket.label.clone(),
                 held_s: (h.since.elapsed().as_secs_f64() * 1000.0).round() / 1000.0,
+                on_cpu: h.ticket.on_cpu,
             })
             .collect()
     }
