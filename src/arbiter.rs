@@ -76,11 +76,21 @@ impl Core {
     /// left behind (a watched program that loads reads `loading` as sampled). A job on the CPU
     /// takes no part of the GPU and leaves it idle.
     pub fn busy_reason(&self) -> Option<String> {
+        self.reason(|h| !h.on_cpu)
+    }
+
+    /// Why nothing may load on this device now: what [`Core::busy_reason`] says less the
+    /// speech jobs (they share the GPU with jobs, and a resident loads beside them).
+    pub fn held_reason(&self) -> Option<String> {
+        self.reason(|h| h.kind != queue::HolderKind::Job)
+    }
+
+    fn reason(&self, counts: impl Fn(&queue::HolderView) -> bool) -> Option<String> {
         if let Some(why) = self.queue.blocked_on_memory() {
             return Some(why);
         }
         let mut held: Vec<String> = Vec::new();
-        for holder in self.queue.holders().into_iter().filter(|h| !h.on_cpu) {
+        for holder in self.queue.holders().into_iter().filter(|h| counts(h)) {
             // Several jobs at once: "speech job" once.
             if !held.contains(&holder.label) {
                 held.push(holder.label);

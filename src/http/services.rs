@@ -250,7 +250,7 @@ pub(super) async fn load(
     // by itself once the GPU is released. One that said it runs on the CPU takes none.
     let on_cpu = handle.status().runs_on_cpu();
     let core = app.arbiter.core_for(handle.device()).filter(|_| !on_cpu);
-    if let Some(why) = core.and_then(|core| core.busy_reason()) {
+    if let Some(why) = core.and_then(|core| core.held_reason()) {
         return Err(conflict(format!(
             "worker `{name}` is not loaded now: {why}; it loads again once that is over"
         )));
