@@ -53,6 +53,9 @@ pub struct Core {
     pub service_pids: Arc<crate::gpu::ServicePids>,
     /// Teardowns that blocked the queue so far: each block's key.
     teardowns: std::sync::atomic::AtomicU64,
+    /// Residents are being unloaded for the first waiter (`Core::unload_for_head`): no service
+    /// is stopped for it meanwhile.
+    unloading_for_head: std::sync::atomic::AtomicBool,
     /// What the samples told of each watched program (see `hold_while_loading`).
     /// std Mutex: a few instructions, never across `.await`.
     loading: Mutex<BTreeMap<String, loading::Seen>>,
@@ -208,6 +211,7 @@ impl Arbiter {
                     watches: watches.clone(),
                     service_pids: Arc::clone(&gpu.services),
                     teardowns: Default::default(),
+                    unloading_for_head: Default::default(),
                     loading: Default::default(),
                 });
                 core.queue.set_room(sharing::RoomSource(Box::new({
@@ -284,7 +288,7 @@ impl Arbiter {
             for core in &self.cores {
                 core.expire_loading();
                 if let Some(head) = core.queue.head() {
-                    if core.queue.head_waits_for_room() {
+                    if core.queue.head_waits_for_room() && !core.unload_for_head() {
                         self.services.yield_to(core.device, &head.label);
                     }
                 }

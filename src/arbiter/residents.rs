@@ -92,6 +92,59 @@ impl Core {
         }
     }
 
+    /// `share = "vram"`: when the first waiter for this GPU would be granted beside its holders
+    /// were some idle residents unloaded, unloads them (the largest first, as few as do; in the
+    /// background, each teardown checked) and says so: no service is stopped for that waiter,
+    /// and a lease beside another does not wait for that one to end. Whether it is under way.
+    pub(super) fn unload_for_head(self: &Arc<Self>) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.unloading_for_head.load(Ordering::SeqCst) {
+            return true;
+        }
+        let mut idle: Vec<(String, u64)> = self
+            .device_workers()
+            .into_iter()
+            .filter(|s| {
+                s.mode == Mode::Resident && s.state == WorkerState::Ready && !s.runs_on_cpu()
+            })
+            .map(|s| {
+                let mib = self
+                    .footprints
+                    .need(&worker_key(&s.name), s.vram_mib)
+                    .unwrap_or(0);
+                (s.name, mib)
+            })
+            .filter(|(_, mib)| *mib > 0)
+            .collect();
+        idle.sort_by_key(|(_, mib)| std::cmp::Reverse(*mib));
+        let mut freed = 0u64;
+        let mut chosen = Vec::new();
+        for (name, mib) in idle {
+            freed = freed.saturating_add(mib);
+            chosen.push(name);
+            if self.queue.head_fits_if_freed(freed) {
+                break;
+            }
+        }
+        if chosen.is_empty() || !self.queue.head_fits_if_freed(freed) {
+            return false;
+        }
+        self.unloading_for_head.store(true, Ordering::SeqCst);
+        let core = Arc::clone(self);
+        tokio::spawn(async move {
+            for name in chosen {
+                tracing::info!(worker = %name, "unloading an idle resident: the first waiter fits beside the GPU's holders without it");
+                if let Err(why) = core.unload_resident(&name, &|_| {}).await {
+                    tracing::warn!(worker = %name, %why, "making room for the first waiter");
+                    break;
+                }
+            }
+            core.unloading_for_head.store(false, Ordering::SeqCst);
+            core.queue.redispatch();
+        });
+        true
+    }
+
     /// Unloads residents idle longer than `idle_unload_after_s` (they reload at the next job).
     pub(super) fn unload_idle_residents(&self) {
         if self.config.idle_unload_after_s <= 0.0 {

@@ -136,37 +136,7 @@ impl Core {
             if !resident_up || status.runs_on_cpu() {
                 continue;
             }
-            let Some(handle) = self.supervisor.get(&status.name) else {
-                continue;
-            };
-            notify(GrantEvent::MakingRoom {
-                action: "unload".into(),
-                target: format!("worker {}", status.name),
-            });
-            let before = Instant::now();
-            let event = self.queue.history.begin_event(
-                self.device,
-                history::GrantKind::Unload,
-                &format!("worker {}", status.name),
-            );
-            let pid = handle.unload().await;
-            self.lock_unloaded().insert(status.name.clone());
-            if let Some(pid) = pid {
-                let gone = Gone {
-                    what: format!("worker {}", status.name),
-                    pids: vec![pid],
-                    pgid: Some(pid),
-                    baseline_used_mib: None,
-                    listed_before: None,
-                    watch: None,
-                    after: before,
-                };
-                let verified = self.verify_teardown(&gone).await;
-                self.queue.history.end_event(event);
-                verified?;
-            } else {
-                self.queue.history.end_event(event);
-            }
+            self.unload_resident(&status.name, notify).await?;
         }
         let releasable: Vec<&WatchConfig> = self
             .watches
@@ -187,6 +157,47 @@ impl Core {
             )),
             _ => Ok(()),
         }
+    }
+
+    /// Unloads resident `name` to make room (it comes back when the GPU is free) and waits
+    /// until its memory is back.
+    pub(super) async fn unload_resident(
+        &self,
+        name: &str,
+        notify: &(dyn Fn(GrantEvent) + Send + Sync),
+    ) -> Result<(), String> {
+        let Some(handle) = self.supervisor.get(name) else {
+            return Ok(());
+        };
+        notify(GrantEvent::MakingRoom {
+            action: "unload".into(),
+            target: format!("worker {name}"),
+        });
+        let before = Instant::now();
+        let event = self.queue.history.begin_event(
+            self.device,
+            history::GrantKind::Unload,
+            &format!("worker {name}"),
+        );
+        let pid = handle.unload().await;
+        self.lock_unloaded().insert(name.to_string());
+        let verified = match pid {
+            Some(pid) => {
+                let gone = Gone {
+                    what: format!("worker {name}"),
+                    pids: vec![pid],
+                    pgid: Some(pid),
+                    baseline_used_mib: None,
+                    listed_before: None,
+                    watch: None,
+                    after: before,
+                };
+                self.verify_teardown(&gone).await
+            }
+            None => Ok(()),
+        };
+        self.queue.history.end_event(event);
+        verified
     }
 
     /// Asks a watched server holding memory on the device to free it, then verifies it did.

@@ -2033,10 +2033,11 @@ async fn share_vram_packs_holders_that_fit_and_keeps_fifo() {
         .await
         .unwrap();
     assert_eq!(w["workers"][0]["state"], "ready", "nobody unloaded: {w:#}");
-    // FIFO: a waiting 10 000 MiB lease is not overtaken by a small one…
+    // FIFO: a waiting 12 000 MiB lease (too much beside a and b even with the resident
+    // unloaded) is not overtaken by a small one…
     let waiting_c = tokio::spawn(
         host.post("/gpu/lease")
-            .json(&json!({"holder": "c", "vram_mib": 10_000, "wait": true}))
+            .json(&json!({"holder": "c", "vram_mib": 12_000, "wait": true}))
             .send(),
     );
     wait_status(&host, "c to wait", |s| s["queue"]["waiting"] == 1).await;
@@ -2062,6 +2063,54 @@ async fn share_vram_packs_holders_that_fit_and_keeps_fifo() {
         3,
         "b, c and d hold the GPU together: {holders:?}"
     );
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn share_vram_unloads_an_idle_resident_for_a_waiter_that_fits_beside_the_holders() {
+    // A 20 000 MiB resident, a 10 000 MiB lease held: a second 10 000 MiB lease fits beside the
+    // first only without the resident. It waited for the first to end (a service in its place
+    // was stopped for it, a restart of minutes) while unloading the resident makes room.
+    let gpu = FakeGpu::new(IDLE);
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\nreload = \"eager\"\n{}",
+        fake_worker("w", "vram_mib = 20000\n"),
+        gpu.config("").replace(
+            "[gpu.status]",
+            "[gpu]\nshare = \"vram\"\nheadroom_mib = 1024\n[gpu.status]"
+        )
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    wait_status(&host, "a sample", |s| s["gpu"]["memory_total_mib"] == 32607).await;
+    let a = lease_now(&host, "a", 10_000).await;
+    assert_eq!(a.status(), 200, "{:?}", a.text().await);
+    let a: Value = a.json().await.unwrap();
+    assert_eq!(host.worker("w").await["state"], "ready");
+    let b = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "b", "vram_mib": 10_000, "wait": true}))
+        .send()
+        .await
+        .unwrap();
+    let events = tokio::time::timeout(Duration::from_secs(10), grant_events(b))
+        .await
+        .expect("b granted beside a while a holds the GPU");
+    let Some(GrantEvent::Granted { lease_id: b, .. }) = events.last().cloned() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(host.worker("w").await["state"], "unloaded");
+    assert_eq!(
+        leases(&host).await.len(),
+        2,
+        "a and b hold the GPU together"
+    );
+    // Both gone, the resident comes back.
+    assert_eq!(release(&host, a["lease_id"].as_u64().unwrap()).await, 200);
+    assert_eq!(release(&host, b).await, 200);
+    wait_for("w loaded again", Duration::from_secs(10), || async {
+        host.worker("w").await["state"] == "ready"
+    })
+    .await;
     host.stop().await;
 }
 

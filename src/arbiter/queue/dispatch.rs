@@ -8,6 +8,26 @@ use super::{Block, GpuQueue, HolderKind, Holding, QueueState, Ticket, Waiting};
 
 impl GpuQueue {
     pub(super) fn grantable(&self, state: &QueueState, ticket: &Ticket) -> bool {
+        self.grantable_freeing(state, ticket, 0)
+    }
+
+    /// Whether the first waiter for the GPU is held back only by the loaded residents'
+    /// `freed_mib` (`share = "vram"`): unloaded, it would be granted beside the holders. Then
+    /// the residents make room, not a service (a restarted vLLM costs minutes, a resident
+    /// seconds), and a lease beside another does not wait until that one ends.
+    pub fn head_fits_if_freed(&self, freed_mib: u64) -> bool {
+        let state = self.lock();
+        let Some(head) = state.gpu_head() else {
+            return false;
+        };
+        freed_mib > 0
+            && self.sharing.mode == super::super::sharing::ShareMode::Vram
+            && !self.grantable(&state, &head.ticket)
+            && self.grantable_freeing(&state, &head.ticket, freed_mib)
+    }
+
+    /// [`GpuQueue::grantable`] as if residents holding `freed_mib` were unloaded.
+    fn grantable_freeing(&self, state: &QueueState, ticket: &Ticket, freed_mib: u64) -> bool {
         let teardown = state
             .blocks
             .iter()
@@ -44,13 +64,17 @@ impl GpuQueue {
                 0
             };
             Room {
-                residents_mib: r.residents_mib.saturating_add(reloading),
+                residents_mib: r
+                    .residents_mib
+                    .saturating_add(reloading)
+                    .saturating_sub(freed_mib),
                 unloaded_residents_mib: r.unloaded_residents_mib - reloading,
                 // What the holders reserved and have not taken yet is not free for this one
                 // either: a lease granted a moment ago has allocated nothing, and its memory
                 // still reads free.
                 free_mib: r
                     .free_mib
+                    .saturating_add(freed_mib)
                     .saturating_sub(untaken(state))
                     .saturating_sub(reloading),
                 ..r
