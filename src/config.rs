@@ -193,7 +193,14 @@ impl Config {
                     let line = before.matches('\n').count() + 1;
                     let start = before.rfind('\n').map_or(0, |i| i + 1);
                     let column = before[start..].chars().count() + 1;
-                    format!("line {line}, column {column}: ")
+                    // The key (never its value) where the error is on a `key = value` line.
+                    let key = before[start..]
+                        .split_once('=')
+                        .map(|(key, _)| key.trim())
+                        .filter(|key| !key.is_empty() && !key.contains(['"', '\'', '[']))
+                        .map(|key| format!(" (`{key}`)"))
+                        .unwrap_or_default();
+                    format!("line {line}, column {column}{key}: ")
                 });
             // "invalid type: integer `123456`, expected a string": the value is left out too.
             let mut message = e.message().trim_end().to_string();

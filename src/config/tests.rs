@@ -403,6 +403,13 @@ fn a_parse_error_says_where_without_quoting_the_line() {
     .to_string();
     assert!(!err.contains("123456"), "{err}");
     assert!(err.contains("invalid type"), "{err}");
+    // The key is named, not only the line: `max_queue = -1` said "integer (value not shown),
+    // expected usize" and nothing of which setting.
+    assert!(err.contains("(`token`)"), "{err}");
+    let err = Config::from_toml("[limits]\nmax_queue = -1\n", PathBuf::from("."))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("line 2, column 13 (`max_queue`)"), "{err}");
     let err = Config::from_toml("listen = \"é€é€\" x\n", PathBuf::from("."))
         .unwrap_err()
         .to_string();

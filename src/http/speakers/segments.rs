@@ -155,6 +155,12 @@ fn turns_of(text: &str, speaker: &str) -> Result<(Vec<[f64; 2]>, Option<f64>), A
             .collect();
         known.sort_unstable();
         known.dedup();
+        if known.is_empty() {
+            return Err(ApiError::bad_request(
+                "`transcript` names no speaker: it has no `turns` or `segments` with a `speaker` \
+                 (send the JSON `result` of a transcription with the diarizer among its stages)",
+            ));
+        }
         return Err(ApiError::bad_request(format!(
             "the transcript has no turns of `{speaker}`; its speakers are: {}",
             known.join(", ")

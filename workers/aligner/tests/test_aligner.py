@@ -176,6 +176,35 @@ def test_a_language_without_a_model_keeps_the_asr_word_times(tmp_path, speech_wa
     assert "'ko'" in result["skipped"]
 
 
+def test_a_translation_is_aligned_as_the_english_it_is(tmp_path, speech_wav):
+    # German speech translated to English: the words are English, `language` says "de" (the
+    # spoken one). They were left with the ASR's times and a warning that read oddly.
+    words = "hello world this is a test of the speech worker".split()
+    asr = {
+        "language": "de",
+        "task": "translate",
+        "segments": [
+            {
+                "start": 0.0,
+                "end": 3.0,
+                "text": " ".join(words),
+                "words": [
+                    {"word": w, "start": i * 0.3, "end": i * 0.3 + 0.3, "probability": 0.9}
+                    for i, w in enumerate(words)
+                ],
+            }
+        ],
+    }
+    proc = start_worker("gpuhost_aligner")
+    out = tmp_path / "r.json"
+    task = {"audio_path": speech_wav, "_output_path": str(out), "results": {"asr": asr}}
+    stdout, _ = proc.communicate(json.dumps(task) + "\n", timeout=120)
+    assert stdout.splitlines()[1] == "done", stdout
+    result = json.loads(out.read_text())
+    assert "skipped" not in result, result
+    assert result["aligned_words"] >= len(words) - 1, result
+
+
 def test_a_stretch_that_does_not_align_is_halved_at_the_widest_pause(aligner, monkeypatch):
     # The decoder stand-in fails any stretch holding "mumble"; everything else aligns.
     tried = []

@@ -170,6 +170,14 @@ def test_a_prompt_that_repeats_itself_is_left_out(capsys):
     assert prompt_tail(glossary) == glossary
 
 
+def test_a_prompt_left_out_is_said_in_the_results_warnings(transcriber, speech_wav):
+    # Only a log line said so: clients of `?format=`, `/v1` and the CLI never saw it.
+    result = transcriber.transcribe(str(speech_wav), prompt="Alice " * 30)
+    assert any("the prompt repeats itself" in w for w in result.get("warnings", [])), result
+    kept = transcriber.transcribe(str(speech_wav), prompt="Alice, Bob")
+    assert not any("repeats itself" in w for w in kept.get("warnings", [])), kept
+
+
 def test_a_few_milliseconds_of_speech_are_no_error(transcriber):
     # 10 ms of espeak-ng speech (cut at 0.2 s from "Hello, this is a test", 16 kHz) made
     # faster-whisper's word alignment fail on its one mel frame (IndexError).

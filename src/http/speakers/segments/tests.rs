@@ -33,7 +33,24 @@ fn a_diarizer_only_result_gives_its_stage_s_turns() {
     }}}})
     .to_string();
     assert_eq!(turns_of(&event, "SPEAKER_01").unwrap().0, [[4.0, 9.0]]);
-    assert!(turns_of(&event, "SPEAKER_07").is_err());
+    let err = turns_of(&event, "SPEAKER_07").unwrap_err();
+    assert!(
+        err.message
+            .ends_with("its speakers are: SPEAKER_00, SPEAKER_01"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
+fn json_that_is_no_transcript_is_told_so() {
+    // `{"a": 1}` said "its speakers are: " and nothing after it.
+    let err = turns_of(r#"{"a": 1}"#, "SPEAKER_00").unwrap_err();
+    assert!(
+        err.message.contains("names no speaker") && err.message.contains("JSON `result`"),
+        "{}",
+        err.message
+    );
 }
 
 #[test]

@@ -22,7 +22,8 @@ class AlignerWorker(Worker):
                 "the aligner needs the asr stage's result (put asr before aligner in the pipeline)"
             )
         segments = asr.get("segments", [])
-        language = asr.get("language")
+        # A translation is English text, whatever language was spoken (`language` says that).
+        language = "en" if asr.get("task") == "translate" else asr.get("language")
         known = getattr(self.engine, "languages", None)
         if language and known is not None and language not in known:
             # No acoustic model for this language: the ASR's own word times stand.

@@ -194,13 +194,15 @@ def prompt_tail(prompt: str | None) -> str | None:
         tail = tail[space + 1 :] if 0 <= space < len(tail) // 2 else tail
     data = tail.encode()
     if len(data) >= 64 and len(data) / len(zlib.compress(data)) > PROMPT_MAX_RATIO:
-        print(
-            "the prompt repeats itself; left out (Whisper would repeat it instead of "
-            "transcribing): give names and terms once each",
-            file=sys.stderr,
-        )
+        print(PROMPT_LEFT_OUT, file=sys.stderr)
         return None
     return tail
+
+
+PROMPT_LEFT_OUT = (
+    "the prompt repeats itself; left out (Whisper would repeat it instead of "
+    "transcribing): give names and terms once each"
+)
 
 
 def words_of(words) -> list:
@@ -465,7 +467,8 @@ class Transcriber:
             **decoding,
         )
         out = [segment_of(seg, info.duration, on_segment) for seg in segments]
-        warnings = []
+        # Said in the result too: a client of `?format=` or `/v1` sees no log event.
+        warnings = [PROMPT_LEFT_OUT] if prompt and not decoding["initial_prompt"] else []
         if self.settings.recover_gaps:
             out = self._recover(audio, out, info, decoding, on_segment)
             if decoding["initial_prompt"]:
