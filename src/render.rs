@@ -64,6 +64,20 @@ pub fn fits(format: Format, stages: &[String]) -> Result<(), String> {
 
 /// Renders `result` (the `result` of the final event) in `format`.
 pub fn render(result: &Value, format: Format) -> String {
+    render_named(result, format, "audio")
+}
+
+/// [`render`], with `file_id` as RTTM's file field (a recording's name, so that the RTTM of
+/// several files can be put together and scored; `audio` when there is none). Spaces and control
+/// characters in it become `_`, as in speakers' names.
+pub fn render_named(result: &Value, format: Format, file_id: &str) -> String {
+    let file_id = rttm_field(file_id);
+    let file_id = if file_id.is_empty() {
+        "audio"
+    } else {
+        &file_id
+    };
+    let rttm = |t: &Transcript| rttm(t, file_id);
     let transcript = match format {
         Format::Json => return serde_json::to_string_pretty(result).unwrap_or_default() + "\n",
         _ => Transcript::from_result(result),
@@ -230,7 +244,20 @@ fn vtt_escape(text: &str) -> String {
 
 /// The diarizer's turns, or the segments' speakers when there were none. RTTM fields are
 /// space-separated: spaces inside a speaker's name (an enrolled one) become `_`.
-fn rttm(transcript: &Transcript) -> String {
+/// `text` as one RTTM field: whitespace and control characters become `_`.
+fn rttm_field(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_whitespace() || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+fn rttm(transcript: &Transcript, file_id: &str) -> String {
     let turns: Vec<(f64, f64, String)> = if transcript.turns.is_empty() {
         let speaker = |s: &Segment| s.speaker.clone().unwrap_or_else(|| "SPEAKER_00".into());
         transcript
@@ -247,16 +274,7 @@ fn rttm(transcript: &Transcript) -> String {
     };
     let mut out = String::new();
     for (start, end, speaker) in turns {
-        let speaker: String = speaker
-            .chars()
-            .map(|c| {
-                if c.is_whitespace() || c.is_control() {
-                    '_'
-                } else {
-                    c
-                }
-            })
-            .collect();
+        let speaker = rttm_field(&speaker);
         // Every field present: a speaker left blank would shift the columns after it.
         let speaker = if speaker.is_empty() {
             "<NA>".into()
@@ -267,7 +285,7 @@ fn rttm(transcript: &Transcript) -> String {
         let start = start.max(0.0) + 0.0;
         let _ = writeln!(
             out,
-            "SPEAKER audio 1 {start:.3} {:.3} <NA> <NA> {speaker} <NA> <NA>",
+            "SPEAKER {file_id} 1 {start:.3} {:.3} <NA> <NA> {speaker} <NA> <NA>",
             (end - start).max(0.0) + 0.0
         );
     }

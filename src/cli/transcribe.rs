@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use gpuhost::job::{self, start_job, PreparedJob};
 use gpuhost::pipeline::JobOptions;
 use gpuhost::protocol::ClientEvent;
-use gpuhost::render::{render, Format};
+use gpuhost::render::{render_named, Format};
 
 use super::progress::Progress;
 
@@ -103,7 +103,14 @@ pub(crate) async fn transcribe(
     };
     match last {
         ClientEvent::Result { result } => {
-            super::print_result(&render(&result, args.format))?;
+            // RTTM names the recording by its file name (`-`: `audio`).
+            let id = args
+                .file
+                .file_stem()
+                .filter(|_| args.file.as_os_str() != "-")
+                .map(|stem| stem.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            super::print_result(&render_named(&result, args.format, &id))?;
             Ok(ExitCode::SUCCESS)
         }
         // The message may carry a worker's stderr: shown, not passed to the terminal raw.

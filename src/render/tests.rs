@@ -92,6 +92,12 @@ fn txt_and_rttm() {
         render(&sample(), Format::Rttm),
         "SPEAKER audio 1 0.400 1.900 <NA> <NA> SPEAKER_00 <NA> <NA>\n"
     );
+    // A recording's name, one field (the RTTM of several files put together stays scorable).
+    assert_eq!(
+        super::render_named(&sample(), Format::Rttm, "team meeting\t3"),
+        "SPEAKER team_meeting_3 1 0.400 1.900 <NA> <NA> SPEAKER_00 <NA> <NA>\n"
+    );
+    assert!(super::render_named(&sample(), Format::Rttm, "").starts_with("SPEAKER audio 1"));
 }
 
 #[test]
