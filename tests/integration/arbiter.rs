@@ -1998,13 +1998,13 @@ async fn lease_now(host: &TestHost, holder: &str, mib: u64) -> reqwest::Response
         .unwrap()
 }
 
-#[tokio::test]
-async fn share_vram_packs_holders_that_fit_and_keeps_fifo() {
-    let gpu = FakeGpu::new(IDLE);
-    // 32 607 MiB, 1 024 headroom: 31 583 to share; the resident worker counts 4 000.
+/// A host on `gpu` (32 607 MiB) under `share = "vram"` with 1 024 MiB of headroom, whose one
+/// stage is resident worker `name` (`worker`: its extra config; `arbiter`: more of
+/// `[arbiter]`), once a sample is in.
+async fn vram_host(gpu: &FakeGpu, name: &str, worker: &str, arbiter: &str) -> TestHost {
     let config = format!(
-        "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
-        fake_worker("w", "vram_mib = 4000\n"),
+        "[pipeline]\nstages = [{name:?}]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{arbiter}\n{}",
+        fake_worker(name, worker),
         gpu.config("").replace(
             "[gpu.status]",
             "[gpu]\nshare = \"vram\"\nheadroom_mib = 1024\n[gpu.status]"
@@ -2012,6 +2012,14 @@ async fn share_vram_packs_holders_that_fit_and_keeps_fifo() {
     );
     let host = TestHost::start(&config).await.ready().await;
     wait_status(&host, "a sample", |s| s["gpu"]["memory_total_mib"] == 32607).await;
+    host
+}
+
+#[tokio::test]
+async fn share_vram_packs_holders_that_fit_and_keeps_fifo() {
+    let gpu = FakeGpu::new(IDLE);
+    // 32 607 MiB, 1 024 headroom: 31 583 to share; the resident worker counts 4 000.
+    let host = vram_host(&gpu, "w", "vram_mib = 4000\n", "").await;
     let a = lease_now(&host, "a", 10_000).await;
     assert_eq!(a.status(), 200);
     let a: Value = a.json().await.unwrap();
@@ -2072,16 +2080,7 @@ async fn share_vram_unloads_an_idle_resident_for_a_waiter_that_fits_beside_the_h
     // first only without the resident. It waited for the first to end (a service in its place
     // was stopped for it, a restart of minutes) while unloading the resident makes room.
     let gpu = FakeGpu::new(IDLE);
-    let config = format!(
-        "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\nreload = \"eager\"\n{}",
-        fake_worker("w", "vram_mib = 20000\n"),
-        gpu.config("").replace(
-            "[gpu.status]",
-            "[gpu]\nshare = \"vram\"\nheadroom_mib = 1024\n[gpu.status]"
-        )
-    );
-    let host = TestHost::start(&config).await.ready().await;
-    wait_status(&host, "a sample", |s| s["gpu"]["memory_total_mib"] == 32607).await;
+    let host = vram_host(&gpu, "w", "vram_mib = 20000\n", "reload = \"eager\"").await;
     let a = lease_now(&host, "a", 10_000).await;
     assert_eq!(a.status(), 200, "{:?}", a.text().await);
     let a: Value = a.json().await.unwrap();
@@ -2118,19 +2117,8 @@ async fn share_vram_unloads_an_idle_resident_for_a_waiter_that_fits_beside_the_h
 async fn share_vram_counts_no_memory_for_a_resident_on_the_cpu() {
     let gpu = FakeGpu::new(IDLE);
     // A `vram_mib` left from when it ran on CUDA: now it says it runs on the CPU.
-    let config = format!(
-        "[pipeline]\nstages = [\"c\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
-        fake_worker(
-            "c",
-            "vram_mib = 20000\nenv = { FAKE_READY_META = '{\"protocol\":1,\"device\":\"cpu\"}' }"
-        ),
-        gpu.config("").replace(
-            "[gpu.status]",
-            "[gpu]\nshare = \"vram\"\nheadroom_mib = 1024\n[gpu.status]"
-        )
-    );
-    let host = TestHost::start(&config).await.ready().await;
-    wait_status(&host, "a sample", |s| s["gpu"]["memory_total_mib"] == 32607).await;
+    let cpu = "vram_mib = 20000\nenv = { FAKE_READY_META = '{\"protocol\":1,\"device\":\"cpu\"}' }";
+    let host = vram_host(&gpu, "c", cpu, "").await;
     // A first lease is granted alone in any case; a second beside it only if they fit:
     // 5 000 + 10 000 do in 31 583, but not with the resident's 20 000 counted.
     let first = lease_now(&host, "a", 5_000).await;

@@ -141,6 +141,16 @@ def test_protocol_needs_the_asr_result(tmp_path, speech_wav):
     assert lines[1].startswith("error ") and "asr stage" in lines[1]
 
 
+def align_through_the_worker(tmp_path, wav, asr: dict) -> dict:
+    """One task with the ASR result `asr` through a started aligner worker: its result."""
+    proc = start_worker("gpuhost_aligner")
+    out = tmp_path / "r.json"
+    task = {"audio_path": wav, "_output_path": str(out), "results": {"asr": asr}}
+    stdout, _ = proc.communicate(json.dumps(task) + "\n", timeout=120)
+    assert stdout.splitlines()[1] == "done", stdout
+    return json.loads(out.read_text())
+
+
 def test_a_language_without_a_model_keeps_the_asr_word_times(tmp_path, speech_wav):
     # Korean ASR output: pocketsphinx (en-us) must not touch it; the ASR's times stand, marked.
     asr = {
@@ -158,12 +168,7 @@ def test_a_language_without_a_model_keeps_the_asr_word_times(tmp_path, speech_wa
             }
         ],
     }
-    proc = start_worker("gpuhost_aligner")
-    out = tmp_path / "r.json"
-    task = {"audio_path": speech_wav, "_output_path": str(out), "results": {"asr": asr}}
-    stdout, _ = proc.communicate(json.dumps(task) + "\n", timeout=120)
-    assert stdout.splitlines()[1] == "done", stdout
-    result = json.loads(out.read_text())
+    result = align_through_the_worker(tmp_path, speech_wav, asr)
     words = result["segments"][0]["words"]
     assert [(w["word"], w["start"], w["end"], w["aligned"]) for w in words] == [
         ("안녕하세요", 0.1, 0.9, False),
@@ -195,12 +200,7 @@ def test_a_translation_is_aligned_as_the_english_it_is(tmp_path, speech_wav):
             }
         ],
     }
-    proc = start_worker("gpuhost_aligner")
-    out = tmp_path / "r.json"
-    task = {"audio_path": speech_wav, "_output_path": str(out), "results": {"asr": asr}}
-    stdout, _ = proc.communicate(json.dumps(task) + "\n", timeout=120)
-    assert stdout.splitlines()[1] == "done", stdout
-    result = json.loads(out.read_text())
+    result = align_through_the_worker(tmp_path, speech_wav, asr)
     assert "skipped" not in result, result
     assert result["aligned_words"] >= len(words) - 1, result
 
