@@ -11,8 +11,9 @@ impl GpuQueue {
         self.grantable_freeing(state, ticket, 0)
     }
 
-    /// Whether the first waiter for the GPU is held back only by the loaded residents'
-    /// `freed_mib` (`share = "vram"`): unloaded, it would be granted beside the holders. Then
+    /// Whether the first waiter for the GPU, a lease or a service, is held back only by the
+    /// loaded residents' `freed_mib` (`share = "vram"`): unloaded, it would be granted beside
+    /// the holders. Then
     /// the residents make room, not a service (a restarted vLLM costs minutes, a resident
     /// seconds), and a lease beside another does not wait until that one ends.
     pub fn head_fits_if_freed(&self, freed_mib: u64) -> bool {
@@ -20,7 +21,9 @@ impl GpuQueue {
         let Some(head) = state.gpu_head() else {
             return false;
         };
+        // A lease or a service: a job may need the very residents (they would load again).
         freed_mib > 0
+            && head.ticket.exclusive()
             && self.sharing.mode == super::super::sharing::ShareMode::Vram
             && !self.grantable(&state, &head.ticket)
             && self.grantable_freeing(&state, &head.ticket, freed_mib)
