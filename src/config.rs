@@ -193,11 +193,20 @@ impl Config {
                     let line = before.matches('\n').count() + 1;
                     let start = before.rfind('\n').map_or(0, |i| i + 1);
                     let column = before[start..].chars().count() + 1;
-                    // The key (never its value) where the error is on a `key = value` line.
+                    // The key (never its value) where the error is on a `key = value` line: a
+                    // bare or dotted key, outside a multi-line string (whose lines are a value's,
+                    // `hf_SECRET=…` among them).
+                    let in_string = |quotes: &str| before.matches(quotes).count() % 2 == 1;
                     let key = before[start..]
                         .split_once('=')
                         .map(|(key, _)| key.trim())
-                        .filter(|key| !key.is_empty() && !key.contains(['"', '\'', '[']))
+                        .filter(|key| {
+                            !key.is_empty()
+                                && key.chars().all(|c| {
+                                    c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ' ')
+                                })
+                        })
+                        .filter(|_| !in_string("\"\"\"") && !in_string("'''"))
                         .map(|key| format!(" (`{key}`)"))
                         .unwrap_or_default();
                     format!("line {line}, column {column}{key}: ")

@@ -18,6 +18,7 @@ use dispatch::passes;
 mod view;
 mod waiter;
 
+pub use dispatch::Freed;
 pub use view::{HolderView, WaiterView};
 pub use waiter::{GpuPermit, Turn, Waiter};
 

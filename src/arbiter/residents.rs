@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::config::{Mode, Reload};
 use crate::worker::WorkerState;
 
+use super::queue::Freed;
 use super::{history, worker_key, Core};
 
 impl Core {
@@ -92,15 +93,25 @@ impl Core {
         }
     }
 
-    /// `share = "vram"`: when the first waiter for this GPU would be granted beside its holders
-    /// were some idle residents unloaded, unloads them (the largest first, as few as do; in the
-    /// background, each teardown checked) and says so: no service is stopped for that waiter,
-    /// and a lease beside another does not wait for that one to end. Whether it is under way.
+    /// `share = "vram"`: when the first waiter for this GPU (a lease or a service) would be
+    /// granted beside its holders were some idle residents unloaded, unloads them (the largest
+    /// first, as few as do; in the background, each teardown checked) and says so: no service is
+    /// stopped for that waiter, and a lease beside another does not wait for that one to end.
+    /// Whether it is under way (then nothing else makes room for the waiter meanwhile; bounded
+    /// by the teardown timeout).
     pub(super) fn unload_for_head(self: &Arc<Self>) -> bool {
         use std::sync::atomic::Ordering;
         if self.unloading_for_head.load(Ordering::SeqCst) {
             return true;
         }
+        let snap = self.snapshot();
+        let used_by = |name: &str| -> u64 {
+            snap.processes
+                .iter()
+                .filter(|p| p.gpu_index == self.device && p.worker.as_deref() == Some(name))
+                .map(|p| p.used_memory_mib)
+                .fold(0, u64::saturating_add)
+        };
         let mut idle: Vec<(String, u64)> = self
             .device_workers()
             .into_iter()
@@ -117,10 +128,11 @@ impl Core {
             .filter(|(_, mib)| *mib > 0)
             .collect();
         idle.sort_by_key(|(_, mib)| std::cmp::Reverse(*mib));
-        let mut freed = 0u64;
+        let mut freed = Freed::default();
         let mut chosen = Vec::new();
         for (name, mib) in idle {
-            freed = freed.saturating_add(mib);
+            freed.footprint_mib = freed.footprint_mib.saturating_add(mib);
+            freed.used_mib = freed.used_mib.saturating_add(used_by(&name));
             chosen.push(name);
             if self.queue.head_fits_if_freed(freed) {
                 break;
@@ -130,16 +142,25 @@ impl Core {
             return false;
         }
         self.unloading_for_head.store(true, Ordering::SeqCst);
+        // A worker a job reached first unloads after its task: the wait is bounded, and the
+        // flag is cleared however the task ends.
+        let limit = Duration::from_secs_f64(self.config.teardown_timeout_s + 10.0)
+            * u32::try_from(chosen.len()).unwrap_or(u32::MAX);
         let core = Arc::clone(self);
         tokio::spawn(async move {
-            for name in chosen {
-                tracing::info!(worker = %name, "unloading an idle resident: the first waiter fits beside the GPU's holders without it");
-                if let Err(why) = core.unload_resident(&name, &|_| {}).await {
-                    tracing::warn!(worker = %name, %why, "making room for the first waiter");
-                    break;
+            let _clear = ClearOnDrop(&core.unloading_for_head);
+            let unload = async {
+                for name in chosen {
+                    tracing::info!(worker = %name, "unloading an idle resident: the first waiter fits beside the GPU's holders without it");
+                    if let Err(why) = core.unload_resident(&name, &|_| {}).await {
+                        tracing::warn!(worker = %name, %why, "making room for the first waiter");
+                        break;
+                    }
                 }
+            };
+            if tokio::time::timeout(limit, unload).await.is_err() {
+                tracing::warn!("residents unloaded for the first waiter took too long; given up");
             }
-            core.unloading_for_head.store(false, Ordering::SeqCst);
             core.queue.redispatch();
         });
         true
@@ -171,5 +192,14 @@ impl Core {
                 }
             }
         }
+    }
+}
+
+/// Clears its flag when dropped (a task's end, however it ends).
+struct ClearOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }

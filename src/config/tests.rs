@@ -410,6 +410,14 @@ fn a_parse_error_says_where_without_quoting_the_line() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("line 2, column 13 (`max_queue`)"), "{err}");
+    // Inside a multi-line string a line's text before `=` is the value's, never named.
+    let err = Config::from_toml(
+        "[workers.asr]\nenv = { NOTE = \"\"\"\nhf_SECRETPART=rest C:\\Users\\me\n\"\"\" }\n",
+        PathBuf::from("."),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(!err.contains("SECRET"), "{err}");
     let err = Config::from_toml("listen = \"é€é€\" x\n", PathBuf::from("."))
         .unwrap_err()
         .to_string();

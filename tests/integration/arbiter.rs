@@ -1998,13 +1998,17 @@ async fn lease_now(host: &TestHost, holder: &str, mib: u64) -> reqwest::Response
         .unwrap()
 }
 
-/// A host on `gpu` (32 607 MiB) under `share = "vram"` with 1 024 MiB of headroom, whose one
-/// stage is resident worker `name` (`worker`: its extra config; `arbiter`: more of
-/// `[arbiter]`), once a sample is in.
-async fn vram_host(gpu: &FakeGpu, name: &str, worker: &str, arbiter: &str) -> TestHost {
+/// A host on `gpu` (32 607 MiB) under `share = "vram"` with 1 024 MiB of headroom, whose
+/// stages are the resident workers `workers` (name, extra config), `arbiter` more of
+/// `[arbiter]`, once a sample is in.
+async fn vram_host(gpu: &FakeGpu, workers: &[(&str, &str)], arbiter: &str) -> TestHost {
+    let names: Vec<&str> = workers.iter().map(|(name, _)| *name).collect();
+    let defined: String = workers
+        .iter()
+        .map(|(name, extra)| fake_worker(name, extra))
+        .collect();
     let config = format!(
-        "[pipeline]\nstages = [{name:?}]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{arbiter}\n{}",
-        fake_worker(name, worker),
+        "[pipeline]\nstages = {names:?}\n{defined}\n[arbiter]\nteardown_timeout_s = 3\n{arbiter}\n{}",
         gpu.config("").replace(
             "[gpu.status]",
             "[gpu]\nshare = \"vram\"\nheadroom_mib = 1024\n[gpu.status]"
@@ -2019,7 +2023,7 @@ async fn vram_host(gpu: &FakeGpu, name: &str, worker: &str, arbiter: &str) -> Te
 async fn share_vram_packs_holders_that_fit_and_keeps_fifo() {
     let gpu = FakeGpu::new(IDLE);
     // 32 607 MiB, 1 024 headroom: 31 583 to share; the resident worker counts 4 000.
-    let host = vram_host(&gpu, "w", "vram_mib = 4000\n", "").await;
+    let host = vram_host(&gpu, &[("w", "vram_mib = 4000\n")], "").await;
     let a = lease_now(&host, "a", 10_000).await;
     assert_eq!(a.status(), 200);
     let a: Value = a.json().await.unwrap();
@@ -2080,7 +2084,7 @@ async fn share_vram_unloads_an_idle_resident_for_a_waiter_that_fits_beside_the_h
     // first only without the resident. It waited for the first to end (a service in its place
     // was stopped for it, a restart of minutes) while unloading the resident makes room.
     let gpu = FakeGpu::new(IDLE);
-    let host = vram_host(&gpu, "w", "vram_mib = 20000\n", "reload = \"eager\"").await;
+    let host = vram_host(&gpu, &[("w", "vram_mib = 20000\n")], "reload = \"eager\"").await;
     let a = lease_now(&host, "a", 10_000).await;
     assert_eq!(a.status(), 200, "{:?}", a.text().await);
     let a: Value = a.json().await.unwrap();
@@ -2114,11 +2118,46 @@ async fn share_vram_unloads_an_idle_resident_for_a_waiter_that_fits_beside_the_h
 }
 
 #[tokio::test]
+async fn share_vram_unloads_no_resident_a_running_job_would_load_again() {
+    // A job holds the GPU (stage w runs, x comes next); a 15 000 MiB lease waits: 21 000
+    // resident + 15 000 > 31 583. Without x it would seem to fit, but a job on the GPU loads its
+    // unloaded residents again: x was unloaded for nothing, one after another (helper 78).
+    let gpu = FakeGpu::new(IDLE);
+    let workers = [("w", "vram_mib = 1000\n"), ("x", "vram_mib = 20000\n")];
+    let host = vram_host(&gpu, &workers, "").await;
+    let mut job = running_job(&host, "?prompt=fake:sleep=2000").await;
+    let waiting = host
+        .post("/gpu/lease")
+        .json(&json!({"holder": "b", "vram_mib": 15_000, "wait": true}))
+        .send()
+        .await
+        .unwrap();
+    // The job ends while b waits; then b is granted (alone: nothing to unload for it).
+    let last = job.until(ClientEvent::is_final).await;
+    assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
+    let events = grant_events(waiting).await;
+    let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
+        panic!("{events:?}")
+    };
+    let history = host.get_json("/gpu/history").await;
+    let unloads: Vec<&Value> = history["grants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["kind"] == "unload")
+        .collect();
+    assert!(unloads.is_empty(), "{unloads:#?}");
+    assert_eq!(host.worker("x").await["state"], "ready");
+    assert_eq!(release(&host, lease_id).await, 200);
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn share_vram_counts_no_memory_for_a_resident_on_the_cpu() {
     let gpu = FakeGpu::new(IDLE);
     // A `vram_mib` left from when it ran on CUDA: now it says it runs on the CPU.
     let cpu = "vram_mib = 20000\nenv = { FAKE_READY_META = '{\"protocol\":1,\"device\":\"cpu\"}' }";
-    let host = vram_host(&gpu, "c", cpu, "").await;
+    let host = vram_host(&gpu, &[("c", cpu)], "").await;
     // A first lease is granted alone in any case; a second beside it only if they fit:
     // 5 000 + 10 000 do in 31 583, but not with the resident's 20 000 counted.
     let first = lease_now(&host, "a", 5_000).await;

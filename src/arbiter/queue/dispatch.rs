@@ -6,31 +6,40 @@ use std::time::Instant;
 use super::super::sharing::{fits, Room};
 use super::{Block, GpuQueue, HolderKind, Holding, QueueState, Ticket, Waiting};
 
+/// Residents a waiter would be granted without (`GpuQueue::head_fits_if_freed`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Freed {
+    /// Their footprints: what the sharing arithmetic counts for them.
+    pub footprint_mib: u64,
+    /// What the latest sample shows them using: what would read free once they are gone (a
+    /// footprint is a peak, or a guess, not what a process holds now).
+    pub used_mib: u64,
+}
+
 impl GpuQueue {
     pub(super) fn grantable(&self, state: &QueueState, ticket: &Ticket) -> bool {
-        self.grantable_freeing(state, ticket, 0)
+        self.grantable_freeing(state, ticket, Freed::default())
     }
 
-    /// Whether the first waiter for the GPU, a lease or a service, is held back only by the
-    /// loaded residents' `freed_mib` (`share = "vram"`): unloaded, it would be granted beside
-    /// the holders. Then
-    /// the residents make room, not a service (a restarted vLLM costs minutes, a resident
-    /// seconds), and a lease beside another does not wait until that one ends.
-    pub fn head_fits_if_freed(&self, freed_mib: u64) -> bool {
+    /// Whether the first waiter for the GPU, a lease or a service, is held back only by loaded
+    /// residents that `freed` describes (`share = "vram"`): unloaded, it would be granted beside
+    /// the holders. Then the residents make room, not a service (a restarted vLLM costs minutes,
+    /// a resident seconds), and a lease beside another does not wait until that one ends.
+    pub fn head_fits_if_freed(&self, freed: Freed) -> bool {
         let state = self.lock();
         let Some(head) = state.gpu_head() else {
             return false;
         };
         // A lease or a service: a job may need the very residents (they would load again).
-        freed_mib > 0
+        freed.footprint_mib > 0
             && head.ticket.exclusive()
             && self.sharing.mode == super::super::sharing::ShareMode::Vram
             && !self.grantable(&state, &head.ticket)
-            && self.grantable_freeing(&state, &head.ticket, freed_mib)
+            && self.grantable_freeing(&state, &head.ticket, freed)
     }
 
-    /// [`GpuQueue::grantable`] as if residents holding `freed_mib` were unloaded.
-    fn grantable_freeing(&self, state: &QueueState, ticket: &Ticket, freed_mib: u64) -> bool {
+    /// [`GpuQueue::grantable`] as if the residents `freed` describes were unloaded.
+    fn grantable_freeing(&self, state: &QueueState, ticket: &Ticket, freed: Freed) -> bool {
         let teardown = state
             .blocks
             .iter()
@@ -59,7 +68,15 @@ impl GpuQueue {
         // A job that holds the GPU loads the residents it runs on that were unloaded: until they
         // read as loaded (a job granted in this same dispatch has not begun to), they count as
         // loaded, and their memory as not free. A job granted meanwhile reloads nothing more.
-        let room = self.room.get().and_then(|r| (r.0)()).map(|r| {
+        // Residents unloaded in thought (`freed`) are unloaded ones like the others: a job
+        // holding the GPU would load them again.
+        let room = self.room.get().and_then(|r| (r.0)()).map(|r| Room {
+            residents_mib: r.residents_mib.saturating_sub(freed.footprint_mib),
+            unloaded_residents_mib: r.unloaded_residents_mib.saturating_add(freed.footprint_mib),
+            free_mib: r.free_mib.saturating_add(freed.used_mib),
+            ..r
+        });
+        let room = room.map(|r| {
             let gpu_job = |h: &Holding| !h.ticket.exclusive() && !h.ticket.on_cpu;
             let reloading = if state.holding.iter().any(gpu_job) {
                 r.unloaded_residents_mib
@@ -67,17 +84,13 @@ impl GpuQueue {
                 0
             };
             Room {
-                residents_mib: r
-                    .residents_mib
-                    .saturating_add(reloading)
-                    .saturating_sub(freed_mib),
+                residents_mib: r.residents_mib.saturating_add(reloading),
                 unloaded_residents_mib: r.unloaded_residents_mib - reloading,
                 // What the holders reserved and have not taken yet is not free for this one
                 // either: a lease granted a moment ago has allocated nothing, and its memory
                 // still reads free.
                 free_mib: r
                     .free_mib
-                    .saturating_add(freed_mib)
                     .saturating_sub(untaken(state))
                     .saturating_sub(reloading),
                 ..r
