@@ -56,14 +56,11 @@ pub(super) async fn health(State(app): State<AppState>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     // The queue the pipeline's jobs wait in (its first GPU's; `[gpu] device`'s on the CPU).
-    let queue = &crate::job::route(&app, &app.config.pipeline.stages)
+    let mut queue = crate::job::route(&app, &app.config.pipeline.stages)
         .first
-        .queue;
-    let queue = json!({
-        "running": queue.running(),
-        "waiting": queue.waiting(),
-        "max_waiting": app.config.limits.max_queue,
-    });
+        .queue
+        .counts();
+    queue["max_waiting"] = json!(app.config.limits.max_queue);
     let body = json!({
         "status": if problems.is_empty() { "ok" } else { "unhealthy" },
         "problems": problems,

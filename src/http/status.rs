@@ -22,7 +22,7 @@ pub(super) async fn status(State(app): State<AppState>) -> Json<Value> {
         .iter()
         .map(|w| json!({ "name": w.name, "state": w.state, "pid": w.pid, "mode": w.mode, "vram_mib": w.vram_mib }))
         .collect();
-    body["queue"] = json!({ "running": app.queue.running(), "waiting": app.queue.waiting() });
+    body["queue"] = app.queue.counts();
     body["holders"] = json!(app.queue.holders());
     body["waiting"] = json!(app.queue.waiters());
     body["leases"] = json!(app.arbiter.leases.list());
@@ -92,6 +92,6 @@ pub(super) async fn workers(State(app): State<AppState>) -> Json<Value> {
         .collect();
     Json(json!({
         "workers": workers,
-        "queue": { "running": app.queue.running(), "waiting": app.queue.waiting() },
+        "queue": app.queue.counts(),
     }))
 }

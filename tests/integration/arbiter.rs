@@ -970,10 +970,15 @@ async fn a_start_waiting_behind_a_lease_says_so_again_while_it_waits() {
 /// Takes a lease with `wait` (the request's JSON body) and returns its id once granted.
 async fn granted_lease(host: &TestHost, body: Value) -> (u64, Vec<GrantEvent>) {
     let events = grant_events(host.post("/gpu/lease").json(&body).send().await.unwrap()).await;
+    (lease_id_of(&events), events)
+}
+
+/// The lease id granted by a lease request's `events` (its last one the grant).
+fn lease_id_of(events: &[GrantEvent]) -> u64 {
     let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
         panic!("{events:?}")
     };
-    (lease_id, events)
+    lease_id
 }
 
 /// Releases lease `id`; the answer's status.
@@ -2098,9 +2103,7 @@ async fn share_vram_unloads_an_idle_resident_for_a_waiter_that_fits_beside_the_h
     let events = tokio::time::timeout(Duration::from_secs(10), grant_events(b))
         .await
         .expect("b granted beside a while a holds the GPU");
-    let Some(GrantEvent::Granted { lease_id: b, .. }) = events.last().cloned() else {
-        panic!("{events:?}")
-    };
+    let b = lease_id_of(&events);
     assert_eq!(host.worker("w").await["state"], "unloaded");
     assert_eq!(
         leases(&host).await.len(),
@@ -2135,10 +2138,7 @@ async fn share_vram_unloads_no_resident_a_running_job_would_load_again() {
     // The job ends while b waits; then b is granted (alone: nothing to unload for it).
     let last = job.until(ClientEvent::is_final).await;
     assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
-    let events = grant_events(waiting).await;
-    let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
-        panic!("{events:?}")
-    };
+    let lease_id = lease_id_of(&grant_events(waiting).await);
     let history = host.get_json("/gpu/history").await;
     let unloads: Vec<&Value> = history["grants"]
         .as_array()
@@ -2849,6 +2849,37 @@ async fn a_job_whose_workers_are_all_on_another_gpu_leaves_the_main_gpu_to_its_l
     host.stop().await;
 }
 
+/// Lease `a` granted on GPU 1 and lease `b` waiting behind it there: a's id, and b's request
+/// (its grant events once it ends).
+async fn a_holds_gpu_1_and_b_waits(
+    host: &TestHost,
+) -> (u64, tokio::task::JoinHandle<Vec<GrantEvent>>) {
+    let (a, _) = granted_lease(
+        host,
+        json!({"holder": "a", "device": 1, "wait": true, "ttl_s": 60}),
+    )
+    .await;
+    let b = {
+        let request = host
+            .post("/gpu/lease")
+            .json(&json!({"holder": "b", "device": 1, "wait": true, "ttl_s": 60}));
+        tokio::spawn(async move { grant_events(request.send().await.unwrap()).await })
+    };
+    wait_for("b waiting on GPU 1", Duration::from_secs(10), || async {
+        host.get_json("/gpu/leases").await["devices"][1]["waiting"]
+            .as_array()
+            .map_or(0, Vec::len)
+            == 1
+    })
+    .await;
+    (a, b)
+}
+
+/// The lease id a waiting request ended with (its last event a grant).
+async fn granted_id(request: tokio::task::JoinHandle<Vec<GrantEvent>>) -> u64 {
+    lease_id_of(&request.await.unwrap())
+}
+
 #[tokio::test]
 async fn leases_waiting_on_a_gpu_no_speech_job_uses_leave_ready_and_health_alone() {
     // Every GPU's queue counted: leases waiting on GPU 1 made /ready 503 ("the GPU 1 queue is
@@ -2860,33 +2891,14 @@ async fn leases_waiting_on_a_gpu_no_speech_job_uses_leave_ready_and_health_alone
         gpu.config("")
     );
     let host = TestHost::start(&config).await.ready().await;
-    let (id, _) = granted_lease(
-        &host,
-        json!({"holder": "a", "device": 1, "wait": true, "ttl_s": 60}),
-    )
-    .await;
-    let waiting = {
-        let request = host
-            .post("/gpu/lease")
-            .json(&json!({"holder": "b", "device": 1, "wait": true, "ttl_s": 60}));
-        tokio::spawn(async move { grant_events(request.send().await.unwrap()).await })
-    };
-    wait_for("b waiting on GPU 1", Duration::from_secs(10), || async {
-        host.get_json("/gpu/leases").await["devices"][1]["waiting"]
-            .as_array()
-            .is_some_and(|w| !w.is_empty())
-    })
-    .await;
+    let (id, waiting) = a_holds_gpu_1_and_b_waits(&host).await;
     let ready = host.get("/ready").send().await.unwrap();
     assert_eq!(ready.status(), 200, "{:?}", ready.text().await);
     let health = host.get_json("/health").await;
     assert_eq!(health["queue"]["waiting"], 0, "{health}");
     result_of(&host.transcribe("", wav(0.2, 16000, 1)).await);
     assert_eq!(release(&host, id).await, 200);
-    let events = waiting.await.unwrap();
-    let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
-        panic!("{events:?}")
-    };
+    let lease_id = granted_id(waiting).await;
     assert_eq!(release(&host, lease_id).await, 200);
     host.stop().await;
 }
@@ -2946,26 +2958,7 @@ async fn a_job_waiting_on_its_second_gpu_hears_its_place_change() {
         gpu.config("")
     );
     let host = TestHost::start(&config).await.ready().await;
-    let (a, _) = granted_lease(
-        &host,
-        json!({"holder": "a", "device": 1, "wait": true, "ttl_s": 60}),
-    )
-    .await;
-    let b = {
-        let request = host
-            .post("/gpu/lease")
-            .json(&json!({"holder": "b", "device": 1, "wait": true, "ttl_s": 60}));
-        tokio::spawn(async move { grant_events(request.send().await.unwrap()).await })
-    };
-    let waiting_on_1 = || async {
-        host.get_json("/gpu/leases").await["devices"][1]["waiting"]
-            .as_array()
-            .map_or(0, Vec::len)
-    };
-    wait_for("b waiting on GPU 1", Duration::from_secs(10), || async {
-        waiting_on_1().await == 1
-    })
-    .await;
+    let (a, b) = a_holds_gpu_1_and_b_waits(&host).await;
     let mut job = EventReader::new(
         host.post("/transcribe")
             .body(wav(0.2, 16_000, 1))
@@ -2979,10 +2972,7 @@ async fn a_job_waiting_on_its_second_gpu_hears_its_place_change() {
         "{first:?}"
     );
     assert_eq!(release(&host, a).await, 200);
-    let events = b.await.unwrap();
-    let Some(GrantEvent::Granted { lease_id, .. }) = events.last().cloned() else {
-        panic!("{events:?}")
-    };
+    let lease_id = granted_id(b).await;
     // (What it waits for may be said first: a's memory being checked.)
     let next = job
         .until(|e| !matches!(e, ClientEvent::Queued { position: 2, .. }))

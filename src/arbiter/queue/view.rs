@@ -27,6 +27,11 @@ pub struct WaiterView {
 }
 
 impl GpuQueue {
+    /// How many hold the GPU and how many wait, as `/status`, `/workers` and `/health` say it.
+    pub fn counts(&self) -> serde_json::Value {
+        serde_json::json!({ "running": self.running(), "waiting": self.waiting() })
+    }
+
     pub fn holders(&self) -> Vec<HolderView> {
         self.lock()
             .holding
