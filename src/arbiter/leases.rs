@@ -18,6 +18,12 @@ use crate::protocol::GrantEvent;
 mod request;
 pub use request::{DeviceChoice, LeaseRequest};
 
+/// Why a lease that does not wait is refused.
+fn taken(waiting_for: Option<String>) -> String {
+    let holders = waiting_for.unwrap_or_else(|| "others waiting".into());
+    format!("the GPU is taken ({holders}); send \"wait\": true to queue for it")
+}
+
 /// A lease as `GET /gpu/leases` shows it.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct LeaseView {
@@ -165,16 +171,20 @@ impl Leases {
             );
             return refuse(&events, "queue_full", why).await;
         };
+        // `share = "vram"`: a lease that does not wait for other holders still waits while idle
+        // residents are unloaded for it (what `make_room` does for a lease granted alone); the
+        // last reason it is not granted yet, told if it gives up.
+        let mut unloading: Option<Option<String>> = None;
         let permit = loop {
             tokio::select! {
                 turn = waiter.next() => match turn {
                     Turn::Granted(permit) => break permit,
-                    Turn::Waiting { waiting_for, .. } if !request.wait => {
-                        let holders = waiting_for.unwrap_or_else(|| "others waiting".into());
-                        let why = format!(
-                            "the GPU is taken ({holders}); send \"wait\": true to queue for it"
-                        );
-                        return refuse(&events, "gpu_busy", why).await;
+                    Turn::Waiting { position, waiting_for } if !request.wait => {
+                        if position == 1 && core.unload_for_head() {
+                            unloading = Some(waiting_for);
+                            continue;
+                        }
+                        return refuse(&events, "gpu_busy", taken(waiting_for)).await;
                     }
                     // Not waited for: a client that does not read must not keep its turn
                     // from coming.
@@ -189,6 +199,19 @@ impl Leases {
                         return refuse(&events, "shutting_down", why).await;
                     }
                 },
+                // The unload ends with a redispatch, which grants it or not.
+                _ = tokio::time::sleep(Duration::from_millis(100)), if unloading.is_some() => {
+                    if core.unload_for_head() {
+                        continue;
+                    }
+                    match tokio::time::timeout(Duration::ZERO, waiter.next()).await {
+                        Ok(Turn::Granted(permit)) => break permit,
+                        _ => {
+                            let why = taken(unloading.take().flatten());
+                            return refuse(&events, "gpu_busy", why).await;
+                        }
+                    }
+                }
                 _ = events.closed() => return,
             }
         };

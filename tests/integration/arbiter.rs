@@ -2035,8 +2035,8 @@ async fn share_vram_packs_holders_that_fit_and_keeps_fifo() {
     // Beside the first: 10 000 + 4 000 + 10 000 fits.
     let b = lease_now(&host, "b", 10_000).await;
     assert_eq!(b.status(), 200, "{:?}", b.text().await);
-    // A third does not (34 000 > 31 583): taken.
-    let c = lease_now(&host, "c", 10_000).await;
+    // A third does not, even with the resident unloaded (32 000 > 31 583): taken.
+    let c = lease_now(&host, "c", 12_000).await;
     assert_eq!(c.status(), 409);
     // A speech job needs nothing beyond its resident worker: it runs beside both leases.
     let events = host.transcribe("", wav(0.2, 16000, 1)).await;
@@ -2117,6 +2117,26 @@ async fn share_vram_unloads_an_idle_resident_for_a_waiter_that_fits_beside_the_h
         host.worker("w").await["state"] == "ready"
     })
     .await;
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn share_vram_unloads_an_idle_resident_for_a_lease_that_does_not_wait() {
+    // As above, but b does not send `wait`: it waits for no other holder, and the resident is
+    // the host's own to unload (a lease granted alone gets it unloaded too). It was a 409.
+    let gpu = FakeGpu::new(IDLE);
+    let host = vram_host(&gpu, &[("w", "vram_mib = 20000\n")], "").await;
+    let a = lease_now(&host, "a", 10_000).await;
+    assert_eq!(a.status(), 200, "{:?}", a.text().await);
+    let b = lease_now(&host, "b", 10_000).await;
+    assert_eq!(b.status(), 200, "{:?}", b.text().await);
+    assert_eq!(host.worker("w").await["state"], "unloaded");
+    assert_eq!(leases(&host).await.len(), 2);
+    // Nothing left to unload: a third does not fit (32 000 > 31 583), and is told so at once.
+    let c = lease_now(&host, "c", 12_000).await;
+    assert_eq!(c.status(), 409);
+    let c: Value = c.json().await.unwrap();
+    assert_eq!(c["error"], "gpu_busy", "{c}");
     host.stop().await;
 }
 
