@@ -53,9 +53,6 @@ pub struct Core {
     pub service_pids: Arc<crate::gpu::ServicePids>,
     /// Teardowns that blocked the queue so far: each block's key.
     teardowns: std::sync::atomic::AtomicU64,
-    /// Residents are being unloaded for the first waiter (`Core::unload_for_head`): no service
-    /// is stopped for it meanwhile.
-    unloading_for_head: std::sync::atomic::AtomicBool,
     /// What the samples told of each watched program (see `hold_while_loading`).
     /// std Mutex: a few instructions, never across `.await`.
     loading: Mutex<BTreeMap<String, loading::Seen>>,
@@ -211,7 +208,6 @@ impl Arbiter {
                     watches: watches.clone(),
                     service_pids: Arc::clone(&gpu.services),
                     teardowns: Default::default(),
-                    unloading_for_head: Default::default(),
                     loading: Default::default(),
                 });
                 core.queue.set_room(sharing::RoomSource(Box::new({

@@ -103,6 +103,10 @@ pub struct GpuQueue {
     sharing: Sharing,
     /// The device's memory now, for `share = "vram"`; set once by the arbiter.
     room: std::sync::OnceLock<RoomSource>,
+    /// Residents are being unloaded for the first waiter (`Core::unload_for_head`): no service
+    /// is stopped for it meanwhile, and nothing goes past it (`allow_backfill` would let a later
+    /// waiter take the room being made, and more residents be unloaded for the first).
+    pub(super) unloading_for_head: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -192,6 +196,7 @@ impl GpuQueue {
             device,
             sharing,
             room: std::sync::OnceLock::new(),
+            unloading_for_head: Default::default(),
         })
     }
 

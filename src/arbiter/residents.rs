@@ -101,7 +101,7 @@ impl Core {
     /// by the teardown timeout).
     pub(super) fn unload_for_head(self: &Arc<Self>) -> bool {
         use std::sync::atomic::Ordering;
-        if self.unloading_for_head.load(Ordering::SeqCst) {
+        if self.queue.unloading_for_head.load(Ordering::SeqCst) {
             return true;
         }
         let snap = self.snapshot();
@@ -141,14 +141,14 @@ impl Core {
         if chosen.is_empty() || !self.queue.head_fits_if_freed(freed) {
             return false;
         }
-        self.unloading_for_head.store(true, Ordering::SeqCst);
+        self.queue.unloading_for_head.store(true, Ordering::SeqCst);
         // A worker a job reached first unloads after its task: the wait is bounded, and the
         // flag is cleared however the task ends.
         let limit = Duration::from_secs_f64(self.config.teardown_timeout_s + 10.0)
             * u32::try_from(chosen.len()).unwrap_or(u32::MAX);
         let core = Arc::clone(self);
         tokio::spawn(async move {
-            let _clear = ClearOnDrop(&core.unloading_for_head);
+            let _clear = ClearOnDrop(&core.queue.unloading_for_head);
             let unload = async {
                 for name in chosen {
                     tracing::info!(worker = %name, "unloading an idle resident: the first waiter fits beside the GPU's holders without it");

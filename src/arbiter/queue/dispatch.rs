@@ -1,6 +1,7 @@
 //! Granting: whether the next waiter fits beside the holders (exclusive grants, VRAM sharing,
 //! the block), handing out grants in order, and taking them back.
 
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::super::sharing::{fits, Room};
@@ -147,7 +148,7 @@ impl GpuQueue {
         if let Some(room) = &room {
             settle(state, room);
         }
-        let backfill = self.backfills();
+        let backfill = self.backfills() && !self.unloading_for_head.load(Ordering::SeqCst);
         let mut passed_a_job = false;
         // A waiter that does not fit stands before the rest: only jobs on the CPU go past it
         // (they take nothing it waits for).

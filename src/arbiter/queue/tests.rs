@@ -151,6 +151,18 @@ async fn backfill_lets_what_fits_go_ahead_only_when_allowed() {
             small.position(),
             if allow_backfill { None } else { Some(2) }
         );
+        // While residents are unloaded for the first waiter, nothing takes the room being made.
+        q.unloading_for_head
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let later = q.try_enqueue(sized("later", 1_000), 9).unwrap();
+        assert_eq!(later.position(), Some(if allow_backfill { 2 } else { 3 }));
+        q.unloading_for_head
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        q.redispatch();
+        assert_eq!(
+            later.position(),
+            if allow_backfill { None } else { Some(3) }
+        );
     }
 }
 
