@@ -84,7 +84,7 @@ impl Lease {
         permit.ended();
         tokio::spawn(async move {
             if let Err(why) = core.verify_teardown(&gone).await {
-                core.block_until_freed(gone, why);
+                drop(core.block_until_freed(gone, why));
             }
             drop(permit);
         });

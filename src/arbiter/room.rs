@@ -59,8 +59,14 @@ impl Core {
     }
 
     /// After a teardown that never completed: block the queue (nothing is granted; `/status`
-    /// says busy with the reason) until a later sample shows the memory back.
-    pub fn block_until_freed(self: &Arc<Self>, gone: Gone, reason: String) {
+    /// says busy with the reason) until a later sample shows the memory back, which the
+    /// receiver hears.
+    pub fn block_until_freed(
+        self: &Arc<Self>,
+        gone: Gone,
+        reason: String,
+    ) -> tokio::sync::oneshot::Receiver<()> {
+        let (freed, heard) = tokio::sync::oneshot::channel();
         tracing::error!(%reason, "GPU blocked: teardown not verified");
         let n = self
             .teardowns
@@ -85,10 +91,12 @@ impl Core {
                 {
                     tracing::info!(what = %gone.what, "memory came back; GPU unblocked");
                     core.queue.unblock(&block);
+                    let _ = freed.send(());
                     return;
                 }
             }
         });
+        heard
     }
 
     /// Makes room for a grant that needs `need_mib` (everything when unknown): idle resident

@@ -184,6 +184,7 @@ impl Services {
                     rx,
                     status: status_tx,
                     events: events.clone(),
+                    blocked: None,
                     tail: VecDeque::new(),
                 };
                 tokio::spawn(actor.run());

@@ -562,6 +562,15 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
     .await;
     let granted = lease_as(&host, "bob").await;
     assert_eq!(granted.status(), 200);
+    // The service is stopped now, not `failed` for good; what happened is still told.
+    wait_for("leaky stopped", Duration::from_secs(5), || async {
+        host.get_json("/services").await["services"][0]["state"] == "stopped"
+    })
+    .await;
+    let leaky = &host.get_json("/services").await["services"][0];
+    let error = leaky["last_error"].as_str().unwrap();
+    assert!(error.contains("did not come back"), "{leaky}");
+    assert!(error.contains("its memory came back"), "{leaky}");
     host.stop().await;
 }
 

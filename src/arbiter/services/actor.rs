@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::process::{ChildStderr, ChildStdout};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{footprint_key, Announcer, Control, ServiceState, ServiceStatus, TAIL_LINES};
 use crate::arbiter::queue::{GpuPermit, HolderKind, Ticket, Turn};
@@ -27,6 +27,9 @@ pub(super) struct Actor {
     pub(super) status: watch::Sender<ServiceStatus>,
     pub(super) events: Announcer,
     pub(super) tail: VecDeque<String>,
+    /// The queue blocked on memory this service's last stop left, and since when: told when
+    /// it comes back.
+    pub(super) blocked: Option<(tokio::sync::oneshot::Receiver<()>, Instant)>,
 }
 
 /// A running service process and what was known before it started.
@@ -42,7 +45,17 @@ struct Running {
 
 impl Actor {
     pub(super) async fn run(mut self) {
-        while let Some(control) = self.rx.recv().await {
+        loop {
+            let control = tokio::select! {
+                control = self.rx.recv() => match control {
+                    Some(control) => control,
+                    None => return,
+                },
+                Some(since) = Self::freed(&mut self.blocked) => {
+                    self.memory_back(since);
+                    continue;
+                }
+            };
             match control {
                 // A caller that joined a start which has ended since (failed) has its answer.
                 Control::Start { ticket } if !self.events.answered(ticket) => {
@@ -57,6 +70,17 @@ impl Actor {
                 _ => {}
             }
         }
+    }
+
+    /// Waits for a blocked teardown's memory to come back (forever without one); `None` when
+    /// the block's watcher ended without (gpuhost stops).
+    async fn freed(blocked: &mut Option<(oneshot::Receiver<()>, Instant)>) -> Option<Instant> {
+        let Some((heard, since)) = blocked else {
+            return std::future::pending().await;
+        };
+        let back = heard.await.is_ok().then_some(*since);
+        *blocked = None;
+        back
     }
 
     /// The code a stop before `healthy` gives the start's callers: `shutting_down` once the

@@ -76,10 +76,26 @@ impl Actor {
                 }
             }
             Err(why) => {
-                self.core.block_until_freed(gone, why.clone());
+                let freed = self.core.block_until_freed(gone, why.clone());
+                self.blocked = Some((freed, Instant::now()));
                 drop(permit);
                 self.fail("teardown_failed", why);
             }
         }
+    }
+
+    /// The memory a failed teardown left came back: a service still `failed` for it is
+    /// stopped now (its GPU is free again); `last_error` keeps what happened.
+    pub(super) fn memory_back(&mut self, since: Instant) {
+        if self.status.borrow().state != ServiceState::Failed {
+            return;
+        }
+        let later = since.elapsed().as_secs_f64();
+        tracing::info!(service = %self.spec.name, "its memory came back; stopped");
+        self.set(ServiceState::Stopped, |s| {
+            if let Some(error) = &mut s.last_error {
+                error.push_str(&format!(" (its memory came back {later:.0} s later)"));
+            }
+        });
     }
 }
