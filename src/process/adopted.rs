@@ -141,9 +141,12 @@ pub fn sweep(proc: &ProcFs) -> Vec<u32> {
             continue;
         }
         let command = proc.cmdline(pid).unwrap_or_default();
-        if group == pid || !started.contains(&group) {
-            // Its own group, or one gpuhost never started (a daemon's double fork).
-            tracing::warn!(pid, %command, "killing an orphan left outside its process group (detached by a program gpuhost started)");
+        if group == pid {
+            tracing::warn!(pid, %command, "killing an orphan in a process group of its own (detached by a program gpuhost started)");
+        } else if !started.contains(&group) {
+            // The group's leader is gone: a stopped worker's or service's helper still ending
+            // after the group kill, or a daemon's double fork.
+            tracing::warn!(pid, %command, group, "killing an orphan whose process group's leader has exited (a helper of a stopped worker or service, or a detached daemon)");
         } else {
             // In the group of a worker that has exited (a helper still ending at its stop):
             // the group kill's anyway.
