@@ -282,6 +282,9 @@ async fn a_lease_makes_room_and_residents_come_back_after_it() {
     host.stop().await;
 }
 
+/// The config line of a fake worker that says, after `ready`, that it runs on the CPU.
+const SAYS_CPU: &str = "env = { FAKE_READY_META = '{\"protocol\":1,\"device\":\"cpu\"}' }";
+
 #[tokio::test]
 async fn workers_on_the_cpu_are_not_unloaded_and_their_jobs_run_beside_a_lease() {
     let gpu = FakeGpu::new(IDLE);
@@ -395,15 +398,47 @@ async fn a_speech_job_on_the_gpu_makes_status_busy_before_its_worker_touches_it(
 }
 
 #[tokio::test]
+async fn a_one_shot_worker_that_said_it_runs_on_the_cpu_takes_no_gpu_at_its_next_job() {
+    // Its first job cannot know (nothing said so yet) and takes the GPU; once its worker said
+    // `device: cpu`, the next job runs beside a lease and leaves /status idle. It waited for
+    // every lease and read as a GPU job (helper 78).
+    let gpu = FakeGpu::new(IDLE);
+    let config = format!(
+        "[pipeline]\nstages = [\"o\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
+        fake_worker("o", &format!("mode = \"oneshot\"\n{SAYS_CPU}")),
+        gpu.config("")
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    result_of(&host.transcribe("", wav(0.2, 16_000, 1)).await);
+    let mut job = running_job(&host, "?prompt=fake:sleep=1500").await;
+    let status = host.get_json("/status").await;
+    assert_eq!(
+        status["devices"][0]["busy_reason"],
+        Value::Null,
+        "{status:#}"
+    );
+    let last = job.until(ClientEvent::is_final).await;
+    assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
+    let (lease_id, _) = granted_lease(&host, json!({"holder": "alice", "wait": true})).await;
+    let events = host.transcribe("", wav(0.2, 16_000, 1)).await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, ClientEvent::Queued { .. })),
+        "{events:?}"
+    );
+    result_of(&events);
+    assert_eq!(release(&host, lease_id).await, 200);
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_job_on_the_cpu_leaves_its_gpu_free_for_any_lease_and_says_so_in_the_history() {
     // GPU 0 has the most free memory; only a speech job on the CPU holds its queue.
     let gpu = FakeGpu::new(TWO_GPUS);
     let config = format!(
         "[gpu]\ndevices = [0, 1]\n[pipeline]\nstages = [\"c\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
-        fake_worker(
-            "c",
-            "env = { FAKE_READY_META = '{\"protocol\":1,\"device\":\"cpu\"}' }"
-        ),
+        fake_worker("c", SAYS_CPU),
         gpu.config("")
     );
     let host = TestHost::start(&config).await.ready().await;
@@ -2185,8 +2220,8 @@ async fn share_vram_unloads_no_resident_a_running_job_would_load_again() {
 async fn share_vram_counts_no_memory_for_a_resident_on_the_cpu() {
     let gpu = FakeGpu::new(IDLE);
     // A `vram_mib` left from when it ran on CUDA: now it says it runs on the CPU.
-    let cpu = "vram_mib = 20000\nenv = { FAKE_READY_META = '{\"protocol\":1,\"device\":\"cpu\"}' }";
-    let host = vram_host(&gpu, &[("c", cpu)], "").await;
+    let cpu = format!("vram_mib = 20000\n{SAYS_CPU}");
+    let host = vram_host(&gpu, &[("c", &cpu)], "").await;
     // A first lease is granted alone in any case; a second beside it only if they fit:
     // 5 000 + 10 000 do in 31 583, but not with the resident's 20 000 counted.
     let first = lease_now(&host, "a", 5_000).await;
@@ -2939,10 +2974,7 @@ async fn a_pipeline_on_the_cpu_is_unready_when_its_jobs_queue_is_full() {
     let gpu = FakeGpu::new(IDLE);
     let config = format!(
         "[limits]\nmax_queue = 1\n[pipeline]\nstages = [\"c\"]\n{}\n{}",
-        fake_worker(
-            "c",
-            "env = { FAKE_READY_META = '{\"protocol\":1,\"device\":\"cpu\"}' }"
-        ),
+        fake_worker("c", SAYS_CPU),
         gpu.config("")
     );
     let host = TestHost::start(&config).await.ready().await;
