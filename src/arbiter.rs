@@ -43,6 +43,10 @@ pub struct Core {
     /// Residents the arbiter unloaded to make room; reloaded when the GPU is free again.
     /// std Mutex: a few instructions, never across `.await`.
     unloaded: Mutex<BTreeSet<String>>,
+    /// Residents unloaded to make room whose memory no sample has shown back yet, with what
+    /// must be gone: still counted as loaded (`room`), so nothing is granted their memory before
+    /// it is free. std Mutex: a few instructions, never across `.await`.
+    unverified_unloads: Mutex<BTreeMap<String, teardown::Gone>>,
     pub http: reqwest::Client,
     /// Configured and measured VRAM of every worker and service.
     pub footprints: Arc<Footprints>,
@@ -157,8 +161,23 @@ impl Core {
                 .footprints
                 .need(&worker_key(&status.name), status.vram_mib)
                 .unwrap_or(0);
+            let mut unverified = self.lock_unverified();
+            if let Some(gone) = unverified.get(&status.name) {
+                // Seen gone by a sample after it stopped, or loading again: no longer unverified.
+                let seen = snap.taken.is_some_and(|t| t > gone.after)
+                    && teardown::check(
+                        &snap,
+                        self.device,
+                        gone,
+                        self.config.teardown_tolerance_mib,
+                    )
+                    .is_ok();
+                if seen || status.state == WorkerState::Starting {
+                    unverified.remove(&status.name);
+                }
+            }
             match status.state {
-                WorkerState::Unloaded => unloaded += mib,
+                WorkerState::Unloaded if !unverified.contains_key(&status.name) => unloaded += mib,
                 _ => loaded += mib,
             }
         }
@@ -203,6 +222,7 @@ impl Arbiter {
                     observed: gpu.observed(),
                     device: queue.device,
                     unloaded: Mutex::new(BTreeSet::new()),
+                    unverified_unloads: Mutex::new(BTreeMap::new()),
                     http: http.clone(),
                     footprints: Arc::clone(&footprints),
                     watches: watches.clone(),

@@ -18,10 +18,18 @@ use crate::protocol::GrantEvent;
 mod request;
 pub use request::{DeviceChoice, LeaseRequest};
 
-/// Why a lease that does not wait is refused.
-fn taken(waiting_for: Option<String>) -> String {
+/// Why a lease that does not wait is refused (`unloaded`: after idle residents were unloaded
+/// for it, which did not make it fit: their memory did not come back, or a waiter before it
+/// took the room).
+fn taken(waiting_for: Option<String>, unloaded: bool) -> String {
     let holders = waiting_for.unwrap_or_else(|| "others waiting".into());
-    format!("the GPU is taken ({holders}); send \"wait\": true to queue for it")
+    let after = if unloaded {
+        ", and the idle residents unloaded for it did not make room (their memory is not back, \
+         or a request of higher priority came first; see /status)"
+    } else {
+        ""
+    };
+    format!("the GPU is taken ({holders}){after}; send \"wait\": true to queue for it")
 }
 
 /// A lease as `GET /gpu/leases` shows it.
@@ -172,19 +180,20 @@ impl Leases {
             return refuse(&events, "queue_full", why).await;
         };
         // `share = "vram"`: a lease that does not wait for other holders still waits while idle
-        // residents are unloaded for it (what `make_room` does for a lease granted alone); the
-        // last reason it is not granted yet, told if it gives up.
-        let mut unloading: Option<Option<String>> = None;
+        // residents are unloaded for it and their memory is seen back (what `make_room` does for
+        // a lease granted alone).
+        let mut unloading = false;
         let permit = loop {
             tokio::select! {
                 turn = waiter.next() => match turn {
                     Turn::Granted(permit) => break permit,
-                    Turn::Waiting { position, waiting_for } if !request.wait => {
-                        if position == 1 && core.unload_for_head() {
-                            unloading = Some(waiting_for);
+                    Turn::Waiting { waiting_for, .. } if !request.wait => {
+                        if waiter.first_for_the_gpu() && core.unload_for_head() {
+                            unloading = true;
                             continue;
                         }
-                        return refuse(&events, "gpu_busy", taken(waiting_for)).await;
+                        let why = taken(waiting_for, unloading);
+                        return refuse(&events, "gpu_busy", why).await;
                     }
                     // Not waited for: a client that does not read must not keep its turn
                     // from coming.
@@ -200,14 +209,14 @@ impl Leases {
                     }
                 },
                 // The unload ends with a redispatch, which grants it or not.
-                _ = tokio::time::sleep(Duration::from_millis(100)), if unloading.is_some() => {
-                    if core.unload_for_head() {
+                _ = tokio::time::sleep(Duration::from_millis(100)), if unloading => {
+                    if waiter.first_for_the_gpu() && core.unload_for_head() {
                         continue;
                     }
                     match tokio::time::timeout(Duration::ZERO, waiter.next()).await {
                         Ok(Turn::Granted(permit)) => break permit,
                         _ => {
-                            let why = taken(unloading.take().flatten());
+                            let why = taken(core.queue.waiting_for(), true);
                             return refuse(&events, "gpu_busy", why).await;
                         }
                     }

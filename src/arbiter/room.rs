@@ -60,12 +60,12 @@ impl Core {
 
     /// After a teardown that never completed: block the queue (nothing is granted; `/status`
     /// says busy with the reason) until a later sample shows the memory back, which the
-    /// receiver hears.
+    /// receiver hears (with when).
     pub fn block_until_freed(
         self: &Arc<Self>,
         gone: Gone,
         reason: String,
-    ) -> tokio::sync::oneshot::Receiver<()> {
+    ) -> tokio::sync::oneshot::Receiver<Instant> {
         let (freed, heard) = tokio::sync::oneshot::channel();
         tracing::error!(%reason, "GPU blocked: teardown not verified");
         let n = self
@@ -91,7 +91,7 @@ impl Core {
                 {
                     tracing::info!(what = %gone.what, "memory came back; GPU unblocked");
                     core.queue.unblock(&block);
-                    let _ = freed.send(());
+                    let _ = freed.send(Instant::now());
                     return;
                 }
             }
@@ -187,19 +187,27 @@ impl Core {
             history::GrantKind::Unload,
             &format!("worker {name}"),
         );
+        let gone = |pid: u32| Gone {
+            what: format!("worker {name}"),
+            pids: vec![pid],
+            pgid: Some(pid),
+            baseline_used_mib: None,
+            listed_before: None,
+            watch: None,
+            after: before,
+        };
+        // Counted as loaded until a sample shows its memory back (`room`), however long that
+        // takes: settled onto the holders meanwhile, it looked like room for more.
+        if let Some(pid) = handle.status().pid {
+            self.lock_unverified().insert(name.to_string(), gone(pid));
+        }
         let pid = handle.unload().await;
         self.lock_unloaded().insert(name.to_string());
         let verified = match pid {
             Some(pid) => {
-                let gone = Gone {
-                    what: format!("worker {name}"),
-                    pids: vec![pid],
-                    pgid: Some(pid),
-                    baseline_used_mib: None,
-                    listed_before: None,
-                    watch: None,
-                    after: before,
-                };
+                let gone = gone(pid);
+                self.lock_unverified()
+                    .insert(name.to_string(), gone.clone());
                 self.verify_teardown(&gone).await
             }
             None => Ok(()),

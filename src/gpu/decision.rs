@@ -149,7 +149,7 @@ impl Judge {
         (
             Decision::Busy,
             format!(
-                "quiet for {:.1} s of the {:.0} s required before idle",
+                "quiet for {:.1} s of the {:.1} s required before idle",
                 quiet.as_secs_f64(),
                 self.quiet_period.as_secs_f64()
             ),

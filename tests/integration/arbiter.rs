@@ -377,7 +377,8 @@ async fn a_speech_job_on_the_gpu_makes_status_busy_before_its_worker_touches_it(
     // loaded yet, and a script that starts vLLM on `idle` starts it beside the worker.
     let gpu = FakeGpu::new(IDLE);
     let host = arbiter_host(&gpu).await;
-    assert_eq!(host.get_json("/status").await["decision"], "idle");
+    // (After the quiet period that follows the start.)
+    wait_status(&host, "idle", |s| s["decision"] == "idle").await;
     let mut job = running_job(&host, "?prompt=fake:sleep=1500").await;
     let status = host.get_json("/status").await;
     assert_eq!(
@@ -606,6 +607,47 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
     let error = leaky["last_error"].as_str().unwrap();
     assert!(error.contains("did not come back"), "{leaky}");
     assert!(error.contains("its memory came back"), "{leaky}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn a_service_that_crashed_and_left_memory_stays_failed_once_it_is_back() {
+    // Only a stop asked for becomes `stopped` when its memory comes back: a crash is a failure
+    // however its memory ends (helper 80 saw a crash read `stopped`).
+    let gpu = FakeGpu::new(IDLE);
+    let flags = "--load-s 0.1 --mib 9000 --fail-after-s 1.5";
+    let host = TestHost::start(&arbiter_config(&gpu, &service(&gpu, "crashy", flags, "")))
+        .await
+        .ready()
+        .await;
+    assert_healthy(&start_service(&host, "crashy").await);
+    // What it leaves when it crashes (a driver leak).
+    std::fs::write(gpu.procs_dir().join("leak"), "0 9000\n").unwrap();
+    wait_for(
+        "the crash's memory not back",
+        Duration::from_secs(15),
+        || async {
+            let crashy = &host.get_json("/services").await["services"][0];
+            crashy["state"] == "failed"
+                && crashy["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("did not come back"))
+        },
+    )
+    .await;
+    std::fs::remove_file(gpu.procs_dir().join("leak")).unwrap();
+    wait_status(&host, "the block to lift", |s| s["decision"] != "busy").await;
+    let stopped = tokio::time::timeout(
+        Duration::from_secs(1),
+        wait_for("crashy stopped", Duration::from_secs(2), || async {
+            host.get_json("/services").await["services"][0]["state"] == "stopped"
+        }),
+    );
+    assert!(stopped.await.is_err(), "a crash read as a stop");
+    assert_eq!(
+        host.get_json("/services").await["services"][0]["state"],
+        "failed"
+    );
     host.stop().await;
 }
 
@@ -2181,6 +2223,41 @@ async fn share_vram_unloads_an_idle_resident_for_a_lease_that_does_not_wait() {
     assert_eq!(c.status(), 409);
     let c: Value = c.json().await.unwrap();
     assert_eq!(c["error"], "gpu_busy", "{c}");
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn share_vram_grants_no_memory_of_an_unloaded_resident_before_a_sample_shows_it_back() {
+    // The resident's 20 000 MiB stay on the GPU after its process stopped (the sample still
+    // lists it). Counted neither as a resident's nor free, they were settled onto lease a as
+    // memory it had taken: b was granted 13 ms after the unload began, 23 000 MiB promised
+    // with 12 095 free (helper 80).
+    let gpu = FakeGpu::new(IDLE);
+    let host = vram_host(&gpu, &[("w", "vram_mib = 20000\n")], "").await;
+    let pid = host.worker("w").await["pid"].as_u64().unwrap();
+    gpu.set_state(&format!(
+        "gpu: NVIDIA GeForce RTX 5090, 0, 20512, 32607, 41, 28.5\nproc: {pid}, python3, 20000\n"
+    ));
+    wait_status(&host, "w on the GPU", |s| {
+        s["gpu"]["memory_used_mib"] == 20512
+    })
+    .await;
+    let a = lease_now(&host, "a", 10_000).await;
+    assert_eq!(a.status(), 200, "{:?}", a.text().await);
+    let b = lease_now(&host, "b", 10_000).await;
+    assert_eq!(b.status(), 409, "granted on memory still in use");
+    let b: Value = b.json().await.unwrap();
+    let why = b["message"].as_str().unwrap();
+    assert!(why.contains("did not make room"), "{b}");
+    assert_eq!(leases(&host).await.len(), 1);
+    // Its memory back, the room is there.
+    gpu.set_state(IDLE);
+    wait_status(&host, "w's memory back", |s| {
+        s["gpu"]["memory_used_mib"] == 512
+    })
+    .await;
+    let b = lease_now(&host, "b", 10_000).await;
+    assert_eq!(b.status(), 200, "{:?}", b.text().await);
     host.stop().await;
 }
 

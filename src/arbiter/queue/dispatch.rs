@@ -134,8 +134,12 @@ impl GpuQueue {
     }
 
     /// Whether a later waiter that fits may go before one that does not.
+    /// Whether a later waiter that fits may go first: `allow_backfill` under `share = "vram"`,
+    /// except while residents are unloaded for the first waiter (the room made is its own).
     pub(super) fn backfills(&self) -> bool {
-        self.sharing.allow_backfill && self.shares_vram()
+        self.sharing.allow_backfill
+            && self.shares_vram()
+            && !self.unloading_for_head.load(Ordering::SeqCst)
     }
 
     /// Grants the GPU to the heads of the queue while they fit; never past a head that does not
@@ -148,7 +152,7 @@ impl GpuQueue {
         if let Some(room) = &room {
             settle(state, room);
         }
-        let backfill = self.backfills() && !self.unloading_for_head.load(Ordering::SeqCst);
+        let backfill = self.backfills();
         let mut passed_a_job = false;
         // A waiter that does not fit stands before the rest: only jobs on the CPU go past it
         // (they take nothing it waits for).

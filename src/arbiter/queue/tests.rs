@@ -156,6 +156,8 @@ async fn backfill_lets_what_fits_go_ahead_only_when_allowed() {
             .store(true, std::sync::atomic::Ordering::SeqCst);
         let later = q.try_enqueue(sized("later", 1_000), 9).unwrap();
         assert_eq!(later.position(), Some(if allow_backfill { 2 } else { 3 }));
+        // It waits, so it counts against the queue's bound (it went past it as if granted).
+        assert!(q.try_enqueue(sized("over", 1_000), 2).is_none());
         q.unloading_for_head
             .store(false, std::sync::atomic::Ordering::SeqCst);
         q.redispatch();

@@ -55,6 +55,15 @@ impl Waiter {
             .map(|i| i + 1)
     }
 
+    /// Whether it is the first waiter that wants the GPU (jobs on the CPU before it wait for a
+    /// job place only).
+    pub fn first_for_the_gpu(&self) -> bool {
+        self.queue
+            .lock()
+            .gpu_head()
+            .is_some_and(|w| w.id == self.id)
+    }
+
     /// Waits for the next thing to tell: the grant, a new position, or the queue's closing
     /// (which wins over a grant not yet taken: nothing starts once gpuhost shuts down).
     /// Cancel-safe: a grant that arrives while the caller is elsewhere waits for the next call.

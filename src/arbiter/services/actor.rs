@@ -27,9 +27,9 @@ pub(super) struct Actor {
     pub(super) status: watch::Sender<ServiceStatus>,
     pub(super) events: Announcer,
     pub(super) tail: VecDeque<String>,
-    /// The queue blocked on memory this service's last stop left, and since when: told when
-    /// it comes back.
-    pub(super) blocked: Option<(tokio::sync::oneshot::Receiver<()>, Instant)>,
+    /// The queue blocked on memory this service's last stop (one asked for) left, and since
+    /// when: told when it comes back, while nothing started since.
+    pub(super) blocked: Option<(oneshot::Receiver<Instant>, Instant)>,
 }
 
 /// A running service process and what was known before it started.
@@ -51,8 +51,8 @@ impl Actor {
                     Some(control) => control,
                     None => return,
                 },
-                Some(since) = Self::freed(&mut self.blocked) => {
-                    self.memory_back(since);
+                Some((failed, back)) = Self::freed(&mut self.blocked) => {
+                    self.memory_back(failed, back);
                     continue;
                 }
             };
@@ -74,11 +74,13 @@ impl Actor {
 
     /// Waits for a blocked teardown's memory to come back (forever without one); `None` when
     /// the block's watcher ended without (gpuhost stops).
-    async fn freed(blocked: &mut Option<(oneshot::Receiver<()>, Instant)>) -> Option<Instant> {
-        let Some((heard, since)) = blocked else {
+    async fn freed(
+        blocked: &mut Option<(oneshot::Receiver<Instant>, Instant)>,
+    ) -> Option<(Instant, Instant)> {
+        let Some((heard, failed)) = blocked else {
             return std::future::pending().await;
         };
-        let back = heard.await.is_ok().then_some(*since);
+        let back = heard.await.ok().map(|back| (*failed, back));
         *blocked = None;
         back
     }
@@ -122,6 +124,8 @@ impl Actor {
 
     /// One life: queued → starting → healthy → stopped (or failed at any step).
     async fn serve_once(&mut self) {
+        // A new life: whatever the last one left is no longer this service's state to mend.
+        self.blocked = None;
         self.set(ServiceState::Queued, |s| s.last_error = None);
         // "Last lines" of this life only: an earlier start's lines are no explanation of it.
         self.tail.clear();

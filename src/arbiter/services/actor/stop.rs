@@ -77,7 +77,11 @@ impl Actor {
             }
             Err(why) => {
                 let freed = self.core.block_until_freed(gone, why.clone());
-                self.blocked = Some((freed, Instant::now()));
+                // A stop asked for (not a crash's, nor a failed start's): once the memory is
+                // back, the service is just stopped.
+                if failure.is_none() {
+                    self.blocked = Some((freed, Instant::now()));
+                }
                 drop(permit);
                 self.fail("teardown_failed", why);
             }
@@ -86,11 +90,11 @@ impl Actor {
 
     /// The memory a failed teardown left came back: a service still `failed` for it is
     /// stopped now (its GPU is free again); `last_error` keeps what happened.
-    pub(super) fn memory_back(&mut self, since: Instant) {
+    pub(super) fn memory_back(&mut self, failed: Instant, back: Instant) {
         if self.status.borrow().state != ServiceState::Failed {
             return;
         }
-        let later = since.elapsed().as_secs_f64();
+        let later = back.saturating_duration_since(failed).as_secs_f64();
         tracing::info!(service = %self.spec.name, "its memory came back; stopped");
         self.set(ServiceState::Stopped, |s| {
             if let Some(error) = &mut s.last_error {
