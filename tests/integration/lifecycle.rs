@@ -344,6 +344,42 @@ async fn a_child_that_left_the_workers_group_just_before_the_host_was_sigkilled_
 }
 
 #[tokio::test]
+async fn what_a_child_ignoring_sigterm_keeps_detaching_goes_with_a_sigkilled_host() {
+    // A child that ignores SIGTERM and detaches a daemon every 10 ms: those it started between
+    // the orphan guard's last look and its SIGKILL outlived the host (helper 79: 1–2 a run).
+    let binary = Binary::start(
+        &format!(
+            "[pipeline]\nstages = [\"w\"]\n{}",
+            fake_worker(
+                "w",
+                "env = { FAKE_GRANDCHILD = \"spawner\", FAKE_PID_DIR = \"{DIR}\" }"
+            )
+        ),
+        &[],
+    );
+    binary.ready_workers(1).await;
+    let dir = binary.dir.path().to_path_buf();
+    wait_for("daemons detached", Duration::from_secs(30), || {
+        let many = child_pids(&dir).len() >= 20;
+        async move { many }
+    })
+    .await;
+    let spawner: u32 = std::fs::read_dir(&dir)
+        .unwrap()
+        .find_map(|e| {
+            let name = e.ok()?.file_name();
+            name.to_str()?.strip_suffix(".spawner")?.parse().ok()
+        })
+        .expect("the spawner's pid");
+    binary.signal(libc::SIGKILL);
+    until_dead(spawner, "the spawner to go with the SIGKILLed host").await;
+    // (Its last child may have been forked, not yet named, when it died.)
+    for child in child_pids(&dir) {
+        until_dead(child, "every daemon it detached to go too").await;
+    }
+}
+
+#[tokio::test]
 async fn a_state_folder_that_cannot_be_one_is_refused_before_serving() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("state");

@@ -144,8 +144,9 @@ fn below(procfs: &ProcFs, roots: &[u32], me: u32) -> Seen {
 /// SIGTERM to every group, and to every process of every tree, of the last look below the host
 /// and with the host's `token` in its environment's mark (with all below them now), up to a second for
 /// them to go, then SIGKILL to what is left (read again: a process that died meanwhile left its
-/// children to init). A process is signalled only while its start time is the one seen, so a
-/// reused pid is never hit.
+/// children to init), and again to what such a process started meanwhile, until none is left.
+/// A process is signalled only while its start time is the one seen, so a reused pid is never
+/// hit.
 fn stop(registered: &Registered, seen: &Seen, token: &str) {
     let procfs = ProcFs::new("/proc");
     let me = std::process::id();
@@ -203,4 +204,19 @@ fn stop(registered: &Registered, seen: &Seen, token: &str) {
     let mut last = first;
     last.extend(marked_soon(token, me));
     signal(&targets(&last), libc::SIGKILL);
+    // What a process started between that look and its SIGKILL (one that ignores SIGTERM and
+    // keeps detaching children): looked for again until a look finds none alive, a few seconds
+    // at most (each SIGKILL ends a spawner, so this ends).
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        let left: Seen = targets(&marked_soon(token, me))
+            .into_iter()
+            .filter(|s| alive(s))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        signal(&left, libc::SIGKILL);
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
