@@ -373,10 +373,30 @@ async fn what_a_child_ignoring_sigterm_keeps_detaching_goes_with_a_sigkilled_hos
         .expect("the spawner's pid");
     binary.signal(libc::SIGKILL);
     until_dead(spawner, "the spawner to go with the SIGKILLed host").await;
-    // (Its last child may have been forked, not yet named, when it died.)
-    for child in child_pids(&dir) {
-        until_dead(child, "every daemon it detached to go too").await;
-    }
+    // Every process of this test's (its last child may not have written its pid file yet).
+    let mark = format!("FAKE_PID_DIR={}", dir.display());
+    wait_for(
+        "every daemon it detached to go too",
+        Duration::from_secs(10),
+        || {
+            let left = carrying(&mark);
+            async move { left.is_empty() }
+        },
+    )
+    .await;
+}
+
+/// The live processes whose environment holds `entry` (`NAME=value`).
+fn carrying(entry: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()))
+        })
+        .filter(|&pid| pid_alive(pid))
+        .collect()
 }
 
 #[tokio::test]
