@@ -7,6 +7,7 @@
 pub mod footprints;
 pub mod history;
 pub mod leases;
+mod lingering;
 mod loading;
 pub mod queue;
 mod residents;
@@ -43,10 +44,9 @@ pub struct Core {
     /// Residents the arbiter unloaded to make room; reloaded when the GPU is free again.
     /// std Mutex: a few instructions, never across `.await`.
     unloaded: Mutex<BTreeSet<String>>,
-    /// Residents unloaded to make room whose memory no sample has shown back yet, with what
-    /// must be gone: still counted as loaded (`room`), so nothing is granted their memory before
-    /// it is free. std Mutex: a few instructions, never across `.await`.
-    unverified_unloads: Mutex<BTreeMap<String, teardown::Gone>>,
+    /// Residents unloaded whose memory no sample has shown back yet (see `lingering`).
+    /// std Mutex: map reads and updates, never across `.await`.
+    lingering: Mutex<lingering::Lingering>,
     pub http: reqwest::Client,
     /// Configured and measured VRAM of every worker and service.
     pub footprints: Arc<Footprints>,
@@ -161,23 +161,14 @@ impl Core {
                 .footprints
                 .need(&worker_key(&status.name), status.vram_mib)
                 .unwrap_or(0);
-            let mut unverified = self.lock_unverified();
-            if let Some(gone) = unverified.get(&status.name) {
-                // Seen gone by a sample after it stopped, or loading again: no longer unverified.
-                let seen = snap.taken.is_some_and(|t| t > gone.after)
-                    && teardown::check(
-                        &snap,
-                        self.device,
-                        gone,
-                        self.config.teardown_tolerance_mib,
-                    )
-                    .is_ok();
-                if seen || status.state == WorkerState::Starting {
-                    unverified.remove(&status.name);
-                }
+            if self.lingers(&status) {
+                // Its memory in use, and a job would load it again on top.
+                loaded += mib;
+                unloaded += mib;
+                continue;
             }
             match status.state {
-                WorkerState::Unloaded if !unverified.contains_key(&status.name) => unloaded += mib,
+                WorkerState::Unloaded => unloaded += mib,
                 _ => loaded += mib,
             }
         }
@@ -222,7 +213,7 @@ impl Arbiter {
                     observed: gpu.observed(),
                     device: queue.device,
                     unloaded: Mutex::new(BTreeSet::new()),
-                    unverified_unloads: Mutex::new(BTreeMap::new()),
+                    lingering: Mutex::default(),
                     http: http.clone(),
                     footprints: Arc::clone(&footprints),
                     watches: watches.clone(),
@@ -294,6 +285,7 @@ impl Arbiter {
                     });
                     for core in &self.cores {
                         core.hold_while_loading(&snap);
+                        core.track_unloads(&snap);
                         core.queue.redispatch();
                     }
                 }
@@ -307,6 +299,9 @@ impl Arbiter {
                     if core.queue.head_waits_for_room() && !core.unload_for_head() {
                         self.services.yield_to(core.device, &head.label);
                     }
+                }
+                if core.track_unloads(&core.snapshot()) {
+                    core.queue.redispatch();
                 }
                 core.observe_workers();
                 core.reload_if_free();

@@ -16,14 +16,6 @@ impl Core {
         self.unloaded.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(super) fn lock_unverified(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, super::teardown::Gone>> {
-        self.unverified_unloads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Residents unloaded by the arbiter come back once no exclusive holder has or wants the GPU:
     /// all of them with `reload = "eager"`, else those that were failing when they were
     /// unloaded (their restarts were paused for the holder; nothing else would resume them).

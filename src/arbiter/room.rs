@@ -187,27 +187,27 @@ impl Core {
             history::GrantKind::Unload,
             &format!("worker {name}"),
         );
-        let gone = |pid: u32| Gone {
-            what: format!("worker {name}"),
-            pids: vec![pid],
-            pgid: Some(pid),
-            baseline_used_mib: None,
-            listed_before: None,
-            watch: None,
-            after: before,
-        };
-        // Counted as loaded until a sample shows its memory back (`room`), however long that
-        // takes: settled onto the holders meanwhile, it looked like room for more.
-        if let Some(pid) = handle.status().pid {
-            self.lock_unverified().insert(name.to_string(), gone(pid));
+        // Its memory counts as in use from now until a sample shows it back (`lingering`).
+        let known = handle.status().pid;
+        if let Some(pid) = known {
+            self.unloading(name, pid, before);
         }
         let pid = handle.unload().await;
         self.lock_unloaded().insert(name.to_string());
         let verified = match pid {
             Some(pid) => {
-                let gone = gone(pid);
-                self.lock_unverified()
-                    .insert(name.to_string(), gone.clone());
+                if known != Some(pid) {
+                    self.unloading(name, pid, before);
+                }
+                let gone = Gone {
+                    what: format!("worker {name}"),
+                    pids: vec![pid],
+                    pgid: Some(pid),
+                    baseline_used_mib: None,
+                    listed_before: None,
+                    watch: None,
+                    after: before,
+                };
                 self.verify_teardown(&gone).await
             }
             None => Ok(()),

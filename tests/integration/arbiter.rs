@@ -611,6 +611,43 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
 }
 
 #[tokio::test]
+async fn a_service_stopped_while_starting_whose_memory_stayed_is_stopped_once_it_is_back() {
+    let gpu = FakeGpu::new(IDLE);
+    let flags = "--load-s 30 --mib 9000 --leak 9000";
+    let host = TestHost::start(&arbiter_config(&gpu, &service(&gpu, "slow", flags, "")))
+        .await
+        .ready()
+        .await;
+    let start = tokio::spawn(host.post("/services/slow/start").send());
+    // Started, and on the GPU (its signal handler, which leaves the leak, is set by then).
+    wait_status(&host, "slow on the GPU", |s| {
+        s["processes"].as_array().is_some_and(|p| !p.is_empty())
+    })
+    .await;
+    assert_eq!(
+        host.get_json("/services").await["services"][0]["state"],
+        "starting"
+    );
+    let stop = host.post("/services/slow/stop").send().await.unwrap();
+    assert_eq!(stop.status(), 200, "{:?}", stop.text().await);
+    let events = grant_events(start.await.unwrap().unwrap()).await;
+    assert!(
+        matches!(events.last(), Some(GrantEvent::Error { .. })),
+        "{events:?}"
+    );
+    wait_for("its memory not back", Duration::from_secs(15), || async {
+        host.get_json("/services").await["services"][0]["state"] == "failed"
+    })
+    .await;
+    std::fs::remove_file(gpu.procs_dir().join("leak")).unwrap();
+    wait_for("slow stopped", Duration::from_secs(10), || async {
+        host.get_json("/services").await["services"][0]["state"] == "stopped"
+    })
+    .await;
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn a_service_that_crashed_and_left_memory_stays_failed_once_it_is_back() {
     // Only a stop asked for becomes `stopped` when its memory comes back: a crash is a failure
     // however its memory ends (helper 80 saw a crash read `stopped`).
@@ -2250,14 +2287,56 @@ async fn share_vram_grants_no_memory_of_an_unloaded_resident_before_a_sample_sho
     let why = b["message"].as_str().unwrap();
     assert!(why.contains("did not make room"), "{b}");
     assert_eq!(leases(&host).await.len(), 1);
-    // Its memory back, the room is there.
+    // Nor is a job that loads w again on top of that memory (it went in for free, helper 81).
+    let mut job = EventReader::new(
+        host.post("/transcribe")
+            .body(wav(0.2, 16_000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let first = job.next().await;
+    assert!(
+        matches!(first, Some(ClientEvent::Queued { .. })),
+        "{first:?}"
+    );
+    // Its memory back, the job runs; then w, idle again, makes room for b as it should.
+    gpu.set_state(IDLE);
+    let last = job.until(ClientEvent::is_final).await;
+    assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
+    let b = lease_now(&host, "b", 10_000).await;
+    assert_eq!(b.status(), 200, "{:?}", b.text().await);
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn share_vram_counts_a_resident_unloaded_by_hand_until_its_memory_is_back() {
+    // Unloaded by hand (or idle), its memory still listed: a lease was granted on it at once.
+    let gpu = FakeGpu::new(IDLE);
+    let host = vram_host(&gpu, &[("w", "vram_mib = 20000\n")], "").await;
+    let pid = host.worker("w").await["pid"].as_u64().unwrap();
+    gpu.set_state(&format!(
+        "gpu: NVIDIA GeForce RTX 5090, 0, 20512, 32607, 41, 28.5\nproc: {pid}, python3, 20000\n"
+    ));
+    wait_status(&host, "w on the GPU", |s| {
+        s["gpu"]["memory_used_mib"] == 20512
+    })
+    .await;
+    let a = lease_now(&host, "a", 10_000).await;
+    assert_eq!(a.status(), 200, "{:?}", a.text().await);
+    let unloaded = host.post("/workers/w/unload").send().await.unwrap();
+    assert_eq!(unloaded.status(), 200);
+    let b = lease_now(&host, "b", 10_000).await;
+    assert_eq!(b.status(), 409, "granted on memory still in use");
     gpu.set_state(IDLE);
     wait_status(&host, "w's memory back", |s| {
         s["gpu"]["memory_used_mib"] == 512
     })
     .await;
-    let b = lease_now(&host, "b", 10_000).await;
-    assert_eq!(b.status(), 200, "{:?}", b.text().await);
+    wait_for("b granted", Duration::from_secs(5), || async {
+        lease_now(&host, "b", 10_000).await.status() == 200
+    })
+    .await;
     host.stop().await;
 }
 

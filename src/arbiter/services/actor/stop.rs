@@ -77,9 +77,9 @@ impl Actor {
             }
             Err(why) => {
                 let freed = self.core.block_until_freed(gone, why.clone());
-                // A stop asked for (not a crash's, nor a failed start's): once the memory is
-                // back, the service is just stopped.
-                if failure.is_none() {
+                // A stop asked for, healthy or while it started (not a crash's, nor a failed
+                // start's): once the memory is back, the service is just stopped.
+                if matches!(failure, None | Some("stopped")) {
                     self.blocked = Some((freed, Instant::now()));
                 }
                 drop(permit);
