@@ -150,7 +150,7 @@ impl Core {
     fn room(&self) -> Option<sharing::Room> {
         let snap = self.snapshot();
         let gpu = snap.gpus.iter().find(|g| g.index == self.device)?;
-        let (mut loaded, mut unloaded) = (0, 0);
+        let (mut loaded, mut unloaded) = (0u64, 0u64);
         for status in self.device_workers() {
             // A resident that said it runs on the CPU takes none of the GPU's memory, whatever
             // its configured `vram_mib` (set for when it runs a CUDA engine).
@@ -161,12 +161,8 @@ impl Core {
                 .footprints
                 .need(&worker_key(&status.name), status.vram_mib)
                 .unwrap_or(0);
-            if self.lingers(&status) {
-                // Its memory in use, and a job would load it again on top.
-                loaded += mib;
-                unloaded += mib;
-                continue;
-            }
+            // Stopped processes of it whose memory may still be in use.
+            loaded = loaded.saturating_add(mib.saturating_mul(self.lingering(&status)));
             match status.state {
                 WorkerState::Unloaded => unloaded += mib,
                 _ => loaded += mib,

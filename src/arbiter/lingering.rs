@@ -1,7 +1,8 @@
 //! Residents unloaded whose memory no sample has shown back yet, however they were unloaded (to
-//! make room, idle, by hand): `room` counts such a one as loaded (its memory is in use) and as
-//! unloaded (a job would load it again on top), so nothing is granted that memory before it is
-//! free. Counted neither way, it read as memory the holders had taken, room for more.
+//! make room, idle, by hand): `room` counts such a process's footprint as loaded (its memory is
+//! in use), also once the resident runs again as another process, and an unloaded resident as
+//! unloaded too (a job would load it again on top), so nothing is granted that memory before it
+//! is free. Counted neither way, it read as memory the holders had taken, room for more.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -19,8 +20,10 @@ use super::Core;
 pub(super) struct Lingering {
     /// The process of each resident last seen up (loading, ready, busy).
     up: BTreeMap<String, u32>,
-    /// Residents unloaded, and what must leave the GPU before their memory counts as free.
-    gone: BTreeMap<String, Gone>,
+    /// Stopped processes of residents (by name and pid: one may load again and be unloaded
+    /// again before the first is gone), and what must leave the GPU before their memory counts
+    /// as free.
+    gone: BTreeMap<(String, u32), Gone>,
 }
 
 /// What must leave the GPU once resident `name`'s process `pid` stopped (a sample after `after`).
@@ -41,12 +44,24 @@ impl Core {
         self.lingering.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether an unloaded resident's memory may still be in use (cheap: no `/proc` read).
-    pub(super) fn lingers(&self, status: &WorkerStatus) -> bool {
+    /// How many footprints of resident `status` to count as in use besides its running process
+    /// (if any): its stopped processes no sample has shown gone yet, and, unloaded, the last one
+    /// seen up if not recorded as stopped yet. Cheap: no `/proc` read.
+    pub(super) fn lingering(&self, status: &WorkerStatus) -> u64 {
         let lingering = self.lock_lingering();
-        status.state == WorkerState::Unloaded
-            && (lingering.gone.contains_key(&status.name)
-                || lingering.up.contains_key(&status.name))
+        let name = &status.name;
+        let running = status.pid.filter(|_| status.state != WorkerState::Unloaded);
+        let stopped = lingering
+            .gone
+            .keys()
+            .filter(|(n, p)| n == name && Some(*p) != running)
+            .count() as u64;
+        let unrecorded = status.state == WorkerState::Unloaded
+            && lingering
+                .up
+                .get(name)
+                .is_some_and(|&p| !lingering.gone.contains_key(&(name.clone(), p)));
+        stopped + u64::from(unrecorded)
     }
 
     /// Called as resident `name` (process `pid`) is unloaded to make room, from `before`:
@@ -54,67 +69,70 @@ impl Core {
     pub(super) fn unloading(&self, name: &str, pid: u32, before: Instant) {
         let mut lingering = self.lock_lingering();
         lingering.up.remove(name);
+        let stopped = gone(name, pid, before);
         lingering
             .gone
-            .insert(name.to_string(), gone(name, pid, before));
+            .entry((name.to_string(), pid))
+            .or_insert(stopped);
     }
 
     /// Brings the record up to date with the workers and sample `snap`: the process of each
-    /// resident up, each one unloaded since, and those a sample after their stop shows gone
-    /// (or loading again under another process). Whether any memory came back.
+    /// resident up, each one unloaded since, and the stopped ones a sample after their stop
+    /// shows gone. Whether any memory came back.
     pub(super) fn track_unloads(&self, snap: &Snapshot) -> bool {
         let residents: Vec<WorkerStatus> = self
             .device_workers()
             .into_iter()
             .filter(|s| s.mode == Mode::Resident && !s.runs_on_cpu())
             .collect();
-        let mut back = false;
         let mut lingering = self.lock_lingering();
         for status in &residents {
             let name = &status.name;
             match (status.state, status.pid) {
                 (WorkerState::Starting | WorkerState::Ready | WorkerState::Busy, Some(pid)) => {
                     lingering.up.insert(name.clone(), pid);
-                    // Up again as another process: what the old one left is not its own.
-                    if lingering.gone.get(name).is_some_and(|g| g.pids != [pid]) {
-                        lingering.gone.remove(name);
-                    }
                 }
                 (WorkerState::Unloaded, _) => {
                     if let Some(pid) = lingering.up.remove(name) {
                         let stopped = gone(name, pid, status.state_since);
-                        lingering.gone.entry(name.clone()).or_insert(stopped);
+                        lingering.gone.entry((name.clone(), pid)).or_insert(stopped);
                     }
                 }
+                // Down after a failure (a crash is no unload), or not started yet.
                 _ => {
-                    // Down after a failure, or stopped: what it held is a crash's to tell.
                     lingering.up.remove(name);
-                    lingering.gone.remove(name);
                 }
             }
         }
-        let checked: Vec<(String, Gone)> = lingering
+        let checked: Vec<((String, u32), Gone)> = lingering
             .gone
             .iter()
-            .map(|(n, g)| (n.clone(), g.clone()))
+            .map(|(k, g)| (k.clone(), g.clone()))
             .collect();
         drop(lingering);
+        if checked.is_empty() {
+            return false;
+        }
         // `/proc` reads (teardown::check) outside the lock.
         let tolerance = self.config.teardown_tolerance_mib;
-        let seen: Vec<(String, Gone)> = checked
+        let seen: Vec<((String, u32), Gone)> = checked
             .into_iter()
             .filter(|(_, g)| {
                 snap.taken.is_some_and(|t| t > g.after)
                     && teardown::check(snap, self.device, g, tolerance).is_ok()
             })
             .collect();
+        let mut back = false;
         let mut lingering = self.lock_lingering();
-        for (name, checked) in seen {
-            // Not one recorded since the look (another unload of it).
-            let same = |g: &Gone| g.pids == checked.pids && g.after == checked.after;
-            if lingering.gone.get(&name).is_some_and(same) {
-                tracing::debug!(worker = %name, "an unloaded resident's memory is back");
-                lingering.gone.remove(&name);
+        for (key, checked) in seen {
+            // Not one recorded since the look.
+            if lingering
+                .gone
+                .get(&key)
+                .is_some_and(|g| g.after == checked.after)
+            {
+                tracing::debug!(worker = %key.0, pid = key.1, "an unloaded resident's memory is back");
+                lingering.gone.remove(&key);
                 back = true;
             }
         }

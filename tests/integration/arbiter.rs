@@ -2310,6 +2310,47 @@ async fn share_vram_grants_no_memory_of_an_unloaded_resident_before_a_sample_sho
 }
 
 #[tokio::test]
+async fn share_vram_counts_a_stopped_residents_process_after_it_loads_again() {
+    // w unloaded by hand, its process P1 still listed; lease a granted; a job loads w again as
+    // P2. P1's footprint was forgotten and its memory settled onto a as taken: b was granted
+    // on memory a had yet to take (helper 82).
+    let gpu = FakeGpu::new(IDLE);
+    let host = vram_host(&gpu, &[("w", "vram_mib = 8000\n")], "").await;
+    let p1 = host.worker("w").await["pid"].as_u64().unwrap();
+    let listed = |pids: &[u64]| {
+        let procs: String = pids
+            .iter()
+            .map(|p| format!("proc: {p}, python3, 8000\n"))
+            .collect();
+        format!("gpu: NVIDIA GeForce RTX 5090, 0, 512, 32607, 41, 28.5\n{procs}")
+    };
+    let count = |n: usize| move |s: &Value| s["processes"].as_array().is_some_and(|p| p.len() == n);
+    gpu.set_state(&listed(&[p1]));
+    wait_status(&host, "P1 listed", count(1)).await;
+    assert_eq!(
+        host.post("/workers/w/unload")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let a = lease_now(&host, "a", 10_000).await;
+    assert_eq!(a.status(), 200, "{:?}", a.text().await);
+    let mut job = running_job(&host, "?prompt=fake:sleep=3000").await;
+    let p2 = host.worker("w").await["pid"].as_u64().unwrap();
+    assert_ne!(p1, p2);
+    gpu.set_state(&listed(&[p1, p2]));
+    wait_status(&host, "P1 and P2 listed", count(2)).await;
+    // a's 10 000 not taken yet: 32 607 - 16 512 - 10 000 < 12 000 + 1 024.
+    let b = lease_now(&host, "b", 12_000).await;
+    assert_eq!(b.status(), 409, "P1's memory credited to a");
+    let last = job.until(ClientEvent::is_final).await;
+    assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn share_vram_counts_a_resident_unloaded_by_hand_until_its_memory_is_back() {
     // Unloaded by hand (or idle), its memory still listed: a lease was granted on it at once.
     let gpu = FakeGpu::new(IDLE);
