@@ -145,6 +145,13 @@ pub(super) async fn enroll(
             "a segment starts at {start} s, past the end of the audio ({duration:.2} s)"
         )));
     }
+    // One that runs past the end is taken to the end (an end of 1e308 reached the worker).
+    let segments = segments.map(|spans| {
+        spans
+            .into_iter()
+            .map(|[start, end]| [start, end.min(duration)])
+            .collect()
+    });
     prepared.kind = JobKind::Enroll { segments };
     let events = start_job(app.clone(), prepared).map_err(|full| ApiError::queue_full(&full))?;
     let result = final_result(events).await?;

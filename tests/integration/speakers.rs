@@ -184,6 +184,10 @@ async fn a_speaker_of_a_finished_transcript_is_enrolled_from_its_turns() {
     let segments = form("Carol", 5.0).text("segments", "[[0, 1.25], [2, 3]]");
     let (status, voice) = enroll(&host, segments).await;
     assert_eq!((status, voice["seconds"].clone()), (201, json!(2.25)));
+    // One that runs past the end is taken to the end (1e308 reached the worker).
+    let segments = form("Erin", 5.0).text("segments", "[[0, 1.25], [2, 1e308]]");
+    let (status, voice) = enroll(&host, segments).await;
+    assert_eq!((status, voice["seconds"].clone()), (201, json!(4.25)));
     host.stop().await;
 }
 
