@@ -113,6 +113,18 @@ impl Core {
         if checked.is_empty() {
             return false;
         }
+        // A sample whose only fault is another GPU (the configured one unmeasured) still tells
+        // this one's processes: a resident on GPU 1 lingered for as long as GPU 0 read [N/A].
+        let own;
+        let snap = if snap.error.is_some() && snap.gpus.iter().any(|g| g.index == self.device) {
+            own = Snapshot {
+                error: None,
+                ..snap.clone()
+            };
+            &own
+        } else {
+            snap
+        };
         // `/proc` reads (teardown::check) outside the lock.
         let tolerance = self.config.teardown_tolerance_mib;
         let seen: Vec<((String, u32), Gone)> = checked

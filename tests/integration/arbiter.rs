@@ -2351,6 +2351,44 @@ async fn share_vram_counts_a_stopped_residents_process_after_it_loads_again() {
 }
 
 #[tokio::test]
+async fn share_vram_a_resident_on_gpu_1_is_not_held_unloaded_by_gpu_0_without_figures() {
+    // GPU 0 (the configured one) lists no memory figures, so every sample carries an error;
+    // GPU 1's figures are sound. w on GPU 1, unloaded by hand, lingered for good (helper 82).
+    let gpu = FakeGpu::new(
+        "gpu: NVIDIA GB10, [N/A], [N/A], [N/A], 45, [N/A]\ngpu: NVIDIA RTX A4000, 0, 300, 16376, 35, 20.0\n",
+    );
+    let config = format!(
+        "[pipeline]\nstages = [\"w\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
+        fake_worker("w", "vram_mib = 8000\ndevice = 1\n"),
+        gpu.config("").replace(
+            "[gpu.status]",
+            "[gpu]\ndevices = [0, 1]\nshare = \"vram\"\nheadroom_mib = 1024\n[gpu.status]"
+        )
+    );
+    let host = TestHost::start(&config).await.ready().await;
+    assert_eq!(
+        host.post("/workers/w/unload")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let lease = |holder: &'static str, mib: u64| {
+        host.post("/gpu/lease")
+            .json(&json!({"holder": holder, "vram_mib": mib, "device": 1}))
+            .send()
+    };
+    assert_eq!(lease("a", 1_000).await.unwrap().status(), 200);
+    // 1 000 + 8 000 + 6 000 > 15 352 while w counts; it does not once a sample shows it gone.
+    wait_for("b granted beside a", Duration::from_secs(5), || async {
+        lease("b", 6_500).await.unwrap().status() == 200
+    })
+    .await;
+    host.stop().await;
+}
+
+#[tokio::test]
 async fn share_vram_counts_a_resident_unloaded_by_hand_until_its_memory_is_back() {
     // Unloaded by hand (or idle), its memory still listed: a lease was granted on it at once.
     let gpu = FakeGpu::new(IDLE);
