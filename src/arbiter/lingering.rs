@@ -27,7 +27,7 @@ pub(super) struct Lingering {
 }
 
 /// What must leave the GPU once resident `name`'s process `pid` stopped (a sample after `after`).
-fn gone(name: &str, pid: u32, after: Instant) -> Gone {
+pub(super) fn gone(name: &str, pid: u32, after: Instant) -> Gone {
     Gone {
         what: format!("worker {name}"),
         pids: vec![pid],

@@ -199,16 +199,8 @@ impl Core {
                 if known != Some(pid) {
                     self.unloading(name, pid, before);
                 }
-                let gone = Gone {
-                    what: format!("worker {name}"),
-                    pids: vec![pid],
-                    pgid: Some(pid),
-                    baseline_used_mib: None,
-                    listed_before: None,
-                    watch: None,
-                    after: before,
-                };
-                self.verify_teardown(&gone).await
+                self.verify_teardown(&super::lingering::gone(name, pid, before))
+                    .await
             }
             None => Ok(()),
         };

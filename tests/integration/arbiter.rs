@@ -2263,14 +2263,10 @@ async fn share_vram_unloads_an_idle_resident_for_a_lease_that_does_not_wait() {
     host.stop().await;
 }
 
-#[tokio::test]
-async fn share_vram_grants_no_memory_of_an_unloaded_resident_before_a_sample_shows_it_back() {
-    // The resident's 20 000 MiB stay on the GPU after its process stopped (the sample still
-    // lists it). Counted neither as a resident's nor free, they were settled onto lease a as
-    // memory it had taken: b was granted 13 ms after the unload began, 23 000 MiB promised
-    // with 12 095 free (helper 80).
-    let gpu = FakeGpu::new(IDLE);
-    let host = vram_host(&gpu, &[("w", "vram_mib = 20000\n")], "").await;
+/// A `vram_host` whose resident w (20 000 MiB) the sample lists with its memory (it stays listed
+/// whatever w does, until the state changes), and a 10 000 MiB lease `a` granted.
+async fn w_on_the_gpu_and_a_leased(gpu: &FakeGpu) -> TestHost {
+    let host = vram_host(gpu, &[("w", "vram_mib = 20000\n")], "").await;
     let pid = host.worker("w").await["pid"].as_u64().unwrap();
     gpu.set_state(&format!(
         "gpu: NVIDIA GeForce RTX 5090, 0, 20512, 32607, 41, 28.5\nproc: {pid}, python3, 20000\n"
@@ -2281,6 +2277,17 @@ async fn share_vram_grants_no_memory_of_an_unloaded_resident_before_a_sample_sho
     .await;
     let a = lease_now(&host, "a", 10_000).await;
     assert_eq!(a.status(), 200, "{:?}", a.text().await);
+    host
+}
+
+#[tokio::test]
+async fn share_vram_grants_no_memory_of_an_unloaded_resident_before_a_sample_shows_it_back() {
+    // The resident's 20 000 MiB stay on the GPU after its process stopped (the sample still
+    // lists it). Counted neither as a resident's nor free, they were settled onto lease a as
+    // memory it had taken: b was granted 13 ms after the unload began, 23 000 MiB promised
+    // with 12 095 free (helper 80).
+    let gpu = FakeGpu::new(IDLE);
+    let host = w_on_the_gpu_and_a_leased(&gpu).await;
     let b = lease_now(&host, "b", 10_000).await;
     assert_eq!(b.status(), 409, "granted on memory still in use");
     let b: Value = b.json().await.unwrap();
@@ -2392,17 +2399,7 @@ async fn share_vram_a_resident_on_gpu_1_is_not_held_unloaded_by_gpu_0_without_fi
 async fn share_vram_counts_a_resident_unloaded_by_hand_until_its_memory_is_back() {
     // Unloaded by hand (or idle), its memory still listed: a lease was granted on it at once.
     let gpu = FakeGpu::new(IDLE);
-    let host = vram_host(&gpu, &[("w", "vram_mib = 20000\n")], "").await;
-    let pid = host.worker("w").await["pid"].as_u64().unwrap();
-    gpu.set_state(&format!(
-        "gpu: NVIDIA GeForce RTX 5090, 0, 20512, 32607, 41, 28.5\nproc: {pid}, python3, 20000\n"
-    ));
-    wait_status(&host, "w on the GPU", |s| {
-        s["gpu"]["memory_used_mib"] == 20512
-    })
-    .await;
-    let a = lease_now(&host, "a", 10_000).await;
-    assert_eq!(a.status(), 200, "{:?}", a.text().await);
+    let host = w_on_the_gpu_and_a_leased(&gpu).await;
     let unloaded = host.post("/workers/w/unload").send().await.unwrap();
     assert_eq!(unloaded.status(), 200);
     let b = lease_now(&host, "b", 10_000).await;
