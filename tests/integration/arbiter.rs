@@ -600,34 +600,41 @@ async fn memory_that_never_comes_back_blocks_every_grant() {
     assert_eq!(granted.status(), 200);
     // The service is stopped now, not `failed` for good; what happened is still told.
     wait_for("leaky stopped", Duration::from_secs(5), || async {
-        host.get_json("/services").await["services"][0]["state"] == "stopped"
+        first_service(&host).await["state"] == "stopped"
     })
     .await;
-    let leaky = &host.get_json("/services").await["services"][0];
+    let leaky = &first_service(&host).await;
     let error = leaky["last_error"].as_str().unwrap();
     assert!(error.contains("did not come back"), "{leaky}");
     assert!(error.contains("its memory came back"), "{leaky}");
     host.stop().await;
 }
 
+/// A host on `gpu` with one fake worker and service `name` (`flags` for fake_service.py).
+async fn service_host(gpu: &FakeGpu, name: &str, flags: &str) -> TestHost {
+    TestHost::start(&arbiter_config(gpu, &service(gpu, name, flags, "")))
+        .await
+        .ready()
+        .await
+}
+
+/// The first service as `GET /services` shows it.
+async fn first_service(host: &TestHost) -> Value {
+    host.get_json("/services").await["services"][0].clone()
+}
+
 #[tokio::test]
 async fn a_service_stopped_while_starting_whose_memory_stayed_is_stopped_once_it_is_back() {
     let gpu = FakeGpu::new(IDLE);
     let flags = "--load-s 30 --mib 9000 --leak 9000";
-    let host = TestHost::start(&arbiter_config(&gpu, &service(&gpu, "slow", flags, "")))
-        .await
-        .ready()
-        .await;
+    let host = service_host(&gpu, "slow", flags).await;
     let start = tokio::spawn(host.post("/services/slow/start").send());
     // Started, and on the GPU (its signal handler, which leaves the leak, is set by then).
     wait_status(&host, "slow on the GPU", |s| {
         s["processes"].as_array().is_some_and(|p| !p.is_empty())
     })
     .await;
-    assert_eq!(
-        host.get_json("/services").await["services"][0]["state"],
-        "starting"
-    );
+    assert_eq!(first_service(&host).await["state"], "starting");
     let stop = host.post("/services/slow/stop").send().await.unwrap();
     assert_eq!(stop.status(), 200, "{:?}", stop.text().await);
     let events = grant_events(start.await.unwrap().unwrap()).await;
@@ -636,12 +643,12 @@ async fn a_service_stopped_while_starting_whose_memory_stayed_is_stopped_once_it
         "{events:?}"
     );
     wait_for("its memory not back", Duration::from_secs(15), || async {
-        host.get_json("/services").await["services"][0]["state"] == "failed"
+        first_service(&host).await["state"] == "failed"
     })
     .await;
     std::fs::remove_file(gpu.procs_dir().join("leak")).unwrap();
     wait_for("slow stopped", Duration::from_secs(10), || async {
-        host.get_json("/services").await["services"][0]["state"] == "stopped"
+        first_service(&host).await["state"] == "stopped"
     })
     .await;
     host.stop().await;
@@ -653,10 +660,7 @@ async fn a_service_that_crashed_and_left_memory_stays_failed_once_it_is_back() {
     // however its memory ends (helper 80 saw a crash read `stopped`).
     let gpu = FakeGpu::new(IDLE);
     let flags = "--load-s 0.1 --mib 9000 --fail-after-s 1.5";
-    let host = TestHost::start(&arbiter_config(&gpu, &service(&gpu, "crashy", flags, "")))
-        .await
-        .ready()
-        .await;
+    let host = service_host(&gpu, "crashy", flags).await;
     assert_healthy(&start_service(&host, "crashy").await);
     // What it leaves when it crashes (a driver leak).
     std::fs::write(gpu.procs_dir().join("leak"), "0 9000\n").unwrap();
@@ -664,7 +668,7 @@ async fn a_service_that_crashed_and_left_memory_stays_failed_once_it_is_back() {
         "the crash's memory not back",
         Duration::from_secs(15),
         || async {
-            let crashy = &host.get_json("/services").await["services"][0];
+            let crashy = &first_service(&host).await;
             crashy["state"] == "failed"
                 && crashy["last_error"]
                     .as_str()
@@ -677,14 +681,11 @@ async fn a_service_that_crashed_and_left_memory_stays_failed_once_it_is_back() {
     let stopped = tokio::time::timeout(
         Duration::from_secs(1),
         wait_for("crashy stopped", Duration::from_secs(2), || async {
-            host.get_json("/services").await["services"][0]["state"] == "stopped"
+            first_service(&host).await["state"] == "stopped"
         }),
     );
     assert!(stopped.await.is_err(), "a crash read as a stop");
-    assert_eq!(
-        host.get_json("/services").await["services"][0]["state"],
-        "failed"
-    );
+    assert_eq!(first_service(&host).await["state"], "failed");
     host.stop().await;
 }
 
@@ -1822,7 +1823,7 @@ async fn a_services_engine_in_a_session_of_its_own_is_in_its_footprint() {
     wait_for(
         "the engine's memory to be measured with the service's",
         Duration::from_secs(10),
-        || async { host.get_json("/services").await["services"][0]["measured_vram_mib"] == 6010 },
+        || async { first_service(&host).await["measured_vram_mib"] == 6010 },
     )
     .await;
     host.post("/services/llm/stop").send().await.unwrap();
@@ -2263,6 +2264,23 @@ async fn share_vram_unloads_an_idle_resident_for_a_lease_that_does_not_wait() {
     host.stop().await;
 }
 
+/// A job of 0.2 s of audio that is told it waits in the queue: its stream, past that event.
+async fn queued_job(host: &TestHost) -> EventReader {
+    let mut job = EventReader::new(
+        host.post("/transcribe")
+            .body(wav(0.2, 16_000, 1))
+            .send()
+            .await
+            .unwrap(),
+    );
+    let first = job.next().await;
+    assert!(
+        matches!(first, Some(ClientEvent::Queued { .. })),
+        "{first:?}"
+    );
+    job
+}
+
 /// A `vram_host` whose resident w (20 000 MiB) the sample lists with its memory (it stays listed
 /// whatever w does, until the state changes), and a 10 000 MiB lease `a` granted.
 async fn w_on_the_gpu_and_a_leased(gpu: &FakeGpu) -> TestHost {
@@ -2295,18 +2313,7 @@ async fn share_vram_grants_no_memory_of_an_unloaded_resident_before_a_sample_sho
     assert!(why.contains("did not make room"), "{b}");
     assert_eq!(leases(&host).await.len(), 1);
     // Nor is a job that loads w again on top of that memory (it went in for free, helper 81).
-    let mut job = EventReader::new(
-        host.post("/transcribe")
-            .body(wav(0.2, 16_000, 1))
-            .send()
-            .await
-            .unwrap(),
-    );
-    let first = job.next().await;
-    assert!(
-        matches!(first, Some(ClientEvent::Queued { .. })),
-        "{first:?}"
-    );
+    let mut job = queued_job(&host).await;
     // Its memory back, the job runs; then w, idle again, makes room for b as it should.
     gpu.set_state(IDLE);
     let last = job.until(ClientEvent::is_final).await;
@@ -3211,18 +3218,7 @@ async fn a_pipeline_on_the_cpu_is_unready_when_its_jobs_queue_is_full() {
     );
     let host = TestHost::start(&config).await.ready().await;
     let mut first = running_job(&host, "?prompt=fake:sleep=3000").await;
-    let mut second = EventReader::new(
-        host.post("/transcribe")
-            .body(wav(0.2, 16_000, 1))
-            .send()
-            .await
-            .unwrap(),
-    );
-    let queued = second.next().await;
-    assert!(
-        matches!(queued, Some(ClientEvent::Queued { .. })),
-        "{queued:?}"
-    );
+    let mut second = queued_job(&host).await;
     let ready = host.get("/ready").send().await.unwrap();
     assert_eq!(ready.status(), 503);
     let body: Value = ready.json().await.unwrap();
