@@ -393,24 +393,21 @@ pub fn route(app: &AppState, stages: &[String]) -> Route {
     }
 }
 
-/// Whether `stage` runs on a worker that said, when it last loaded, that it runs on the CPU: a
-/// resident loaded now, or unloaded or loading again since, or a one-shot worker at its last run
-/// (its config is the same). A worker that never loaded, or a failing resident, has not said
-/// so: it takes its GPU.
+/// Whether `stage` runs on a resident that said, when it last loaded, that it runs on the CPU
+/// (loaded now, or unloaded or loading again since: its config is the same). A one-shot stage,
+/// or a resident that never loaded or is failing, has not said so: it takes its GPU.
 fn stage_on_cpu(app: &AppState, stage: &str) -> bool {
     app.supervisor.get(stage).is_some_and(|w| {
         let status = w.status();
-        let said = match status.mode {
-            crate::config::Mode::Resident => matches!(
+        status.mode == crate::config::Mode::Resident
+            && matches!(
                 status.state,
                 WorkerState::Ready
                     | WorkerState::Busy
                     | WorkerState::Unloaded
                     | WorkerState::Starting
-            ),
-            crate::config::Mode::Oneshot => status.state != WorkerState::Stopped,
-        };
-        said && status.runs_on_cpu()
+            )
+            && status.runs_on_cpu()
     })
 }
 

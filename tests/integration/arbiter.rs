@@ -399,41 +399,6 @@ async fn a_speech_job_on_the_gpu_makes_status_busy_before_its_worker_touches_it(
 }
 
 #[tokio::test]
-async fn a_one_shot_worker_that_said_it_runs_on_the_cpu_takes_no_gpu_at_its_next_job() {
-    // Its first job cannot know (nothing said so yet) and takes the GPU; once its worker said
-    // `device: cpu`, the next job runs beside a lease and leaves /status idle. It waited for
-    // every lease and read as a GPU job (helper 78).
-    let gpu = FakeGpu::new(IDLE);
-    let config = format!(
-        "[pipeline]\nstages = [\"o\"]\n{}\n[arbiter]\nteardown_timeout_s = 3\n{}",
-        fake_worker("o", &format!("mode = \"oneshot\"\n{SAYS_CPU}")),
-        gpu.config("")
-    );
-    let host = TestHost::start(&config).await.ready().await;
-    result_of(&host.transcribe("", wav(0.2, 16_000, 1)).await);
-    let mut job = running_job(&host, "?prompt=fake:sleep=1500").await;
-    let status = host.get_json("/status").await;
-    assert_eq!(
-        status["devices"][0]["busy_reason"],
-        Value::Null,
-        "{status:#}"
-    );
-    let last = job.until(ClientEvent::is_final).await;
-    assert!(matches!(last, ClientEvent::Result { .. }), "{last:?}");
-    let (lease_id, _) = granted_lease(&host, json!({"holder": "alice", "wait": true})).await;
-    let events = host.transcribe("", wav(0.2, 16_000, 1)).await;
-    assert!(
-        !events
-            .iter()
-            .any(|e| matches!(e, ClientEvent::Queued { .. })),
-        "{events:?}"
-    );
-    result_of(&events);
-    assert_eq!(release(&host, lease_id).await, 200);
-    host.stop().await;
-}
-
-#[tokio::test]
 async fn a_job_on_the_cpu_leaves_its_gpu_free_for_any_lease_and_says_so_in_the_history() {
     // GPU 0 has the most free memory; only a speech job on the CPU holds its queue.
     let gpu = FakeGpu::new(TWO_GPUS);
