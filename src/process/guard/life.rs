@@ -216,7 +216,13 @@ fn stop(registered: &Registered, seen: &Seen, token: &str) {
         if left.is_empty() {
             break;
         }
-        signal(&left, libc::SIGKILL);
-        std::thread::sleep(Duration::from_millis(20));
+        for &(p, start) in &left {
+            // Only those processes (no group again: its id may be another's by now).
+            if procfs.start_time(p) == Some(start) {
+                // SAFETY: signals the process just checked to be the one seen.
+                unsafe { libc::kill(p as libc::pid_t, libc::SIGKILL) };
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
