@@ -81,7 +81,15 @@ def test_translation_gives_english_text_and_keeps_the_spoken_language(base, spok
     result = base.transcribe(spoken["es"], translate=True)
     text = " ".join(s["text"] for s in result["segments"]).lower()
     assert result["language"] == "es" and result["task"] == "translate"
-    assert "morning" in text and "park" in text, text
+    # Most of the English line's words, not two chosen ones: base's decoding of the synthesized
+    # voice varies between runs ("good morning … park" mostly, "good bye, today is very good
+    # time to go to the park" once); the Spanish words are gone.
+    said = ["good", "morning", "today", "very", "weather", "time", "go", "park"]
+    heard = [w for w in said if w in text.replace(",", " ").replace(".", " ").split()]
+    assert len(heard) >= 4, text
+    assert not {"hoy", "parque", "tiempo"} & set(
+        text.replace(",", " ").replace(".", " ").split()
+    ), text
     with pytest.raises(ValueError, match="cannot translate"):
         transcriber_en.transcribe(spoken["es"], translate=True)
 
